@@ -1,0 +1,141 @@
+//! The small trait a storage backend implements; [`ManagedLease`](crate::ManagedLease) turns it
+//! into a full [`Lease`](crate::Lease).
+//!
+//! A backend only performs single, bounded steps against its store: one attempt to claim the
+//! lease, one renewal, one release, and optionally a watch that reports a loss as soon as the store
+//! shows one. Everything that is the same for every store lives in `ManagedLease`: retries,
+//! operation timeouts, the renewal loop and its backoff, the local monotonic deadline behind
+//! `check_alive`, reentrancy, serialisation of concurrent calls and exactly-once `on_lost`.
+//!
+//! # What a backend must guarantee
+//!
+//! * Every write that claims ownership is a compare-and-swap on the state the backend last
+//!   observed (a `resourceVersion`, an etcd revision): two owners racing produce one winner.
+//! * A contender treats another owner's claim as expired only after the TTL has passed *on its own
+//!   monotonic clock* since it observed that claim; never by comparing a timestamp written by another
+//!   machine with its own clock.
+//! * A claim or renewal is valid from the instant the call *started*: `ManagedLease` records that
+//!   instant before calling the backend and derives the local deadline from it.
+//! * Each successful [`LeaseBackend::try_acquire`] that starts a tenure returns a fencing token
+//!   strictly greater than every token any owner got for the same lease name before.
+
+use std::future::Future;
+
+use tokio::time::Instant;
+
+use crate::lease::{FencingToken, LostReason};
+use crate::settings::LeaseSettings;
+
+/// The outcome of one attempt to claim a lease.
+#[derive(Debug)]
+pub enum AcquireAttempt<T> {
+    /// This owner holds the lease now.
+    Acquired {
+        /// The backend's state of this tenure (what renewals and release compare against).
+        tenure: T,
+        /// The fencing token of this tenure.
+        token: FencingToken,
+        /// When the claim's validity started, if earlier than the start of this call (a shared
+        /// etcd session lease, for example); `None` means "the start of the call".
+        valid_from: Option<Instant>,
+    },
+    /// Another owner holds the lease, as far as the backend can tell for sure.
+    HeldByOther {
+        /// The current holder, when known.
+        holder: Option<String>,
+        /// When the backend expects the lease could become free, measured on the local monotonic
+        /// clock from when the claim was observed, if it knows.
+        expires_at: Option<Instant>,
+    },
+}
+
+/// The outcome of one renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease is still ours and renewed.
+    Renewed {
+        /// When the renewed validity started, if earlier than the start of this call; `None`
+        /// means "the start of the call".
+        valid_from: Option<Instant>,
+    },
+    /// The backend shows that the lease is not ours any more.
+    Lost(LostReason),
+}
+
+/// The outcome of a release that reached the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lease is released (or was no longer claimed by anyone).
+    Released,
+    /// Another owner holds it.
+    HeldByOther {
+        /// The current holder, when known.
+        holder: Option<String>,
+    },
+}
+
+/// Errors of a backend, with the one property `ManagedLease` needs: may a retry help?
+pub trait BackendError: std::error::Error + Send + Sync + 'static {
+    /// Whether trying the same call again may succeed (unreachable backend, 5xx, conflict races).
+    fn is_transient(&self) -> bool;
+}
+
+/// A lease store. See the [module documentation](self) for what it must guarantee.
+///
+/// Every method is called with the lease's validated settings; `ManagedLease` bounds each call by
+/// the operation timeout, so a backend need not apply its own.
+pub trait LeaseBackend: Send + Sync + 'static {
+    /// What the backend remembers about the tenure it granted (for example the `resourceVersion`
+    /// of its last write).
+    type Tenure: Send + Sync + 'static;
+    /// The backend's error type.
+    type Error: BackendError;
+
+    /// One attempt to claim the lease for `settings.owner()`.
+    ///
+    /// When this owner already holds the claim in the store (an earlier attempt whose answer was
+    /// lost), the backend reuses it and reports `Acquired` with a fresh token.
+    fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> impl Future<Output = Result<AcquireAttempt<Self::Tenure>, Self::Error>> + Send;
+
+    /// One renewal of the tenure, as a compare-and-swap against it.
+    fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut Self::Tenure,
+    ) -> impl Future<Output = Result<RenewOutcome, Self::Error>> + Send;
+
+    /// Gives the tenure up in the store, as a compare-and-swap against it.
+    fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send;
+
+    /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
+    /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the tenure ends. An `Err` means
+    /// the watch broke: `ManagedLease` calls it again after a short backoff (renewals still detect
+    /// losses meanwhile). The default never resolves: losses are then found by renewals only.
+    fn watch_lost(
+        &self,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<LostReason, Self::Error>> + Send {
+        let _ = (settings, token);
+        std::future::pending()
+    }
+
+    /// Resolves when the lease may have become free for `settings.owner()` (released, expired,
+    /// deleted), or at the latest at `not_after`. Contenders wait on it between attempts instead of
+    /// sleeping a fixed delay; the default sleeps until `not_after`.
+    fn wait_for_change(
+        &self,
+        settings: &LeaseSettings,
+        not_after: Instant,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = settings;
+        tokio::time::sleep_until(not_after)
+    }
+}

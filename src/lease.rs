@@ -1,0 +1,447 @@
+//! The lease contract every backend implements.
+//!
+//! A lease is a distributed lock with a time to live (TTL). At most one *owner* holds a lease
+//! *name* at a time; a holder renews it in the background; a holder that stops renewing (crash,
+//! pause, partition) loses it when the TTL runs out, and another owner can then take it.
+//!
+//! # The four operations
+//!
+//! * [`Lease::acquire`] resolves `Ok(true)` when this owner now holds the lease, `Ok(false)` when
+//!   another owner definitely holds it (after the configured retries), and `Err` when the outcome
+//!   is unknown (backend unreachable, timeout). It is reentrant: acquiring a lease this owner
+//!   already holds resolves `Ok(true)` and keeps the one renewal loop.
+//! * [`Lease::release`] resolves `Ok(true)` when the lease is definitely released, `Ok(false)` when
+//!   it definitely is not (another owner holds it), and `Err` when unknown. Releasing a lease that
+//!   is not held is a no-op. Renewal stops *before* the backend is told.
+//! * [`Lease::check_alive`] is synchronous and does no I/O: `true` only while this owner holds the
+//!   lease *and* its local monotonic deadline has not passed.
+//! * [`Lease::on_lost`] registers a handler called once per loss.
+//!
+//! # Why `check_alive` can be trusted
+//!
+//! The holder computes a deadline from its own monotonic clock: the instant its last successful
+//! renewal *started*, plus the TTL, minus a clock drift margin. A contender can only see that renewal
+//! after it happened and counts the TTL from when *it* saw it, so the holder's deadline passes first,
+//! even when the renewal task is stuck or the whole process was paused: `check_alive` reads the clock,
+//! not a flag the renewal task might fail to clear. There is no window in which `check_alive` says
+//! `true` while another owner could already hold the lease (within the clock-rate bound of the margin).
+//!
+//! # The races to keep in mind
+//!
+//! * `check_alive() == true` says the lease was held *at the moment of the call*. Work that takes
+//!   time must check again, or better, pass the [`FencingToken`] to the system it writes to so that
+//!   writes from a stale holder are rejected there.
+//! * `on_lost` handlers run on the renewal task; they must not block. A panicking handler is caught
+//!   and does not stop the others.
+//! * A loss is signalled at most once per tenure (from one successful `acquire` to the next loss or
+//!   release); a voluntary [`Lease::release`] is not a loss.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Boxed error of a backend, kept as the source of a [`LeaseError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A token that strictly increases with every ownership transition of a lease name, across all
+/// owners.
+///
+/// Pass it along with every write that needs the lease; the receiving system remembers the highest
+/// token it has seen per resource and rejects writes that carry a lower one. This turns "at most one
+/// holder *believes* it owns the lease" into "at most one holder's writes are *accepted*", even when
+/// a paused holder wakes up and acts before it notices it lost the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// A token with the given value.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The token's value.
+    pub const fn value(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Why a lease was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The backend reported that another owner holds the lease now.
+    TakenOver {
+        /// The new holder, when the backend said who it is.
+        holder: Option<String>,
+    },
+    /// The local deadline passed without a successful renewal (partition, pause, backend down).
+    Expired {
+        /// The error of the last failed renewal attempt, if one failed.
+        last_error: Option<String>,
+    },
+    /// The lease record disappeared from the backend (deleted by an operator or another client).
+    Deleted,
+    /// The backend answered something that contradicts this owner holding the lease.
+    Inconsistent(String),
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::TakenOver { holder: Some(h) } => write!(f, "taken over by {h}"),
+            LostReason::TakenOver { holder: None } => f.write_str("taken over by another owner"),
+            LostReason::Expired { last_error: None } => {
+                f.write_str("ttl passed without a successful renewal")
+            }
+            LostReason::Expired {
+                last_error: Some(e),
+            } => write!(
+                f,
+                "ttl passed without a successful renewal (last error: {e})"
+            ),
+            LostReason::Deleted => f.write_str("lease record deleted from the backend"),
+            LostReason::Inconsistent(why) => write!(f, "backend inconsistency: {why}"),
+        }
+    }
+}
+
+/// The notification that a lease was lost: delivered to [`Lease::on_lost`] handlers and, as an
+/// actix message, to subscribed actors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLost {
+    /// The lease name.
+    pub name: String,
+    /// The owner that lost it.
+    pub owner: String,
+    /// Why it was lost.
+    pub reason: LostReason,
+    /// The fencing token of the tenure that ended.
+    pub fencing_token: Option<FencingToken>,
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease {:?} lost by {:?}: {}",
+            self.name, self.owner, self.reason
+        )
+    }
+}
+
+/// Which lease operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `acquire`.
+    Acquire,
+    /// A renewal.
+    Renew,
+    /// `release`.
+    Release,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Acquire => "acquire",
+            Operation::Renew => "renew",
+            Operation::Release => "release",
+        })
+    }
+}
+
+/// A lease operation whose outcome is unknown, or that the backend refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// A backend call did not answer within the operation timeout; it may or may not have been
+    /// applied.
+    #[error("{operation} timed out after {timeout:?}")]
+    Timeout {
+        /// The operation.
+        operation: Operation,
+        /// The operation timeout in force.
+        timeout: Duration,
+    },
+    /// The backend failed; `transient` errors (unreachable, 5xx) may succeed when tried again,
+    /// others (forbidden, invalid) will not.
+    #[error("{operation} failed: {source}")]
+    Backend {
+        /// The operation.
+        operation: Operation,
+        /// Whether trying again may help.
+        transient: bool,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The lease was used outside a Tokio runtime, or after its runtime shut down.
+    #[error("{operation} needs a running tokio runtime (actix-rt provides one)")]
+    NoRuntime {
+        /// The operation.
+        operation: Operation,
+    },
+}
+
+impl LeaseError {
+    /// Whether trying again may succeed (timeouts and transient backend errors).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LeaseError::Timeout { .. } => true,
+            LeaseError::Backend { transient, .. } => *transient,
+            LeaseError::NoRuntime { .. } => false,
+        }
+    }
+
+    /// The backend's own error, if it is of type `E` (for example the Kubernetes backend's error
+    /// that names the RBAC rule that is missing).
+    pub fn backend_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            LeaseError::Backend { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+type Handler = Arc<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
+
+/// The `on_lost` handlers of one lease. Backends built on
+/// [`ManagedLease`](crate::ManagedLease) get one for free; others can reuse it.
+#[derive(Default)]
+pub struct LostHandlers {
+    inner: Arc<Mutex<HandlerTable>>,
+}
+
+#[derive(Default)]
+struct HandlerTable {
+    next_id: u64,
+    handlers: Vec<(u64, Handler)>,
+}
+
+impl fmt::Debug for LostHandlers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostHandlers")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl LostHandlers {
+    /// An empty set of handlers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler`; it stays registered until the returned subscription is dropped or
+    /// [`LostSubscription::unsubscribe`]d.
+    pub fn subscribe(
+        &self,
+        handler: impl Fn(&LeaseLost) + Send + Sync + 'static,
+    ) -> LostSubscription {
+        let mut table = lock(&self.inner);
+        let id = table.next_id;
+        table.next_id += 1;
+        table.handlers.push((id, Arc::new(handler)));
+        LostSubscription {
+            table: Arc::downgrade(&self.inner),
+            id,
+        }
+    }
+
+    /// Calls every registered handler with `lost`; a panicking handler is logged and does not stop
+    /// the others. Returns how many handlers ran.
+    pub fn notify(&self, lost: &LeaseLost) -> usize {
+        let handlers: Vec<Handler> = lock(&self.inner)
+            .handlers
+            .iter()
+            .map(|(_, h)| Arc::clone(h))
+            .collect();
+        for handler in &handlers {
+            let call = std::panic::AssertUnwindSafe(|| handler(lost));
+            if std::panic::catch_unwind(call).is_err() {
+                tracing::error!(lease = %lost.name, owner = %lost.owner, "an on_lost handler panicked");
+            }
+        }
+        handlers.len()
+    }
+
+    /// The number of registered handlers.
+    pub fn len(&self) -> usize {
+        lock(&self.inner).handlers.len()
+    }
+
+    /// Whether no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A handler never runs under this lock, so a poisoned lock only means a panic in our own
+    // trivial bookkeeping; the table is still consistent.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Keeps an `on_lost` handler registered; dropping it (or calling
+/// [`unsubscribe`](LostSubscription::unsubscribe)) removes the handler.
+#[must_use = "the handler is removed when the subscription is dropped; use `detach` to keep it"]
+#[derive(Debug)]
+pub struct LostSubscription {
+    table: Weak<Mutex<HandlerTable>>,
+    id: u64,
+}
+
+impl LostSubscription {
+    /// Removes the handler now. It is not called for any loss notified after this returns.
+    pub fn unsubscribe(self) {
+        drop(self)
+    }
+
+    /// Keeps the handler registered for as long as the lease lives.
+    pub fn detach(mut self) {
+        self.table = Weak::new();
+    }
+}
+
+impl Drop for LostSubscription {
+    fn drop(&mut self) {
+        if let Some(table) = self.table.upgrade() {
+            lock(&table).handlers.retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+/// The lease contract. See the [module documentation](self) for the semantics and the races.
+///
+/// Implementations are cheap to share (`Send + Sync + 'static`) and return `Send` futures, so they
+/// can be used from any actor or task.
+pub trait Lease: Send + Sync + 'static {
+    /// The lease name.
+    fn name(&self) -> &str;
+
+    /// This holder's owner identity.
+    fn owner(&self) -> &str;
+
+    /// Tries to take the lease for this owner.
+    ///
+    /// Resolves `Ok(true)` when this owner now holds the lease (also when it already held it),
+    /// `Ok(false)` when another owner holds it after `acquire_retries` more attempts
+    /// `acquire_retry_delay` apart.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError`] when the outcome is unknown: the backend is unreachable, a call timed out, or
+    /// the backend refused (for example for lack of permission).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves may leave the lease claimed for this owner in the
+    /// backend without a local renewal loop; nobody else can take it until its TTL passes, or until
+    /// this owner acquires again (which reuses the claim).
+    fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Gives the lease up.
+    ///
+    /// Resolves `Ok(true)` when it is definitely released (or was not held), `Ok(false)` when
+    /// another owner definitely holds it. Renewal stops before the backend is told, and
+    /// `check_alive` is `false` from the moment this is called.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError`] when it is unknown whether the backend released the lease; it then expires
+    /// after its TTL at the latest.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the lease not held locally (renewal already stopped); the backend
+    /// record then expires after its TTL.
+    fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Whether this owner holds the lease right now, by its local monotonic deadline. Never blocks,
+    /// never does I/O.
+    fn check_alive(&self) -> bool;
+
+    /// Registers a handler called once each time a held lease is lost. See [`LostHandlers`].
+    fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription;
+
+    /// The fencing token of the current tenure, while the lease is held.
+    fn fencing_token(&self) -> Option<FencingToken>;
+
+    /// The instant at which `check_alive` turns `false` unless a renewal succeeds first, while the
+    /// lease is held.
+    fn deadline(&self) -> Option<Instant>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn lost() -> LeaseLost {
+        LeaseLost {
+            name: "n".into(),
+            owner: "o".into(),
+            reason: LostReason::Deleted,
+            fencing_token: Some(FencingToken::new(3)),
+        }
+    }
+
+    #[test]
+    fn panicking_handler_does_not_stop_the_others() {
+        let handlers = LostHandlers::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c1 = calls.clone();
+        let _a = handlers.subscribe(move |_| {
+            c1.fetch_add(1, Ordering::SeqCst);
+        });
+        let _b = handlers.subscribe(|_| panic!("handler bug"));
+        let c2 = calls.clone();
+        let _c = handlers.subscribe(move |l| {
+            assert_eq!(l.fencing_token, Some(FencingToken::new(3)));
+            c2.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(handlers.notify(&lost()), 3);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn unsubscribe_explicitly_and_on_drop_and_detach() {
+        let handlers = LostHandlers::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let sub = |c: &Arc<AtomicUsize>| {
+            let c = c.clone();
+            handlers.subscribe(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let a = sub(&calls);
+        let b = sub(&calls);
+        sub(&calls).detach();
+        a.unsubscribe();
+        drop(b);
+        assert_eq!(handlers.len(), 1);
+        handlers.notify(&lost());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn reasons_read_well() {
+        assert_eq!(
+            LostReason::TakenOver {
+                holder: Some("b".into())
+            }
+            .to_string(),
+            "taken over by b"
+        );
+        assert!(lost().to_string().contains("deleted"));
+    }
+}

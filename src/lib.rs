@@ -1,0 +1,103 @@
+//! Distributed leases for the [actix](https://docs.rs/actix) actor framework.
+//!
+//! A *lease* is a distributed lock with a time to live: at most one owner holds it at a time, a
+//! crashed owner loses it when the TTL runs out, and a holder that can no longer prove ownership is
+//! told so before anyone else can take over. Use one to run a single instance of a singleton actor
+//! across a fleet, or to keep two sharding coordinators from allocating at once during a network
+//! partition.
+//!
+//! * [`Lease`] is the contract: `acquire`, `release`, `check_alive`, `on_lost`, plus a
+//!   [`FencingToken`] per tenure. Its module documentation explains the semantics and the races.
+//! * [`LeaseSettings`] are validated at construction.
+//! * Backends: [`InMemoryLease`] (always), `KubernetesLease` (feature `kubernetes`), `EtcdLease`
+//!   (feature `etcd`). They all implement [`LeaseBackend`], a small trait of single steps, and get
+//!   the contract from [`ManagedLease`].
+//! * [`LeaseProvider`] loads leases from configuration by (name, config key, owner).
+//!
+//! ```
+//! use std::time::Duration;
+//! use actix_coordination::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = InMemoryStore::new();
+//! let settings = LeaseSettings::builder("jobs", "node-1").ttl(Duration::from_secs(15)).build()?;
+//! let lease = InMemoryLease::new(settings, &store);
+//! let _sub = lease.on_lost(|lost| tracing::warn!(%lost, "stop leader-only work"));
+//! if lease.acquire().await? {
+//!     let token = lease.fencing_token().expect("held");
+//!     assert!(lease.check_alive());
+//!     // ... leader-only work, passing `token` along with every write ...
+//!     # let _ = token;
+//!     lease.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod lease;
+mod managed;
+mod memory;
+mod provider;
+mod settings;
+mod shared;
+
+pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+pub use lease::{
+    BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
+    LostSubscription, Operation,
+};
+pub use managed::ManagedLease;
+pub use memory::{
+    InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease, InMemoryRecord, InMemoryStats,
+    InMemoryStore, InMemoryTenure,
+};
+pub use provider::{
+    BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
+    IN_MEMORY_BACKEND,
+};
+pub use settings::{
+    LeaseSettings, LeaseSettingsBuilder, SettingsError, TimingConfig, DEFAULT_ACQUIRE_RETRIES,
+    DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_NAME_LEN,
+    MAX_OWNER_LEN,
+};
+pub use shared::SharedLease;
+
+/// The items most programs need.
+pub mod prelude {
+    pub use crate::{
+        FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseError, LeaseLost, LeaseProvider,
+        LeaseSettings, LostReason, SharedLease,
+    };
+}
+
+#[cfg(test)]
+mod send_sync {
+    //! Compile-time checks that the public types can cross threads.
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        assert_send_sync::<LeaseSettings>();
+        assert_send_sync::<InMemoryLease>();
+        assert_send_sync::<InMemoryStore>();
+        assert_send_sync::<SharedLease>();
+        assert_send_sync::<LeaseProvider>();
+        assert_send_sync::<LeaseError>();
+        assert_send_sync::<LeaseLost>();
+        assert_send_sync::<LostSubscription>();
+        assert_send_sync::<ProviderError>();
+    }
+
+    #[test]
+    fn lease_futures_are_send() {
+        let store = InMemoryStore::new();
+        let lease = store.lease(LeaseSettings::new("n", "o").unwrap());
+        assert_send(&lease.acquire());
+        assert_send(&lease.release());
+        let shared = SharedLease::new(store.lease(LeaseSettings::new("n", "p").unwrap()));
+        assert_send(&shared.acquire());
+    }
+}

@@ -1,0 +1,559 @@
+//! The in-memory backend: [`InMemoryStore`] and [`InMemoryLease`].
+//!
+//! For development, tests and the examples. Owners that share one [`InMemoryStore`] (clones share
+//! it) compete for leases exactly as they would on a real backend: a claim expires `ttl` after
+//! the store applied its last renewal, a contender can take the lease only after that instant, every
+//! write is atomic and every new tenure gets a strictly higher fencing token. Time is read from
+//! [`tokio::time::Instant`], so tests can run it under Tokio's paused clock.
+//!
+//! # Fault injection
+//!
+//! The store can simulate what goes wrong in production, per owner or for everyone:
+//!
+//! | fault | simulates |
+//! |---|---|
+//! | [`InMemoryFault::Unavailable`] | a partition or a backend that is down: calls fail at once |
+//! | [`InMemoryFault::Hang`] | a paused process or a blackholed connection: calls never answer |
+//! | [`InMemoryFault::Delay`] | a slow network: calls answer late |
+//! | [`InMemoryFault::ResponseLost`] | the request is applied, the answer is lost (outcome unknown) |
+//!
+//! and [`InMemoryStore::force_take`] / [`InMemoryStore::delete`] simulate an operator or a buggy
+//! client overwriting the record.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::lease::{FencingToken, LostReason};
+use crate::managed::ManagedLease;
+use crate::settings::LeaseSettings;
+
+/// A lease on an [`InMemoryStore`].
+pub type InMemoryLease = ManagedLease<InMemoryBackend>;
+
+/// A fault the store applies to calls, see the [module documentation](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InMemoryFault {
+    /// Calls fail at once with [`InMemoryError::Unavailable`].
+    Unavailable,
+    /// Calls never answer (the lease's operation timeout ends them).
+    Hang,
+    /// Calls are applied after this delay.
+    Delay(Duration),
+    /// Calls are applied, then fail with [`InMemoryError::ResponseLost`].
+    ResponseLost,
+}
+
+/// Errors of the in-memory backend; all of them come from injected faults.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InMemoryError {
+    /// The store is unreachable for this owner (injected [`InMemoryFault::Unavailable`]).
+    #[error("in-memory store unavailable for owner {owner:?}")]
+    Unavailable {
+        /// The owner whose call failed.
+        owner: String,
+    },
+    /// The call was applied but its answer was lost (injected [`InMemoryFault::ResponseLost`]).
+    #[error("in-memory store applied the call of owner {owner:?} but the response was lost")]
+    ResponseLost {
+        /// The owner whose call failed.
+        owner: String,
+    },
+}
+
+impl BackendError for InMemoryError {
+    fn is_transient(&self) -> bool {
+        true
+    }
+}
+
+/// A snapshot of a lease record in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InMemoryRecord {
+    /// The holder, or `None` after a release.
+    pub holder: Option<String>,
+    /// When the claim expires in the store's view.
+    pub expires_at: Option<Instant>,
+    /// The fencing token of the latest tenure.
+    pub token: FencingToken,
+}
+
+/// Counters of the calls the store answered, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InMemoryStats {
+    /// Acquire attempts.
+    pub acquires: u64,
+    /// Renewals.
+    pub renewals: u64,
+    /// Releases.
+    pub releases: u64,
+}
+
+/// A process-local lease store; clones share it. See the [module documentation](self).
+#[derive(Clone, Default)]
+pub struct InMemoryStore {
+    inner: Arc<StoreInner>,
+}
+
+impl std::fmt::Debug for InMemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InMemoryStore")
+            .field("leases", &self.lock().records.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct StoreInner {
+    state: Mutex<StoreState>,
+}
+
+#[derive(Default)]
+struct StoreState {
+    records: HashMap<String, Record>,
+    fault: Option<InMemoryFault>,
+    owner_faults: HashMap<String, InMemoryFault>,
+    stats: InMemoryStats,
+}
+
+struct Record {
+    holder: Option<String>,
+    expires_at: Option<Instant>,
+    token: u64,
+    changed: Arc<Notify>,
+}
+
+impl Record {
+    fn live_holder(&self, now: Instant) -> Option<&str> {
+        match (&self.holder, self.expires_at) {
+            (Some(h), Some(exp)) if now < exp => Some(h),
+            _ => None,
+        }
+    }
+}
+
+/// What the store remembers of a tenure it granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InMemoryTenure {
+    token: u64,
+}
+
+impl InMemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A lease on this store.
+    pub fn lease(&self, settings: LeaseSettings) -> InMemoryLease {
+        InMemoryLease::new(settings, self)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StoreState> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `fault` to every call from `owner` (`None` heals it).
+    pub fn set_owner_fault(&self, owner: &str, fault: Option<InMemoryFault>) {
+        let mut state = self.lock();
+        match fault {
+            Some(f) => state.owner_faults.insert(owner.to_owned(), f),
+            None => state.owner_faults.remove(owner),
+        };
+    }
+
+    /// Applies `fault` to every call from every owner (`None` heals the store); an owner's own
+    /// fault takes precedence.
+    pub fn set_fault(&self, fault: Option<InMemoryFault>) {
+        self.lock().fault = fault;
+    }
+
+    /// Cuts `owner` off the store: its calls fail at once.
+    pub fn partition(&self, owner: &str) {
+        self.set_owner_fault(owner, Some(InMemoryFault::Unavailable));
+    }
+
+    /// Freezes `owner` like a paused process: its calls never answer.
+    pub fn pause(&self, owner: &str) {
+        self.set_owner_fault(owner, Some(InMemoryFault::Hang));
+    }
+
+    /// Removes `owner`'s fault.
+    pub fn heal(&self, owner: &str) {
+        self.set_owner_fault(owner, None);
+    }
+
+    /// The record of lease `name`, if it was ever claimed.
+    pub fn record(&self, name: &str) -> Option<InMemoryRecord> {
+        self.lock().records.get(name).map(|r| InMemoryRecord {
+            holder: r.holder.clone(),
+            expires_at: r.expires_at,
+            token: FencingToken::new(r.token),
+        })
+    }
+
+    /// The owner holding lease `name` now in the store's view (claimed and not expired).
+    pub fn holder(&self, name: &str) -> Option<String> {
+        let now = Instant::now();
+        self.lock()
+            .records
+            .get(name)
+            .and_then(|r| r.live_holder(now).map(str::to_owned))
+    }
+
+    /// Overwrites lease `name` with `owner` as holder for `ttl`, ignoring the current claim, like an
+    /// operator or a misbehaving client would. Returns the new token.
+    pub fn force_take(&self, name: &str, owner: &str, ttl: Duration) -> FencingToken {
+        let mut state = self.lock();
+        let record = state
+            .records
+            .entry(name.to_owned())
+            .or_insert_with(Record::empty);
+        record.token += 1;
+        record.holder = Some(owner.to_owned());
+        record.expires_at = Some(Instant::now() + ttl);
+        record.changed.notify_waiters();
+        FencingToken::new(record.token)
+    }
+
+    /// Deletes the record of lease `name` (its token history is kept, so tokens never go back).
+    pub fn delete(&self, name: &str) {
+        let mut state = self.lock();
+        if let Some(record) = state.records.get_mut(name) {
+            record.holder = None;
+            record.expires_at = None;
+            record.changed.notify_waiters();
+        }
+    }
+
+    /// How many calls the store has answered.
+    pub fn stats(&self) -> InMemoryStats {
+        self.lock().stats
+    }
+
+    /// Applies the fault for `owner` before a call; returns whether the response must be lost.
+    async fn before_call(&self, owner: &str) -> Result<bool, InMemoryError> {
+        let fault = {
+            let state = self.lock();
+            state.owner_faults.get(owner).copied().or(state.fault)
+        };
+        match fault {
+            None => Ok(false),
+            Some(InMemoryFault::Unavailable) => Err(InMemoryError::Unavailable {
+                owner: owner.to_owned(),
+            }),
+            Some(InMemoryFault::Hang) => std::future::pending().await,
+            Some(InMemoryFault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(false)
+            }
+            Some(InMemoryFault::ResponseLost) => Ok(true),
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        owner: &str,
+        apply: impl FnOnce(&mut StoreState, Instant) -> T,
+    ) -> Result<T, InMemoryError> {
+        let lose_response = self.before_call(owner).await?;
+        let result = apply(&mut self.lock(), Instant::now());
+        if lose_response {
+            return Err(InMemoryError::ResponseLost {
+                owner: owner.to_owned(),
+            });
+        }
+        Ok(result)
+    }
+}
+
+impl Record {
+    fn empty() -> Self {
+        Record {
+            holder: None,
+            expires_at: None,
+            token: 0,
+            changed: Arc::new(Notify::new()),
+        }
+    }
+}
+
+/// The [`LeaseBackend`] of one lease on an [`InMemoryStore`].
+#[derive(Debug, Clone)]
+pub struct InMemoryBackend {
+    store: InMemoryStore,
+}
+
+impl InMemoryBackend {
+    /// The backend for leases on `store`.
+    pub fn new(store: &InMemoryStore) -> Self {
+        Self {
+            store: store.clone(),
+        }
+    }
+}
+
+impl ManagedLease<InMemoryBackend> {
+    /// A lease with `settings` on `store`.
+    pub fn new(settings: LeaseSettings, store: &InMemoryStore) -> Self {
+        ManagedLease::from_backend(settings, InMemoryBackend::new(store))
+    }
+}
+
+impl LeaseBackend for InMemoryBackend {
+    type Tenure = InMemoryTenure;
+    type Error = InMemoryError;
+
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
+        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        self.store
+            .call(owner, |state, now| {
+                state.stats.acquires += 1;
+                let record = state
+                    .records
+                    .entry(name.to_owned())
+                    .or_insert_with(Record::empty);
+                match record.live_holder(now) {
+                    Some(holder) if holder != owner => AcquireAttempt::HeldByOther {
+                        holder: Some(holder.to_owned()),
+                        expires_at: record.expires_at,
+                    },
+                    _ => {
+                        record.token += 1;
+                        record.holder = Some(owner.to_owned());
+                        record.expires_at = Some(now + ttl);
+                        record.changed.notify_waiters();
+                        AcquireAttempt::Acquired {
+                            tenure: InMemoryTenure {
+                                token: record.token,
+                            },
+                            token: FencingToken::new(record.token),
+                            valid_from: None,
+                        }
+                    }
+                }
+            })
+            .await
+    }
+
+    async fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut InMemoryTenure,
+    ) -> Result<RenewOutcome, InMemoryError> {
+        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        self.store
+            .call(owner, |state, now| {
+                state.stats.renewals += 1;
+                let Some(record) = state.records.get_mut(name) else {
+                    return RenewOutcome::Lost(LostReason::Deleted);
+                };
+                if record.token != tenure.token {
+                    return RenewOutcome::Lost(LostReason::TakenOver {
+                        holder: record.holder.clone(),
+                    });
+                }
+                match (&record.holder, record.expires_at) {
+                    (None, _) => RenewOutcome::Lost(LostReason::Deleted),
+                    (Some(h), Some(exp)) if h == owner && now < exp => {
+                        record.expires_at = Some(now + ttl);
+                        RenewOutcome::Renewed { valid_from: None }
+                    }
+                    _ => RenewOutcome::Lost(LostReason::Expired { last_error: None }),
+                }
+            })
+            .await
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        let (name, owner) = (settings.name(), settings.owner());
+        self.store
+            .call(owner, |state, now| {
+                state.stats.releases += 1;
+                let Some(record) = state.records.get_mut(name) else {
+                    return ReleaseOutcome::Released;
+                };
+                if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
+                    record.holder = None;
+                    record.expires_at = None;
+                    record.changed.notify_waiters();
+                    return ReleaseOutcome::Released;
+                }
+                match record.live_holder(now) {
+                    Some(h) if h != owner || record.token != tenure.token => {
+                        ReleaseOutcome::HeldByOther {
+                            holder: Some(h.to_owned()),
+                        }
+                    }
+                    _ => ReleaseOutcome::Released,
+                }
+            })
+            .await
+    }
+
+    async fn watch_lost(
+        &self,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<LostReason, InMemoryError> {
+        let (name, owner) = (settings.name(), settings.owner());
+        loop {
+            let _ = self.store.before_call(owner).await?;
+            let changed = {
+                let state = self.store.lock();
+                let Some(record) = state.records.get(name) else {
+                    return Ok(LostReason::Deleted);
+                };
+                if record.token != token.value() {
+                    return Ok(LostReason::TakenOver {
+                        holder: record.holder.clone(),
+                    });
+                }
+                if record.holder.is_none() {
+                    return Ok(LostReason::Deleted);
+                }
+                Arc::clone(&record.changed)
+            };
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Check again now that we are registered, so that no change slips between the two.
+            if self.changed_since(name, token) {
+                continue;
+            }
+            notified.await;
+        }
+    }
+
+    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
+        let name = settings.name();
+        let (changed, expires_at) = {
+            let state = self.store.lock();
+            match state.records.get(name) {
+                Some(record) => (Arc::clone(&record.changed), record.expires_at),
+                None => return,
+            }
+        };
+        let wake_at = expires_at.map_or(not_after, |e| e.min(not_after));
+        let notified = changed.notified();
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+}
+
+impl InMemoryBackend {
+    fn changed_since(&self, name: &str, token: FencingToken) -> bool {
+        let state = self.store.lock();
+        state
+            .records
+            .get(name)
+            .is_none_or(|r| r.token != token.value() || r.holder.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Lease;
+
+    fn settings(owner: &str) -> LeaseSettings {
+        LeaseSettings::builder("lease", owner)
+            .ttl(Duration::from_secs(9))
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn response_lost_on_acquire_is_an_error_but_the_claim_is_reused() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        store.set_owner_fault("a", Some(InMemoryFault::ResponseLost));
+        let err = a.acquire().await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(err.backend_error::<InMemoryError>().is_some());
+        assert_eq!(store.holder("lease").as_deref(), Some("a"));
+        assert!(!a.check_alive());
+        store.heal("a");
+        assert!(a.acquire().await.unwrap());
+        let token = a.fencing_token().unwrap();
+        assert!(
+            token
+                > store
+                    .record("lease")
+                    .map(|r| FencingToken::new(r.token.value() - 1))
+                    .unwrap()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_down_makes_acquire_fail_not_false() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        store.set_fault(Some(InMemoryFault::Unavailable));
+        assert!(a.acquire().await.is_err());
+        store.set_fault(Some(InMemoryFault::Hang));
+        let err = a.acquire().await.unwrap_err();
+        assert!(matches!(err, crate::LeaseError::Timeout { .. }), "{err}");
+        store.set_fault(None);
+        assert!(a.acquire().await.unwrap());
+        assert_eq!(
+            store.stats().acquires,
+            1,
+            "failed and hung attempts never reached the store"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_store_still_works() {
+        let store = InMemoryStore::new();
+        store.set_fault(Some(InMemoryFault::Delay(Duration::from_millis(300))));
+        let a = store.lease(settings("a"));
+        let t0 = Instant::now();
+        assert!(a.acquire().await.unwrap());
+        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+        // The deadline counts from the start of the call, not from when the store applied it.
+        assert_eq!(a.deadline().unwrap(), t0 + a.settings().local_validity());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn force_take_fires_on_lost_at_once_through_the_watch() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let _sub = a.on_lost(move |l| {
+            let _ = tx.send(l.clone());
+        });
+        assert!(a.acquire().await.unwrap());
+        let t0 = Instant::now();
+        let token = store.force_take("lease", "intruder", Duration::from_secs(9));
+        let lost = rx.recv().await.unwrap();
+        assert_eq!(
+            t0.elapsed(),
+            Duration::ZERO,
+            "the watch reports the takeover at once"
+        );
+        assert_eq!(
+            lost.reason,
+            LostReason::TakenOver {
+                holder: Some("intruder".into())
+            }
+        );
+        assert!(token > lost.fencing_token.unwrap());
+        assert!(!a.check_alive());
+    }
+}

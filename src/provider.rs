@@ -1,0 +1,404 @@
+//! [`LeaseProvider`]: leases loaded from configuration, like Akka's `LeaseProvider`.
+//!
+//! A lease is identified by a triple: its *name* (the same on every node), a *config key* (which
+//! backend and timing to use) and this node's *owner* identity. The provider reads a
+//! [`CoordinationConfig`], usually deserialised from a file with serde:
+//!
+//! ```toml
+//! [leases.singleton-lease]        # the config key
+//! backend = "kubernetes"          # a built-in or registered backend name
+//! ttl = "15s"                     # timing, see `TimingConfig`; unset fields use the defaults
+//! renewal-interval = "5s"
+//!
+//! [leases.singleton-lease.kubernetes]   # the backend's own section, named like the backend
+//! namespace = "my-app"
+//! ```
+//!
+//! [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple, so every
+//! component of a process that asks for a lease gets the one instance with its one renewal loop.
+//!
+//! Built-in backends: `in-memory` (always; one [`InMemoryStore`] per provider), `kubernetes` and
+//! `etcd` with their cargo features. [`LeaseProvider::register_backend`] adds your own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Deserialize;
+
+use crate::lease::BoxError;
+use crate::memory::InMemoryStore;
+use crate::settings::{LeaseSettings, SettingsError, TimingConfig};
+use crate::shared::SharedLease;
+
+/// The name of the built-in in-memory backend.
+pub const IN_MEMORY_BACKEND: &str = "in-memory";
+
+/// Errors of [`LeaseProvider::get_lease`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// No `[leases.<key>]` table with this config key.
+    #[error("no lease configuration under the config key {config_key:?} (known: {known:?})")]
+    UnknownConfigKey {
+        /// The config key asked for.
+        config_key: String,
+        /// The config keys that exist.
+        known: Vec<String>,
+    },
+    /// The configuration names a backend nobody registered.
+    #[error(
+        "lease config {config_key:?} names the unknown backend {backend:?} (registered: {known:?}; \
+         `kubernetes` and `etcd` need their cargo features)"
+    )]
+    UnknownBackend {
+        /// The config key.
+        config_key: String,
+        /// The backend named.
+        backend: String,
+        /// The registered backends.
+        known: Vec<String>,
+    },
+    /// The configuration has a key that is neither a timing setting nor the backend's section.
+    #[error("lease config {config_key:?} has the unknown setting {key:?}")]
+    UnknownSetting {
+        /// The config key.
+        config_key: String,
+        /// The unknown setting.
+        key: String,
+    },
+    /// The name, owner or timing is invalid.
+    #[error("lease config {config_key:?} is invalid")]
+    InvalidSettings {
+        /// The config key.
+        config_key: String,
+        /// What is wrong.
+        #[source]
+        source: SettingsError,
+    },
+    /// The backend rejected its section of the configuration.
+    #[error("lease config {config_key:?} has an invalid `{backend}` section")]
+    InvalidBackendConfig {
+        /// The config key.
+        config_key: String,
+        /// The backend.
+        backend: String,
+        /// What the backend said.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// The configuration the provider reads: lease configurations by config key.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CoordinationConfig {
+    /// Lease configurations by config key.
+    #[serde(default)]
+    pub leases: BTreeMap<String, LeaseConfig>,
+}
+
+/// One lease configuration: a backend, timing, and the backend's own section.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LeaseConfig {
+    /// The backend name (`in-memory`, `kubernetes`, `etcd` or a registered one).
+    pub backend: String,
+    /// Timing; unset fields take the documented defaults.
+    #[serde(flatten)]
+    pub timing: TimingConfig,
+    /// Every other key: only one named like the backend is allowed (its section).
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
+}
+
+/// Creates leases of one backend from validated settings and the backend's config section.
+///
+/// Closures `Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>`
+/// implement it.
+pub trait BackendFactory: Send + Sync + 'static {
+    /// A lease with `settings`; `section` is the backend's own configuration table, if any.
+    ///
+    /// # Errors
+    ///
+    /// The reason the section is invalid.
+    fn create(
+        &self,
+        settings: LeaseSettings,
+        section: Option<&serde_json::Value>,
+    ) -> Result<SharedLease, BoxError>;
+}
+
+impl<F> BackendFactory for F
+where
+    F: Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn create(
+        &self,
+        settings: LeaseSettings,
+        section: Option<&serde_json::Value>,
+    ) -> Result<SharedLease, BoxError> {
+        self(settings, section)
+    }
+}
+
+type LeaseKey = (String, String, String);
+
+/// Loads leases by (name, config key, owner) from a [`CoordinationConfig`]. See the
+/// [module documentation](self).
+///
+/// ```
+/// use actix_coordination::{CoordinationConfig, Lease, LeaseProvider};
+///
+/// let config: CoordinationConfig = serde_json::from_str(
+///     r#"{ "leases": { "dev": { "backend": "in-memory", "ttl": "10s" } } }"#,
+/// )?;
+/// let provider = LeaseProvider::new(config);
+/// let lease = provider.get_lease("jobs", "dev", "node-1")?;
+/// assert_eq!(lease.name(), "jobs");
+/// assert!(lease.ptr_eq(&provider.get_lease("jobs", "dev", "node-1")?));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LeaseProvider {
+    config: CoordinationConfig,
+    backends: Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>,
+    leases: Mutex<HashMap<LeaseKey, SharedLease>>,
+    store: InMemoryStore,
+}
+
+impl std::fmt::Debug for LeaseProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseProvider")
+            .field("config", &self.config)
+            .field("backends", &lock(&self.backends).keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LeaseProvider {
+    /// A provider reading `config`, with the built-in backends registered.
+    pub fn new(config: CoordinationConfig) -> Self {
+        let provider = Self {
+            config,
+            backends: Mutex::new(BTreeMap::new()),
+            leases: Mutex::new(HashMap::new()),
+            store: InMemoryStore::new(),
+        };
+        let store = provider.store.clone();
+        provider.register_backend(
+            IN_MEMORY_BACKEND,
+            move |settings: LeaseSettings, section: Option<&serde_json::Value>| {
+                if let Some(section) = section {
+                    return Err(
+                        format!("the in-memory backend takes no settings, got {section}").into(),
+                    );
+                }
+                Ok(SharedLease::new(store.lease(settings)))
+            },
+        );
+        #[cfg(feature = "kubernetes")]
+        provider.register_backend(
+            crate::kubernetes::KUBERNETES_BACKEND,
+            crate::kubernetes::provider_factory(),
+        );
+        #[cfg(feature = "etcd")]
+        provider.register_backend(crate::etcd::ETCD_BACKEND, crate::etcd::provider_factory());
+        provider
+    }
+
+    /// The in-memory store behind the `in-memory` backend of this provider.
+    pub fn in_memory_store(&self) -> &InMemoryStore {
+        &self.store
+    }
+
+    /// Registers (or replaces) the backend `name`.
+    pub fn register_backend(&self, name: impl Into<String>, factory: impl BackendFactory) {
+        lock(&self.backends).insert(name.into(), Arc::new(factory));
+    }
+
+    /// The lease `name` for `owner`, configured by `config_key`: the same instance for the same
+    /// triple.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError`] when the config key, the backend or a setting is unknown, or a setting is
+    /// invalid.
+    pub fn get_lease(
+        &self,
+        name: &str,
+        config_key: &str,
+        owner: &str,
+    ) -> Result<SharedLease, ProviderError> {
+        let key = (name.to_owned(), config_key.to_owned(), owner.to_owned());
+        if let Some(lease) = lock(&self.leases).get(&key) {
+            return Ok(lease.clone());
+        }
+        let lease = self.create(name, config_key, owner)?;
+        // Another thread may have created the same lease meanwhile: keep the first one.
+        Ok(lock(&self.leases).entry(key).or_insert(lease).clone())
+    }
+
+    fn create(
+        &self,
+        name: &str,
+        config_key: &str,
+        owner: &str,
+    ) -> Result<SharedLease, ProviderError> {
+        let config =
+            self.config
+                .leases
+                .get(config_key)
+                .ok_or_else(|| ProviderError::UnknownConfigKey {
+                    config_key: config_key.to_owned(),
+                    known: self.config.leases.keys().cloned().collect(),
+                })?;
+        let factory = {
+            let backends = lock(&self.backends);
+            backends
+                .get(&config.backend)
+                .cloned()
+                .ok_or_else(|| ProviderError::UnknownBackend {
+                    config_key: config_key.to_owned(),
+                    backend: config.backend.clone(),
+                    known: backends.keys().cloned().collect(),
+                })?
+        };
+        if let Some(key) = config.rest.keys().find(|k| **k != config.backend) {
+            return Err(ProviderError::UnknownSetting {
+                config_key: config_key.to_owned(),
+                key: key.clone(),
+            });
+        }
+        let settings = LeaseSettings::builder(name, owner)
+            .timing(&config.timing)
+            .build()
+            .map_err(|source| ProviderError::InvalidSettings {
+                config_key: config_key.to_owned(),
+                source,
+            })?;
+        factory
+            .create(settings, config.rest.get(&config.backend))
+            .map_err(|source| ProviderError::InvalidBackendConfig {
+                config_key: config_key.to_owned(),
+                backend: config.backend.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Lease;
+    use std::time::Duration;
+
+    fn provider(json: &str) -> LeaseProvider {
+        LeaseProvider::new(serde_json::from_str(json).unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn same_triple_same_instance_and_shared_store() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory","ttl":"9s"}}}"#);
+        let x1 = p.get_lease("L", "a", "x").unwrap();
+        let x2 = p.get_lease("L", "a", "x").unwrap();
+        let y = p.get_lease("L", "a", "y").unwrap();
+        let other = p.get_lease("M", "a", "x").unwrap();
+        assert!(x1.ptr_eq(&x2));
+        assert!(!x1.ptr_eq(&y));
+        assert!(!x1.ptr_eq(&other));
+        assert!(x1.acquire().await.unwrap());
+        assert!(x2.check_alive(), "clones share one lease");
+        assert!(
+            !y.acquire().await.unwrap(),
+            "owners of one provider share a store"
+        );
+        assert_eq!(p.in_memory_store().holder("L").as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn timing_comes_from_the_config() {
+        let p =
+            provider(r#"{"leases":{"a":{"backend":"in-memory","ttl":"12s","acquire-retries":7}}}"#);
+        // Settings are observable through the deadline only; check them via a fresh build.
+        let cfg = &p.config.leases["a"];
+        let s = LeaseSettings::builder("n", "o")
+            .timing(&cfg.timing)
+            .build()
+            .unwrap();
+        assert_eq!(s.ttl(), Duration::from_secs(12));
+        assert_eq!(s.renewal_interval(), Duration::from_secs(4));
+        assert_eq!(s.acquire_retries(), 7);
+    }
+
+    #[test]
+    fn errors_are_typed_and_clear() {
+        let p = provider(
+            r#"{"leases":{
+                "bad-backend":{"backend":"zookeeper"},
+                "bad-key":{"backend":"in-memory","tll":"3s"},
+                "bad-ttl":{"backend":"in-memory","ttl":"10s","renewal-interval":"6s"},
+                "bad-section":{"backend":"in-memory","in-memory":{"x":1}}
+            }}"#,
+        );
+        let e = p.get_lease("n", "missing", "o").unwrap_err();
+        assert!(matches!(e, ProviderError::UnknownConfigKey { .. }), "{e}");
+        let e = p.get_lease("n", "bad-backend", "o").unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::UnknownBackend { backend, known, .. }
+            if backend == "zookeeper" && known.contains(&"in-memory".to_owned())),
+            "{e}"
+        );
+        let e = p.get_lease("n", "bad-key", "o").unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::UnknownSetting { key, .. } if key == "tll"),
+            "{e}"
+        );
+        let e = p.get_lease("n", "bad-ttl", "o").unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::InvalidSettings { source, .. }
+            if source.field() == "renewal-interval"),
+            "{e}"
+        );
+        let e = p.get_lease("", "bad-ttl", "o").unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::InvalidSettings { source, .. } if source.field() == "name"),
+            "{e}"
+        );
+        let e = p.get_lease("n", "bad-section", "o").unwrap_err();
+        assert!(
+            matches!(e, ProviderError::InvalidBackendConfig { .. }),
+            "{e}"
+        );
+        let err = serde_json::from_str::<CoordinationConfig>(r#"{"leases":{"a":{"ttl":"1s"}}}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("backend"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn custom_backends_can_be_registered() {
+        let p = provider(r#"{"leases":{"c":{"backend":"mine","mine":{"flavour":"strict"}}}}"#);
+        let store = InMemoryStore::new();
+        let seen = Arc::new(Mutex::new(None));
+        let seen2 = seen.clone();
+        let store2 = store.clone();
+        p.register_backend(
+            "mine",
+            move |s: LeaseSettings, section: Option<&serde_json::Value>| {
+                *lock(&seen2) = section.cloned();
+                Ok(SharedLease::new(store2.lease(s)))
+            },
+        );
+        let lease = p.get_lease("n", "c", "o").unwrap();
+        assert!(lease.acquire().await.unwrap());
+        assert_eq!(store.holder("n").as_deref(), Some("o"));
+        assert_eq!(
+            lock(&seen).clone(),
+            Some(serde_json::json!({"flavour":"strict"}))
+        );
+    }
+}

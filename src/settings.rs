@@ -1,0 +1,571 @@
+//! Lease settings: the timing of a lease, validated once at construction.
+//!
+//! Every backend reads the same [`LeaseSettings`]. They can only be built through
+//! [`LeaseSettings::builder`] (or [`LeaseSettings::new`] for the defaults), which checks every field
+//! and returns a [`SettingsError`] naming the first field that is wrong. A value of this type is
+//! therefore always consistent: the renewal interval fits twice into the TTL, each backend call is
+//! bounded by a timeout shorter than the TTL, and so on.
+//!
+//! # Defaults
+//!
+//! | setting | default | why |
+//! |---|---|---|
+//! | `ttl` | 30 s | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
+//! | `renewal_interval` | `ttl / 3` (10 s) | one failed renewal never loses the lease: two more attempts fit before the deadline |
+//! | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
+//! | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
+//! | `acquire_retry_delay` | 500 ms | long enough not to hammer the backend, short enough to notice a release soon |
+//! | `clock_drift_margin` | `ttl / 50` (600 ms) | see below |
+//!
+//! # The local deadline
+//!
+//! A holder considers itself the owner until `start of its last successful renewal + ttl -
+//! clock_drift_margin`, measured on its own monotonic clock. The backend (or a contender) can only
+//! see the renewal *after* it started, and counts the TTL from then, so the holder's deadline always
+//! comes first; the margin absorbs a difference in clock *rate* between the two machines (NTP slewing
+//! is bounded by 500 ppm, the default margin covers 2 %) and the time it takes to deliver the
+//! lost notification.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The longest lease name accepted, in bytes.
+///
+/// Backends with shorter limits (a Kubernetes object name is at most 253 characters) map longer
+/// names to valid, collision-free identifiers themselves.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The longest owner identity accepted, in bytes.
+pub const MAX_OWNER_LEN: usize = 512;
+
+/// Default time to live of a lease.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Default bound on a single backend call, when it is shorter than the renewal interval.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default number of retries of `acquire` while another owner holds the lease.
+pub const DEFAULT_ACQUIRE_RETRIES: u32 = 3;
+/// Default delay between two attempts of `acquire`.
+pub const DEFAULT_ACQUIRE_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+/// An invalid lease setting, found when [`LeaseSettings`] are built.
+///
+/// Every variant names the field at fault; [`SettingsError::field`] returns it as written in
+/// configuration files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The lease name or the owner is empty.
+    #[error("invalid `{field}`: must not be empty")]
+    Empty {
+        /// `name` or `owner`.
+        field: &'static str,
+    },
+    /// The lease name or the owner is longer than allowed.
+    #[error("invalid `{field}`: {len} bytes long, at most {max} allowed")]
+    TooLong {
+        /// `name` or `owner`.
+        field: &'static str,
+        /// The length given.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The lease name or the owner contains a control character.
+    #[error("invalid `{field}`: contains the control character {character:?}")]
+    ControlCharacter {
+        /// `name` or `owner`.
+        field: &'static str,
+        /// The offending character.
+        character: char,
+    },
+    /// A duration that must be positive is zero.
+    #[error("invalid `{field}`: must be greater than zero")]
+    Zero {
+        /// The field name.
+        field: &'static str,
+    },
+    /// The renewal interval is longer than half the TTL, so a single failed renewal could lose
+    /// the lease.
+    #[error(
+        "invalid `renewal-interval`: {interval:?} must be at most half the ttl ({ttl:?}), \
+         so that a failed renewal can be retried before the lease expires"
+    )]
+    RenewalIntervalTooLong {
+        /// The renewal interval given.
+        interval: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// The operation timeout is not shorter than the TTL.
+    #[error("invalid `operation-timeout`: {timeout:?} must be shorter than the ttl ({ttl:?})")]
+    OperationTimeoutTooLong {
+        /// The timeout given.
+        timeout: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// The clock drift margin is not shorter than half the TTL.
+    #[error(
+        "invalid `clock-drift-margin`: {margin:?} must be shorter than half the ttl ({ttl:?})"
+    )]
+    ClockDriftMarginTooLong {
+        /// The margin given.
+        margin: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+}
+
+impl SettingsError {
+    /// The name of the setting at fault, as written in configuration (`renewal-interval`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            SettingsError::Empty { field }
+            | SettingsError::TooLong { field, .. }
+            | SettingsError::ControlCharacter { field, .. }
+            | SettingsError::Zero { field } => field,
+            SettingsError::RenewalIntervalTooLong { .. } => "renewal-interval",
+            SettingsError::OperationTimeoutTooLong { .. } => "operation-timeout",
+            SettingsError::ClockDriftMarginTooLong { .. } => "clock-drift-margin",
+        }
+    }
+}
+
+/// The validated settings of one lease: its name, this node's owner identity and its timing.
+///
+/// Build them with [`LeaseSettings::new`] (all defaults) or [`LeaseSettings::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use actix_coordination::LeaseSettings;
+///
+/// let settings = LeaseSettings::builder("billing-singleton", "node-1")
+///     .ttl(Duration::from_secs(15))
+///     .build()?;
+/// assert_eq!(settings.renewal_interval(), Duration::from_secs(5));
+///
+/// let err = LeaseSettings::builder("billing-singleton", "node-1")
+///     .ttl(Duration::from_secs(10))
+///     .renewal_interval(Duration::from_secs(8))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "renewal-interval");
+/// # Ok::<(), actix_coordination::SettingsError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    name: String,
+    owner: String,
+    ttl: Duration,
+    renewal_interval: Duration,
+    operation_timeout: Duration,
+    acquire_retries: u32,
+    acquire_retry_delay: Duration,
+    clock_drift_margin: Duration,
+}
+
+impl LeaseSettings {
+    /// Settings with every default, for lease `name` held by `owner`.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] when the name or the owner is empty, too long or contains a control
+    /// character.
+    pub fn new(name: impl Into<String>, owner: impl Into<String>) -> Result<Self, SettingsError> {
+        Self::builder(name, owner).build()
+    }
+
+    /// A builder for lease `name` held by `owner`; unset fields take their documented defaults.
+    pub fn builder(name: impl Into<String>, owner: impl Into<String>) -> LeaseSettingsBuilder {
+        LeaseSettingsBuilder {
+            name: name.into(),
+            owner: owner.into(),
+            timing: TimingConfig::default(),
+        }
+    }
+
+    /// The lease name: the same name on every node means the same lease.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This node's identity as a holder (a pod name, `host:port`, a UUID). Two processes must
+    /// never share one: the same owner is treated as the same holder (reentrancy).
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// How long the lease stays held without a successful renewal (the heartbeat timeout).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How often the holder renews the lease.
+    pub fn renewal_interval(&self) -> Duration {
+        self.renewal_interval
+    }
+
+    /// The bound on each single backend call.
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// How many times `acquire` tries again while another owner holds the lease.
+    pub fn acquire_retries(&self) -> u32 {
+        self.acquire_retries
+    }
+
+    /// The delay between two attempts of `acquire`.
+    pub fn acquire_retry_delay(&self) -> Duration {
+        self.acquire_retry_delay
+    }
+
+    /// How much earlier than the TTL the holder gives the lease up locally.
+    pub fn clock_drift_margin(&self) -> Duration {
+        self.clock_drift_margin
+    }
+
+    /// The holder keeps the lease for this long after the start of a successful renewal:
+    /// `ttl - clock_drift_margin`.
+    pub fn local_validity(&self) -> Duration {
+        self.ttl - self.clock_drift_margin
+    }
+
+    /// A builder holding these settings, to derive variants (`name` and `owner` can be replaced
+    /// with [`LeaseSettingsBuilder::name`] and [`LeaseSettingsBuilder::owner`]).
+    pub fn to_builder(&self) -> LeaseSettingsBuilder {
+        LeaseSettingsBuilder {
+            name: self.name.clone(),
+            owner: self.owner.clone(),
+            timing: TimingConfig {
+                ttl: Some(self.ttl),
+                renewal_interval: Some(self.renewal_interval),
+                operation_timeout: Some(self.operation_timeout),
+                acquire_retries: Some(self.acquire_retries),
+                acquire_retry_delay: Some(self.acquire_retry_delay),
+                clock_drift_margin: Some(self.clock_drift_margin),
+            },
+        }
+    }
+
+    /// The same settings for another owner (the name and timing are kept).
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] when the owner is invalid.
+    pub fn with_owner(&self, owner: impl Into<String>) -> Result<Self, SettingsError> {
+        let owner = owner.into();
+        check_identifier("owner", &owner, MAX_OWNER_LEN)?;
+        Ok(Self {
+            owner,
+            ..self.clone()
+        })
+    }
+}
+
+/// Builds [`LeaseSettings`]; [`LeaseSettingsBuilder::build`] validates.
+#[derive(Debug, Clone)]
+#[must_use = "call `build` to get the settings"]
+pub struct LeaseSettingsBuilder {
+    name: String,
+    owner: String,
+    timing: TimingConfig,
+}
+
+impl LeaseSettingsBuilder {
+    /// The lease name.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The owner identity.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// The time to live (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.timing.ttl = Some(ttl);
+        self
+    }
+
+    /// The renewal interval (default `ttl / 3`); at most `ttl / 2`.
+    pub fn renewal_interval(mut self, interval: Duration) -> Self {
+        self.timing.renewal_interval = Some(interval);
+        self
+    }
+
+    /// The bound on each backend call (default `min(5 s, renewal_interval)`); below the TTL.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.timing.operation_timeout = Some(timeout);
+        self
+    }
+
+    /// Retries of `acquire` while another owner holds the lease (default 3).
+    pub fn acquire_retries(mut self, retries: u32) -> Self {
+        self.timing.acquire_retries = Some(retries);
+        self
+    }
+
+    /// Delay between attempts of `acquire` (default 500 ms).
+    pub fn acquire_retry_delay(mut self, delay: Duration) -> Self {
+        self.timing.acquire_retry_delay = Some(delay);
+        self
+    }
+
+    /// How much earlier than the TTL the holder gives up locally (default `ttl / 50`); below
+    /// `ttl / 2`.
+    pub fn clock_drift_margin(mut self, margin: Duration) -> Self {
+        self.timing.clock_drift_margin = Some(margin);
+        self
+    }
+
+    /// Applies every field that is set in `timing` (configuration files use this).
+    pub fn timing(mut self, timing: &TimingConfig) -> Self {
+        self.timing = self.timing.overlay(timing);
+        self
+    }
+
+    /// Validates and builds the settings.
+    ///
+    /// # Errors
+    ///
+    /// The first [`SettingsError`] found, naming its field.
+    pub fn build(self) -> Result<LeaseSettings, SettingsError> {
+        check_identifier("name", &self.name, MAX_NAME_LEN)?;
+        check_identifier("owner", &self.owner, MAX_OWNER_LEN)?;
+        let t = &self.timing;
+        let ttl = t.ttl.unwrap_or(DEFAULT_TTL);
+        if ttl.is_zero() {
+            return Err(SettingsError::Zero { field: "ttl" });
+        }
+        let renewal_interval = t.renewal_interval.unwrap_or(ttl / 3);
+        if renewal_interval.is_zero() {
+            return Err(SettingsError::Zero {
+                field: "renewal-interval",
+            });
+        }
+        if renewal_interval > ttl / 2 {
+            return Err(SettingsError::RenewalIntervalTooLong {
+                interval: renewal_interval,
+                ttl,
+            });
+        }
+        let operation_timeout = t
+            .operation_timeout
+            .unwrap_or_else(|| DEFAULT_OPERATION_TIMEOUT.min(renewal_interval));
+        if operation_timeout.is_zero() {
+            return Err(SettingsError::Zero {
+                field: "operation-timeout",
+            });
+        }
+        if operation_timeout >= ttl {
+            return Err(SettingsError::OperationTimeoutTooLong {
+                timeout: operation_timeout,
+                ttl,
+            });
+        }
+        let acquire_retry_delay = t.acquire_retry_delay.unwrap_or(DEFAULT_ACQUIRE_RETRY_DELAY);
+        let clock_drift_margin = t.clock_drift_margin.unwrap_or(ttl / 50);
+        if clock_drift_margin >= ttl / 2 {
+            return Err(SettingsError::ClockDriftMarginTooLong {
+                margin: clock_drift_margin,
+                ttl,
+            });
+        }
+        Ok(LeaseSettings {
+            name: self.name,
+            owner: self.owner,
+            ttl,
+            renewal_interval,
+            operation_timeout,
+            acquire_retries: t.acquire_retries.unwrap_or(DEFAULT_ACQUIRE_RETRIES),
+            acquire_retry_delay,
+            clock_drift_margin,
+        })
+    }
+}
+
+/// The timing part of lease settings as it appears in configuration files; every field is
+/// optional and falls back to the documented default.
+///
+/// Durations are written like `30s`, `500ms` or `1m 30s`
+/// ([humantime](https://docs.rs/humantime) syntax); field names are kebab-case.
+///
+/// ```
+/// # use actix_coordination::TimingConfig;
+/// let timing: TimingConfig = serde_json::from_str(r#"{ "ttl": "15s", "acquire-retries": 5 }"#)?;
+/// assert_eq!(timing.ttl, Some(std::time::Duration::from_secs(15)));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TimingConfig {
+    /// See [`LeaseSettingsBuilder::ttl`].
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// See [`LeaseSettingsBuilder::renewal_interval`].
+    #[serde(default, with = "humantime_serde")]
+    pub renewal_interval: Option<Duration>,
+    /// See [`LeaseSettingsBuilder::operation_timeout`].
+    #[serde(default, with = "humantime_serde")]
+    pub operation_timeout: Option<Duration>,
+    /// See [`LeaseSettingsBuilder::acquire_retries`].
+    #[serde(default)]
+    pub acquire_retries: Option<u32>,
+    /// See [`LeaseSettingsBuilder::acquire_retry_delay`].
+    #[serde(default, with = "humantime_serde")]
+    pub acquire_retry_delay: Option<Duration>,
+    /// See [`LeaseSettingsBuilder::clock_drift_margin`].
+    #[serde(default, with = "humantime_serde")]
+    pub clock_drift_margin: Option<Duration>,
+}
+
+impl TimingConfig {
+    /// `self` with every field that `top` sets replaced by `top`'s value.
+    pub fn overlay(&self, top: &TimingConfig) -> TimingConfig {
+        TimingConfig {
+            ttl: top.ttl.or(self.ttl),
+            renewal_interval: top.renewal_interval.or(self.renewal_interval),
+            operation_timeout: top.operation_timeout.or(self.operation_timeout),
+            acquire_retries: top.acquire_retries.or(self.acquire_retries),
+            acquire_retry_delay: top.acquire_retry_delay.or(self.acquire_retry_delay),
+            clock_drift_margin: top.clock_drift_margin.or(self.clock_drift_margin),
+        }
+    }
+}
+
+fn check_identifier(field: &'static str, value: &str, max: usize) -> Result<(), SettingsError> {
+    if value.is_empty() {
+        return Err(SettingsError::Empty { field });
+    }
+    if value.len() > max {
+        return Err(SettingsError::TooLong {
+            field,
+            len: value.len(),
+            max,
+        });
+    }
+    if let Some(character) = value.chars().find(|c| c.is_control()) {
+        return Err(SettingsError::ControlCharacter { field, character });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let s = LeaseSettings::new("lease", "owner").unwrap();
+        assert_eq!(s.ttl(), secs(30));
+        assert_eq!(s.renewal_interval(), secs(10));
+        assert_eq!(s.operation_timeout(), secs(5));
+        assert_eq!(s.acquire_retries(), 3);
+        assert_eq!(s.acquire_retry_delay(), Duration::from_millis(500));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(600));
+        assert_eq!(s.local_validity(), Duration::from_millis(29_400));
+    }
+
+    #[test]
+    fn derived_defaults_follow_the_ttl() {
+        let s = LeaseSettings::builder("lease", "owner")
+            .ttl(secs(6))
+            .build()
+            .unwrap();
+        assert_eq!(s.renewal_interval(), secs(2));
+        assert_eq!(s.operation_timeout(), secs(2));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(120));
+    }
+
+    #[test]
+    fn every_invalid_field_is_named() {
+        let b = || LeaseSettings::builder("lease", "owner");
+        let cases: Vec<(Result<LeaseSettings, SettingsError>, &str)> = vec![
+            (LeaseSettings::new("", "o"), "name"),
+            (LeaseSettings::new("n", ""), "owner"),
+            (
+                LeaseSettings::new("x".repeat(MAX_NAME_LEN + 1), "o"),
+                "name",
+            ),
+            (
+                LeaseSettings::new("n", "o".repeat(MAX_OWNER_LEN + 1)),
+                "owner",
+            ),
+            (LeaseSettings::new("n\n", "o"), "name"),
+            (LeaseSettings::new("n", "o\0"), "owner"),
+            (b().ttl(Duration::ZERO).build(), "ttl"),
+            (
+                b().renewal_interval(Duration::ZERO).build(),
+                "renewal-interval",
+            ),
+            (b().renewal_interval(secs(16)).build(), "renewal-interval"),
+            (b().renewal_interval(secs(30)).build(), "renewal-interval"),
+            (
+                b().operation_timeout(Duration::ZERO).build(),
+                "operation-timeout",
+            ),
+            (b().operation_timeout(secs(30)).build(), "operation-timeout"),
+            (
+                b().clock_drift_margin(secs(15)).build(),
+                "clock-drift-margin",
+            ),
+        ];
+        for (result, field) in cases {
+            let err = result.expect_err(field);
+            assert_eq!(err.field(), field, "{err}");
+            assert!(err.to_string().contains(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn boundaries_are_accepted() {
+        let s = LeaseSettings::builder("x".repeat(MAX_NAME_LEN), "o".repeat(MAX_OWNER_LEN))
+            .ttl(secs(10))
+            .renewal_interval(secs(5))
+            .operation_timeout(Duration::from_millis(9_999))
+            .acquire_retries(0)
+            .clock_drift_margin(Duration::ZERO)
+            .build()
+            .unwrap();
+        assert_eq!(s.local_validity(), secs(10));
+    }
+
+    #[test]
+    fn with_owner_validates() {
+        let s = LeaseSettings::new("lease", "a").unwrap();
+        assert_eq!(s.with_owner("b").unwrap().owner(), "b");
+        assert_eq!(s.with_owner("").unwrap_err().field(), "owner");
+    }
+
+    #[test]
+    fn timing_config_parses_humantime_and_rejects_unknown_fields() {
+        let t: TimingConfig = serde_json::from_str(
+            r#"{"ttl":"15s","renewal-interval":"5s","operation-timeout":"1500ms",
+                "acquire-retries":2,"acquire-retry-delay":"250ms","clock-drift-margin":"100ms"}"#,
+        )
+        .unwrap();
+        let s = LeaseSettings::builder("n", "o").timing(&t).build().unwrap();
+        assert_eq!(s.ttl(), secs(15));
+        assert_eq!(s.renewal_interval(), secs(5));
+        assert_eq!(s.operation_timeout(), Duration::from_millis(1500));
+        assert_eq!(s.acquire_retries(), 2);
+        assert_eq!(s.acquire_retry_delay(), Duration::from_millis(250));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(100));
+        let err = serde_json::from_str::<TimingConfig>(r#"{"tll":"15s"}"#).unwrap_err();
+        assert!(err.to_string().contains("tll"), "{err}");
+        let err = serde_json::from_str::<TimingConfig>(r#"{"ttl":"15 parsecs"}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("parsecs") || err.to_string().contains("unit"),
+            "{err}"
+        );
+    }
+}

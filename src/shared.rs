@@ -1,0 +1,135 @@
+//! [`SharedLease`]: a cloneable, type-erased [`Lease`], for leases chosen at run time.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+type BoxHandler = Box<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
+
+/// The object-safe twin of [`Lease`], implemented for every lease.
+trait DynLease: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn owner(&self) -> &str;
+    fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn check_alive(&self) -> bool;
+    fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
+    fn fencing_token(&self) -> Option<FencingToken>;
+    fn deadline(&self) -> Option<Instant>;
+}
+
+impl<L: Lease> DynLease for L {
+    fn name(&self) -> &str {
+        Lease::name(self)
+    }
+    fn owner(&self) -> &str {
+        Lease::owner(self)
+    }
+    fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
+        Box::pin(Lease::acquire(self))
+    }
+    fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
+        Box::pin(Lease::release(self))
+    }
+    fn check_alive(&self) -> bool {
+        Lease::check_alive(self)
+    }
+    fn on_lost(&self, handler: BoxHandler) -> LostSubscription {
+        Lease::on_lost(self, handler)
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        Lease::fencing_token(self)
+    }
+    fn deadline(&self) -> Option<Instant> {
+        Lease::deadline(self)
+    }
+}
+
+/// A cloneable handle to any [`Lease`]; clones share one lease (one renewal loop, one set of
+/// handlers). This is what [`LeaseProvider`](crate::LeaseProvider) hands out.
+///
+/// Dropping the last clone drops the lease, which stops its renewal without releasing it.
+#[derive(Clone)]
+pub struct SharedLease(Arc<dyn DynLease>);
+
+impl SharedLease {
+    /// Wraps `lease`.
+    pub fn new(lease: impl Lease) -> Self {
+        Self(Arc::new(lease))
+    }
+
+    /// Whether `self` and `other` are the same lease instance.
+    pub fn ptr_eq(&self, other: &SharedLease) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl fmt::Debug for SharedLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedLease")
+            .field("name", &self.0.name())
+            .field("owner", &self.0.owner())
+            .field("alive", &self.0.check_alive())
+            .finish()
+    }
+}
+
+impl Lease for SharedLease {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn owner(&self) -> &str {
+        self.0.owner()
+    }
+    fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.0.acquire()
+    }
+    fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.0.release()
+    }
+    fn check_alive(&self) -> bool {
+        self.0.check_alive()
+    }
+    fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
+        self.0.on_lost(Box::new(handler))
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        self.0.fencing_token()
+    }
+    fn deadline(&self) -> Option<Instant> {
+        self.0.deadline()
+    }
+}
+
+impl<L: Lease> Lease for Arc<L> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn owner(&self) -> &str {
+        (**self).owner()
+    }
+    fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).acquire()
+    }
+    fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).release()
+    }
+    fn check_alive(&self) -> bool {
+        (**self).check_alive()
+    }
+    fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
+        (**self).on_lost(handler)
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        (**self).fencing_token()
+    }
+    fn deadline(&self) -> Option<Instant> {
+        (**self).deadline()
+    }
+}

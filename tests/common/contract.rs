@@ -1,0 +1,451 @@
+//! The lease contract suite: one set of behavioural tests that every backend runs unchanged.
+//!
+//! A backend takes part by implementing [`Fixture`]: how to build a lease, and how to cut one owner
+//! off the backend (calls fail: a partition) or freeze it (calls never answer: a paused process).
+//! The same assertions then hold under Tokio's paused clock (in-memory) and in real time against a
+//! real server; only [`Fixture::slack`], how late an event may be observed on that backend, differs.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_coordination::{FencingToken, Lease, LeaseLost, LeaseSettings, LostReason};
+use futures_util::future::join_all;
+use tokio::sync::mpsc;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+/// What a backend provides to run the contract suite.
+pub trait Fixture {
+    /// The lease type of the backend.
+    type Lease: Lease;
+
+    /// Settings for lease `name` held by `owner`, with timing suited to the backend (short TTLs for
+    /// real servers).
+    fn settings(&self, name: &str, owner: &str) -> LeaseSettings;
+
+    /// A lease with `settings`; owners created by one fixture share one backend.
+    fn lease(&self, settings: LeaseSettings) -> impl Future<Output = Self::Lease>;
+
+    /// Cuts `owner` off the backend: its calls fail (a partition, a backend that is down for it).
+    fn partition(&self, owner: &str) -> impl Future<Output = ()>;
+
+    /// Freezes `owner`'s traffic: its calls never answer (a paused process, a blackhole).
+    fn pause(&self, owner: &str) -> impl Future<Output = ()>;
+
+    /// Undoes `partition` and `pause` for `owner`.
+    fn heal(&self, owner: &str) -> impl Future<Output = ()>;
+
+    /// Whether the test runs under Tokio's paused clock (timings are then exact).
+    fn paused_clock(&self) -> bool;
+
+    /// How late an event (a takeover after expiry, a notification) may be observed on this backend
+    /// beyond the instant the contract allows it.
+    fn slack(&self) -> Duration;
+
+    /// A lease name no other test uses.
+    fn unique_name(&self, base: &str) -> String;
+}
+
+/// Records `on_lost` notifications with the instant they arrived.
+pub struct LostProbe {
+    rx: mpsc::UnboundedReceiver<(Instant, LeaseLost)>,
+    _subscription: actix_coordination::LostSubscription,
+}
+
+impl LostProbe {
+    pub fn new(lease: &impl Lease) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let subscription = lease.on_lost(move |lost| {
+            let _ = tx.send((Instant::now(), lost.clone()));
+        });
+        Self {
+            rx,
+            _subscription: subscription,
+        }
+    }
+
+    /// The next notification, within `within`.
+    pub async fn next(&mut self, within: Duration) -> (Instant, LeaseLost) {
+        timeout(within, self.rx.recv())
+            .await
+            .expect("no on_lost notification before the deadline")
+            .expect("probe channel closed")
+    }
+
+    /// Asserts that no notification arrives within `within`.
+    pub async fn none(&mut self, within: Duration) {
+        if let Ok(Some((_, lost))) = timeout(within, self.rx.recv()).await {
+            panic!("unexpected on_lost: {lost}");
+        }
+    }
+}
+
+async fn lease<F: Fixture>(f: &F, name: &str, owner: &str) -> F::Lease {
+    f.lease(f.settings(name, owner)).await
+}
+
+async fn lease_with<F: Fixture>(
+    f: &F,
+    name: &str,
+    owner: &str,
+    tune: impl FnOnce(
+        actix_coordination::LeaseSettingsBuilder,
+    ) -> actix_coordination::LeaseSettingsBuilder,
+) -> F::Lease {
+    let settings = tune(f.settings(name, owner).to_builder()).build().unwrap();
+    f.lease(settings).await
+}
+
+/// Acquires with `lease` until it succeeds or `within` passes; returns the instants the successful
+/// call started and finished.
+async fn acquire_until<L: Lease>(
+    lease: &L,
+    within: Duration,
+    poll: Duration,
+) -> (Instant, Instant) {
+    let give_up = Instant::now() + within;
+    loop {
+        let start = Instant::now();
+        if let Ok(true) = lease.acquire().await {
+            return (start, Instant::now());
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{} never acquired {}",
+            lease.owner(),
+            lease.name()
+        );
+        sleep(poll).await;
+    }
+}
+
+/// Concurrent acquires by different owners have exactly one winner, 100 rounds in a row.
+pub async fn one_winner_per_round<F: Fixture>(f: &F) {
+    let name = f.unique_name("race");
+    let mut owners = Vec::new();
+    for owner in ["a", "b", "c"] {
+        owners.push(lease_with(f, &name, owner, |b| b.acquire_retries(0)).await);
+    }
+    let mut last_token = None;
+    for round in 0..100 {
+        let results = join_all(owners.iter().map(|l| l.acquire())).await;
+        let winners: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Ok(true)))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: results {results:?}");
+        for (i, r) in results.iter().enumerate() {
+            if i != winners[0] {
+                assert!(matches!(r, Ok(false)), "round {round}: loser {i} got {r:?}");
+                assert!(!owners[i].check_alive());
+            }
+        }
+        let winner = &owners[winners[0]];
+        assert!(winner.check_alive());
+        let token = winner.fencing_token().expect("winner has a token");
+        assert!(
+            Some(token) > last_token,
+            "round {round}: token {token} after {last_token:?}"
+        );
+        last_token = Some(token);
+        assert!(winner.release().await.unwrap(), "round {round}: release");
+    }
+}
+
+/// Acquiring a lease one holds resolves `true`, keeps the tenure (token) and its renewal.
+pub async fn reentrant_acquire_keeps_one_tenure<F: Fixture>(f: &F) {
+    let name = f.unique_name("reentrant");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    assert!(!a.check_alive(), "not alive before acquire");
+    assert_eq!(a.fencing_token(), None);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    assert!(a.acquire().await.unwrap(), "reentrant acquire");
+    assert!(a.acquire().await.unwrap(), "reentrant acquire");
+    assert_eq!(a.fencing_token(), Some(token), "same tenure");
+    // Held across several TTLs by the one renewal loop.
+    let ttl = f.settings(&name, "a").ttl();
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        assert!(a.check_alive());
+        assert!(!b.acquire().await.unwrap(), "b must not get a held lease");
+        sleep(ttl / 4).await;
+    }
+    assert_eq!(a.fencing_token(), Some(token), "renewals keep the tenure");
+    assert!(a.release().await.unwrap());
+}
+
+/// Releasing a lease one does not hold is a no-op that resolves `true` and disturbs nobody.
+pub async fn release_when_not_held_is_a_noop<F: Fixture>(f: &F) {
+    let name = f.unique_name("noop-release");
+    let a = lease(f, &name, "a").await;
+    let b = lease(f, &name, "b").await;
+    let c = lease_with(f, &name, "c", |b| b.acquire_retries(0)).await;
+    assert!(a.release().await.unwrap(), "never acquired");
+    assert!(b.acquire().await.unwrap());
+    assert!(a.release().await.unwrap(), "held by someone else, not by a");
+    assert!(b.check_alive());
+    assert!(
+        !c.acquire().await.unwrap(),
+        "b still holds it in the backend"
+    );
+    assert!(b.release().await.unwrap());
+    assert!(b.release().await.unwrap(), "second release is a no-op");
+}
+
+/// A release stops `check_alive` at once, fires no `on_lost`, and lets the next owner in.
+pub async fn release_lets_the_next_owner_in<F: Fixture>(f: &F) {
+    let name = f.unique_name("release");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token_a = a.fencing_token().unwrap();
+    assert!(!b.acquire().await.unwrap());
+    assert!(a.release().await.unwrap());
+    assert!(!a.check_alive());
+    assert_eq!(a.fencing_token(), None);
+    assert!(b.acquire().await.unwrap(), "free right after the release");
+    assert!(b.fencing_token().unwrap() > token_a);
+    probe.none(f.slack()).await;
+    assert!(b.release().await.unwrap());
+}
+
+/// A holder dropped without release (a crash) blocks others until its TTL, and not a moment less.
+pub async fn dropped_holder_blocks_others_until_ttl<F: Fixture>(f: &F) {
+    let name = f.unique_name("crash");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    assert!(a.acquire().await.unwrap());
+    let settings = f.settings(&name, "a");
+    let ttl = settings.ttl();
+    // Let a renewal or two happen, then crash.
+    sleep(settings.renewal_interval() + settings.renewal_interval() / 2).await;
+    assert!(a.check_alive());
+    // The start of a's last successful renewal: its deadline minus its local validity.
+    let renewed_at = a.deadline().unwrap() - settings.local_validity();
+    drop(a);
+    let poll = if f.paused_clock() {
+        Duration::from_millis(10)
+    } else {
+        Duration::from_millis(50)
+    };
+    let (_, acquired_at) = acquire_until(&b, ttl * 3, poll).await;
+    assert!(
+        acquired_at >= renewed_at + ttl,
+        "taken over {:?} before the TTL ran out",
+        (renewed_at + ttl) - acquired_at
+    );
+    let late = acquired_at - (renewed_at + ttl);
+    assert!(
+        late <= f.slack() + poll,
+        "taken over {late:?} after the TTL ran out"
+    );
+    assert!(b.release().await.unwrap());
+}
+
+/// A frozen holder reads `check_alive() == false` at its deadline and gets `on_lost` (expired).
+pub async fn paused_holder_loses_at_its_deadline<F: Fixture>(f: &F) {
+    let name = f.unique_name("pause");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    f.pause("a").await;
+    let deadline = a.deadline().unwrap();
+    if f.paused_clock() {
+        sleep_until(deadline - Duration::from_millis(1)).await;
+        assert!(a.check_alive(), "alive until the deadline");
+    }
+    sleep_until(deadline).await;
+    assert!(
+        !a.check_alive(),
+        "not alive at the deadline, whatever the renewal task does"
+    );
+    let (lost_at, lost) = probe.next(f.slack() + Duration::from_secs(1)).await;
+    assert!(lost_at >= deadline);
+    assert!(
+        lost_at - deadline <= f.slack(),
+        "on_lost {:?} late",
+        lost_at - deadline
+    );
+    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
+    assert_eq!(lost.fencing_token, Some(token));
+    assert_eq!(lost.name, name);
+    assert_eq!(lost.owner, "a");
+    assert_eq!(a.fencing_token(), None);
+    // The contender gets it only after the holder was told.
+    let ttl = f.settings(&name, "b").ttl();
+    let (_, acquired_at) = acquire_until(&b, ttl * 3, Duration::from_millis(50)).await;
+    assert!(acquired_at > lost_at);
+    f.heal("a").await;
+    assert!(!a.check_alive(), "a resumed holder must acquire again");
+    assert!(!a.acquire().await.unwrap(), "b holds it now");
+    assert!(b.release().await.unwrap());
+}
+
+/// A partitioned holder is told it lost the lease before the contender can hold it.
+pub async fn partitioned_holder_is_told_before_the_contender_wins<F: Fixture>(f: &F) {
+    let name = f.unique_name("partition");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    sleep(f.settings(&name, "a").renewal_interval() / 2).await;
+    f.partition("a").await;
+    let settings = f.settings(&name, "a");
+    let deadline = a.deadline().unwrap();
+    // Watch a's view while b tries: they must never both claim the lease.
+    let overlap = Arc::new(Mutex::new(None::<Instant>));
+    let (_, b_holds_at) = {
+        let acquire = acquire_until(&b, settings.ttl() * 3, Duration::from_millis(20));
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                done = &mut acquire => break done,
+                _ = sleep(Duration::from_millis(5)) => {
+                    if a.check_alive() && b.check_alive() {
+                        *overlap.lock().unwrap() = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    };
+    assert_eq!(*overlap.lock().unwrap(), None, "a and b both alive");
+    let (lost_at, lost) = probe.next(settings.ttl()).await;
+    assert!(
+        lost_at <= b_holds_at,
+        "on_lost came {:?} after b held the lease",
+        lost_at - b_holds_at
+    );
+    assert!(
+        deadline + settings.clock_drift_margin() <= b_holds_at,
+        "b held the lease within the holder's margin"
+    );
+    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
+    if let LostReason::Expired { last_error } = &lost.reason {
+        assert!(last_error.is_some(), "the failing renewal is named");
+    }
+    f.heal("a").await;
+    assert!(b.release().await.unwrap());
+}
+
+/// Every ownership transition yields a strictly greater token, across owners and causes.
+pub async fn fencing_tokens_strictly_increase<F: Fixture>(f: &F) {
+    let name = f.unique_name("tokens");
+    let a = lease(f, &name, "a").await;
+    let b = lease(f, &name, "b").await;
+    let mut tokens: Vec<FencingToken> = Vec::new();
+    for _ in 0..3 {
+        for l in [&a, &b] {
+            assert!(l.acquire().await.unwrap());
+            tokens.push(l.fencing_token().unwrap());
+            assert!(l.release().await.unwrap());
+        }
+    }
+    // The same owner again, after a release: a new tenure, a new token.
+    assert!(a.acquire().await.unwrap());
+    tokens.push(a.fencing_token().unwrap());
+    // Takeover after a crash.
+    drop(a);
+    let ttl = f.settings(&name, "b").ttl();
+    acquire_until(&b, ttl * 3, Duration::from_millis(50)).await;
+    tokens.push(b.fencing_token().unwrap());
+    for pair in tokens.windows(2) {
+        assert!(pair[0] < pair[1], "tokens {tokens:?}");
+    }
+    assert!(b.release().await.unwrap());
+}
+
+/// `on_lost` fires exactly once per loss, for every handler, and not on release.
+pub async fn on_lost_fires_once_per_loss<F: Fixture>(f: &F) {
+    let name = f.unique_name("once");
+    let a = lease(f, &name, "a").await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let subs: Vec<_> = (0..2)
+        .map(|_| {
+            let calls = calls.clone();
+            a.on_lost(move |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    let mut probe = LostProbe::new(&a);
+    let ttl = f.settings(&name, "a").ttl();
+    assert!(a.acquire().await.unwrap());
+    f.partition("a").await;
+    probe.next(ttl * 2).await;
+    probe.none(ttl).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "once per handler");
+    f.heal("a").await;
+    assert!(a.acquire().await.unwrap(), "a new acquire after the loss");
+    assert!(a.check_alive());
+    f.pause("a").await;
+    probe.next(ttl * 2).await;
+    probe.none(ttl).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "once per handler per loss");
+    f.heal("a").await;
+    assert!(a.acquire().await.unwrap());
+    assert!(a.release().await.unwrap());
+    probe.none(f.slack()).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "a release is not a loss");
+    drop(subs);
+}
+
+/// Unsubscribed handlers (explicitly or by drop) are not called; detached and kept ones are.
+pub async fn unsubscribe_works<F: Fixture>(f: &F) {
+    let name = f.unique_name("unsubscribe");
+    let a = lease(f, &name, "a").await;
+    let counter = |n: &Arc<AtomicUsize>| {
+        let n = n.clone();
+        move |_: &LeaseLost| {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let (gone, dropped, kept, detached) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let s1 = a.on_lost(counter(&gone));
+    let s2 = a.on_lost(counter(&dropped));
+    let _s3 = a.on_lost(counter(&kept));
+    a.on_lost(counter(&detached)).detach();
+    let mut probe = LostProbe::new(&a);
+    s1.unsubscribe();
+    drop(s2);
+    assert!(a.acquire().await.unwrap());
+    f.partition("a").await;
+    probe.next(f.settings(&name, "a").ttl() * 2).await;
+    assert_eq!(gone.load(Ordering::SeqCst), 0);
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    assert_eq!(kept.load(Ordering::SeqCst), 1);
+    assert_eq!(detached.load(Ordering::SeqCst), 1);
+    f.heal("a").await;
+}
+
+/// An unreachable backend makes `acquire` fail (outcome unknown), never resolve `false`.
+pub async fn unreachable_backend_makes_acquire_fail<F: Fixture>(f: &F) {
+    let name = f.unique_name("unreachable");
+    let a = lease_with(f, &name, "a", |b| b.acquire_retries(1)).await;
+    f.partition("a").await;
+    let result = a.acquire().await;
+    assert!(result.is_err(), "got {result:?}");
+    assert!(result.unwrap_err().is_transient());
+    assert!(!a.check_alive());
+    f.pause("a").await;
+    let result = a.acquire().await;
+    assert!(
+        matches!(result, Err(actix_coordination::LeaseError::Timeout { .. })),
+        "got {result:?}"
+    );
+    f.heal("a").await;
+    assert!(a.acquire().await.unwrap(), "works again once healed");
+    assert!(a.release().await.unwrap());
+}

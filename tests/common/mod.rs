@@ -1,0 +1,38 @@
+//! Helpers shared by the integration tests: the generic lease contract suite and its fixtures.
+#![allow(dead_code)]
+
+pub mod contract;
+
+/// Expands to one `#[test]` per case of the contract suite, each building its fixture with
+/// `$fixture` (an async expression) and running under the test attribute given.
+///
+/// ```ignore
+/// contract_suite!(fixture = InMemoryFixture::new(), test = #[tokio::test(start_paused = true)]);
+/// ```
+#[macro_export]
+macro_rules! contract_suite {
+    (fixture = $fixture:expr, test = #[$attr:meta]) => {
+        $crate::contract_suite!(@cases [$fixture] [$attr]
+            one_winner_per_round
+            reentrant_acquire_keeps_one_tenure
+            release_when_not_held_is_a_noop
+            release_lets_the_next_owner_in
+            dropped_holder_blocks_others_until_ttl
+            paused_holder_loses_at_its_deadline
+            partitioned_holder_is_told_before_the_contender_wins
+            fencing_tokens_strictly_increase
+            on_lost_fires_once_per_loss
+            unsubscribe_works
+            unreachable_backend_makes_acquire_fail
+        );
+    };
+    (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {
+        $(
+            #[$attr]
+            async fn $case() {
+                let fixture = $fixture;
+                $crate::common::contract::$case(&fixture).await;
+            }
+        )*
+    };
+}
