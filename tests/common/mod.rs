@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod contract;
+pub mod proxy;
 
 /// Expands to one `#[test]` per case of the contract suite, each building its fixture with
 /// `$fixture` (an async expression) and running under the test attribute given.

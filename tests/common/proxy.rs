@@ -1,0 +1,129 @@
+//! A TCP fault proxy on loopback, put between one client and a real server to inject network
+//! faults: pass traffic, reset every connection (a partition the client notices at once), or
+//! blackhole it (a partition or a paused peer: requests never answer).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forward both ways.
+    Pass,
+    /// Close every connection with a reset, and reset new ones at once.
+    Reset,
+    /// Accept connections but forward nothing, either way; existing connections go silent.
+    Blackhole,
+}
+
+/// A running proxy; it stops when dropped.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    mode: Arc<watch::Sender<ProxyMode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free loopback port forwarding to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(watch::Sender::new(ProxyMode::Pass));
+        let mode2 = Arc::clone(&mode);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mode = mode2.subscribe();
+                tokio::spawn(serve(client, upstream, mode));
+            }
+        });
+        FaultProxy { addr, mode, task }
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Changes what the proxy does, for existing and new connections.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ProxyMode {
+        *self.mode.borrow()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Ends every connection task too.
+        self.mode.send_replace(ProxyMode::Reset);
+    }
+}
+
+fn reset(stream: TcpStream) {
+    // SO_LINGER 0 turns the close into a RST.
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<ProxyMode>) {
+    let current = *mode.borrow_and_update();
+    match current {
+        ProxyMode::Reset => return reset(client),
+        ProxyMode::Blackhole => {
+            // Hold the connection silently until the mode changes, then drop it: a client that
+            // was stuck reconnects.
+            let _ = mode.changed().await;
+            return reset(client);
+        }
+        ProxyMode::Pass => {}
+    }
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return reset(client);
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let mut cbuf = vec![0u8; 16 * 1024];
+    let mut sbuf = vec![0u8; 16 * 1024];
+    loop {
+        let new_mode = tokio::select! {
+            changed = mode.changed() => match changed {
+                Ok(()) => *mode.borrow_and_update(),
+                Err(_) => break,
+            },
+            n = cr.read(&mut cbuf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => if sw.write_all(&cbuf[..n]).await.is_err() { break } else { continue },
+            },
+            n = sr.read(&mut sbuf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => if cw.write_all(&sbuf[..n]).await.is_err() { break } else { continue },
+            },
+        };
+        match new_mode {
+            ProxyMode::Pass => continue,
+            ProxyMode::Reset => break,
+            ProxyMode::Blackhole => {
+                // Go silent until the mode changes again, then drop the connection.
+                let _ = mode.changed().await;
+                break;
+            }
+        }
+    }
+    if let (Ok(client), Ok(_)) = (cr.reunite(cw), sr.reunite(sw)) {
+        reset(client);
+    }
+}
+

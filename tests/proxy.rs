@@ -1,0 +1,59 @@
+//! The fault proxy the real-server tests rely on behaves as documented.
+
+#[allow(unused_macros)]
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use common::proxy::{FaultProxy, ProxyMode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+async fn echo_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn round_trip(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    s.write_all(b"ping").await?;
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).await?;
+    Ok(buf.to_vec())
+}
+
+#[tokio::test]
+async fn pass_reset_and_blackhole() {
+    let proxy = FaultProxy::start(echo_server().await).await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut s).await.unwrap(), b"ping");
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let stuck = timeout(Duration::from_millis(300), round_trip(&mut s)).await;
+    assert!(stuck.is_err(), "blackholed connection must not answer");
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(timeout(Duration::from_millis(300), round_trip(&mut fresh)).await.is_err());
+
+    proxy.set_mode(ProxyMode::Reset);
+    let mut r = TcpStream::connect(proxy.addr()).await.unwrap();
+    let failed = timeout(Duration::from_secs(5), round_trip(&mut r)).await.unwrap();
+    assert!(failed.is_err(), "reset connection must fail fast");
+
+    proxy.set_mode(ProxyMode::Pass);
+    let mut healed = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut healed).await.unwrap(), b"ping");
+}
