@@ -41,14 +41,16 @@ async fn node(
     let lease = Arc::new(InMemoryLease::new(settings, &store));
     let t = move || format!("{:>5.2}s", started.elapsed().as_secs_f64());
     let _lost = lease.on_lost({
-        let t = t.clone();
         move |lost| println!("{} {:<7} lost the lease: {}", t(), lost.owner, lost.reason)
     });
     loop {
         match *stop.borrow() {
             Stop::Running => {}
             Stop::Crash => {
-                println!("{} {owner:<7} CRASHES (no release; the others wait for the TTL)", t());
+                println!(
+                    "{} {owner:<7} CRASHES (no release; the others wait for the TTL)",
+                    t()
+                );
                 return Ok(()); // dropping the lease stops renewal without releasing
             }
             Stop::Graceful => {
@@ -62,7 +64,10 @@ async fn node(
                 let token = lease.fencing_token().expect("held");
                 // Leader-only work, as long as the lease is alive.
                 while lease.check_alive() && *stop.borrow() == Stop::Running {
-                    println!("{} {owner:<7} is the leader, working with fencing token {token}", t());
+                    println!(
+                        "{} {owner:<7} is the leader, working with fencing token {token}",
+                        t()
+                    );
                     tokio::select! {
                         _ = sleep(Duration::from_millis(700)) => {}
                         _ = stop.changed() => {}
@@ -83,7 +88,9 @@ async fn node(
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let store = InMemoryStore::new();
     let started = Instant::now();
-    println!("{NODES} nodes compete for lease \"demo-singleton\" (ttl {TTL:?}) on the in-memory backend");
+    println!(
+        "{NODES} nodes compete for lease \"demo-singleton\" (ttl {TTL:?}) on the in-memory backend"
+    );
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
     for id in 1..=NODES {
@@ -94,7 +101,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let holder_index = |store: &InMemoryStore| {
         store
             .holder("demo-singleton")
-            .and_then(|h| h.strip_prefix("node-").and_then(|n| n.parse::<usize>().ok()))
+            .and_then(|h| {
+                h.strip_prefix("node-")
+                    .and_then(|n| n.parse::<usize>().ok())
+            })
             .map(|n| n - 1)
     };
 
@@ -137,6 +147,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         task.await??;
     }
     let record = store.record("demo-singleton").expect("record");
-    println!("done: last fencing token {} (one per ownership transition)", record.token);
+    println!(
+        "done: last fencing token {} (one per ownership transition)",
+        record.token
+    );
     Ok(())
 }

@@ -43,6 +43,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::settings::LeaseSettings;
+
 /// Boxed error of a backend, kept as the source of a [`LeaseError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -325,11 +327,18 @@ impl Drop for LostSubscription {
 /// Implementations are cheap to share (`Send + Sync + 'static`) and return `Send` futures, so they
 /// can be used from any actor or task.
 pub trait Lease: Send + Sync + 'static {
+    /// The validated settings of this lease.
+    fn settings(&self) -> &LeaseSettings;
+
     /// The lease name.
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        self.settings().name()
+    }
 
     /// This holder's owner identity.
-    fn owner(&self) -> &str;
+    fn owner(&self) -> &str {
+        self.settings().owner()
+    }
 
     /// Tries to take the lease for this owner.
     ///

@@ -34,14 +34,21 @@
 //! ```
 
 mod backend;
+mod holder;
 mod lease;
 mod managed;
 mod memory;
 mod provider;
 mod settings;
+mod sharding;
 mod shared;
+mod singleton;
 
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+pub use holder::{
+    Acquire, CheckAlive, GetFencingToken, LeaseActor, Release, SubscribeLeaseLost, SubscriptionId,
+    UnsubscribeLeaseLost,
+};
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
     LostSubscription, Operation,
@@ -60,13 +67,22 @@ pub use settings::{
     DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_NAME_LEN,
     MAX_OWNER_LEN,
 };
+pub use sharding::{
+    AllocateShard, CoordinatorGate, GateError, GateState, GetGateState, HostShard, RegisterRegion,
+    Responder, ShardAllocation, ShardCoordinator, ShardId, Submission,
+};
 pub use shared::SharedLease;
+pub use singleton::{
+    ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
+    SingletonSettings, SingletonState, SingletonStatus,
+};
 
 /// The items most programs need.
 pub mod prelude {
     pub use crate::{
-        FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseError, LeaseLost, LeaseProvider,
-        LeaseSettings, LostReason, SharedLease,
+        ClusterSingletonManager, FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseActor,
+        LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, ShardCoordinator,
+        SharedLease, SingletonInfo,
     };
 }
 

@@ -100,11 +100,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
         }
     }
 
-    /// The settings of this lease.
-    pub fn settings(&self) -> &LeaseSettings {
-        &self.shared.settings
-    }
-
     /// The backend of this lease.
     pub fn backend(&self) -> &B {
         &self.shared.backend
@@ -437,12 +432,8 @@ impl<B: LeaseBackend> Drop for ManagedLease<B> {
 }
 
 impl<B: LeaseBackend> Lease for ManagedLease<B> {
-    fn name(&self) -> &str {
-        self.shared.settings.name()
-    }
-
-    fn owner(&self) -> &str {
-        self.shared.settings.owner()
+    fn settings(&self) -> &LeaseSettings {
+        &self.shared.settings
     }
 
     fn acquire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
+use crate::settings::LeaseSettings;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 type BoxHandler = Box<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
 
 /// The object-safe twin of [`Lease`], implemented for every lease.
 trait DynLease: Send + Sync + 'static {
-    fn name(&self) -> &str;
-    fn owner(&self) -> &str;
+    fn settings(&self) -> &LeaseSettings;
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn check_alive(&self) -> bool;
@@ -25,11 +25,8 @@ trait DynLease: Send + Sync + 'static {
 }
 
 impl<L: Lease> DynLease for L {
-    fn name(&self) -> &str {
-        Lease::name(self)
-    }
-    fn owner(&self) -> &str {
-        Lease::owner(self)
+    fn settings(&self) -> &LeaseSettings {
+        Lease::settings(self)
     }
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::acquire(self))
@@ -73,19 +70,16 @@ impl SharedLease {
 impl fmt::Debug for SharedLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedLease")
-            .field("name", &self.0.name())
-            .field("owner", &self.0.owner())
+            .field("name", &self.0.settings().name())
+            .field("owner", &self.0.settings().owner())
             .field("alive", &self.0.check_alive())
             .finish()
     }
 }
 
 impl Lease for SharedLease {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn owner(&self) -> &str {
-        self.0.owner()
+    fn settings(&self) -> &LeaseSettings {
+        self.0.settings()
     }
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.acquire()
@@ -108,11 +102,8 @@ impl Lease for SharedLease {
 }
 
 impl<L: Lease> Lease for Arc<L> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn owner(&self) -> &str {
-        (**self).owner()
+    fn settings(&self) -> &LeaseSettings {
+        (**self).settings()
     }
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).acquire()

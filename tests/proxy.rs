@@ -46,11 +46,15 @@ async fn pass_reset_and_blackhole() {
     let stuck = timeout(Duration::from_millis(300), round_trip(&mut s)).await;
     assert!(stuck.is_err(), "blackholed connection must not answer");
     let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert!(timeout(Duration::from_millis(300), round_trip(&mut fresh)).await.is_err());
+    assert!(timeout(Duration::from_millis(300), round_trip(&mut fresh))
+        .await
+        .is_err());
 
     proxy.set_mode(ProxyMode::Reset);
     let mut r = TcpStream::connect(proxy.addr()).await.unwrap();
-    let failed = timeout(Duration::from_secs(5), round_trip(&mut r)).await.unwrap();
+    let failed = timeout(Duration::from_secs(5), round_trip(&mut r))
+        .await
+        .unwrap();
     assert!(failed.is_err(), "reset connection must fail fast");
 
     proxy.set_mode(ProxyMode::Pass);

@@ -37,3 +37,17 @@ macro_rules! contract_suite {
         )*
     };
 }
+
+/// Runs `f` inside an actix `System` whose Tokio runtime has a paused clock: time advances only
+/// when every task is idle, straight to the next timer, so TTLs of seconds take no real time and
+/// timings are exact.
+pub fn run_paused<F: std::future::Future>(f: F) -> F::Output {
+    actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("tokio runtime")
+    })
+    .block_on(f)
+}

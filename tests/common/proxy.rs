@@ -126,4 +126,3 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
         reset(client);
     }
 }
-

@@ -1,0 +1,378 @@
+//! The lease-holding actor and the sharding coordinator gate, on the in-memory backend under a
+//! paused clock.
+
+#[allow(unused_macros)]
+#[macro_use]
+mod common;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_coordination::{
+    Acquire, AllocateShard, CheckAlive, GateError, GateState, GetFencingToken, GetGateState,
+    HostShard, InMemoryStore, LeaseActor, LeaseLost, LeaseSettings, LostReason, RegisterRegion,
+    Release, ShardCoordinator, SubscribeLeaseLost, UnsubscribeLeaseLost,
+};
+use common::run_paused;
+use tokio::time::{sleep, Instant};
+
+const TTL: Duration = Duration::from_secs(9);
+
+fn settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(TTL)
+        .acquire_retries(0)
+        .build()
+        .unwrap()
+}
+
+/// Collects the `LeaseLost` messages it receives.
+struct Listener(Rc<RefCell<Vec<LeaseLost>>>);
+
+impl Actor for Listener {
+    type Context = Context<Self>;
+}
+
+impl Handler<LeaseLost> for Listener {
+    type Result = ();
+    fn handle(&mut self, lost: LeaseLost, _: &mut Self::Context) {
+        self.0.borrow_mut().push(lost);
+    }
+}
+
+#[test]
+fn lease_actor_answers_acquire_release_and_check() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let a = LeaseActor::new(store.lease(settings("l", "a"))).start();
+        let b = LeaseActor::new(store.lease(settings("l", "b"))).start();
+        assert!(!a.send(CheckAlive).await.unwrap());
+        assert!(a.send(Acquire).await.unwrap().unwrap());
+        assert!(a.send(Acquire).await.unwrap().unwrap(), "reentrant");
+        assert!(a.send(CheckAlive).await.unwrap());
+        let token = a.send(GetFencingToken).await.unwrap().unwrap();
+        assert!(!b.send(Acquire).await.unwrap().unwrap());
+        assert!(b.send(Release).await.unwrap().unwrap(), "not held: no-op");
+        assert!(a.send(Release).await.unwrap().unwrap());
+        assert!(!a.send(CheckAlive).await.unwrap());
+        assert!(b.send(Acquire).await.unwrap().unwrap());
+        assert!(b.send(GetFencingToken).await.unwrap().unwrap() > token);
+    });
+}
+
+#[test]
+fn concurrent_messages_are_serialised() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        store.set_fault(Some(actix_coordination::InMemoryFault::Delay(
+            Duration::from_millis(100),
+        )));
+        let a = LeaseActor::new(store.lease(settings("l", "a"))).start();
+        // Sent back to back without waiting: they take effect in order.
+        let r1 = a.send(Acquire);
+        let r2 = a.send(Release);
+        let r3 = a.send(Acquire);
+        let alive_meanwhile = a.send(CheckAlive);
+        assert!(
+            !alive_meanwhile.await.unwrap(),
+            "CheckAlive answers at once, not after the acquire"
+        );
+        assert!(r1.await.unwrap().unwrap());
+        assert!(r2.await.unwrap().unwrap());
+        assert!(r3.await.unwrap().unwrap());
+        assert!(a.send(CheckAlive).await.unwrap());
+        assert_eq!(store.holder("l").as_deref(), Some("a"));
+        assert_eq!(store.record("l").unwrap().token.value(), 2, "two tenures");
+    });
+}
+
+#[test]
+fn subscribers_get_exactly_one_lease_lost_per_loss() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = LeaseActor::new(store.lease(settings("l", "a"))).start();
+        let (seen1, seen2, seen3) = (Rc::default(), Rc::default(), Rc::default());
+        let l1 = Listener(Rc::clone(&seen1)).start();
+        let l2 = Listener(Rc::clone(&seen2)).start();
+        let l3 = Listener(Rc::clone(&seen3)).start();
+        lease
+            .send(SubscribeLeaseLost(l1.clone().recipient()))
+            .await
+            .unwrap();
+        let id2 = lease
+            .send(SubscribeLeaseLost(l2.clone().recipient()))
+            .await
+            .unwrap();
+        lease
+            .send(SubscribeLeaseLost(l3.clone().recipient()))
+            .await
+            .unwrap();
+        assert!(lease.send(UnsubscribeLeaseLost(id2)).await.unwrap());
+        assert!(!lease.send(UnsubscribeLeaseLost(id2)).await.unwrap());
+
+        assert!(lease.send(Acquire).await.unwrap().unwrap());
+        let token = lease.send(GetFencingToken).await.unwrap();
+        store.partition("a");
+        sleep(TTL * 2).await;
+        assert_eq!(seen1.borrow().len(), 1);
+        assert_eq!(seen2.borrow().len(), 0, "unsubscribed");
+        assert_eq!(seen3.borrow().len(), 1);
+        let lost = seen1.borrow()[0].clone();
+        assert_eq!((lost.name.as_str(), lost.owner.as_str()), ("l", "a"));
+        assert_eq!(lost.fencing_token, token);
+        assert!(matches!(lost.reason, LostReason::Expired { .. }));
+
+        // A stopped subscriber is dropped; the others get the next loss once.
+        l3.send(StopListener).await.unwrap();
+        store.heal("a");
+        assert!(lease.send(Acquire).await.unwrap().unwrap());
+        store.force_take("l", "intruder", TTL);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(seen1.borrow().len(), 2);
+        assert!(
+            matches!(seen1.borrow()[1].reason, LostReason::TakenOver { ref holder } if holder.as_deref() == Some("intruder"))
+        );
+        assert_eq!(seen3.borrow().len(), 1);
+    });
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopListener;
+
+impl Handler<StopListener> for Listener {
+    type Result = ();
+    fn handle(&mut self, _: StopListener, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+/// A shard region that records what it hosts; it acknowledges `HostShard` after `ack_delay`.
+struct Region {
+    hosted: Rc<RefCell<Vec<HostShard>>>,
+    ack_delay: Duration,
+}
+
+impl Actor for Region {
+    type Context = Context<Self>;
+}
+
+impl Handler<HostShard> for Region {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, msg: HostShard, _: &mut Self::Context) -> Self::Result {
+        self.hosted.borrow_mut().push(msg);
+        let delay = self.ack_delay;
+        Box::pin(async move { sleep(delay).await })
+    }
+}
+
+fn region(ack_delay: Duration) -> (Addr<Region>, Rc<RefCell<Vec<HostShard>>>) {
+    let hosted = Rc::new(RefCell::new(Vec::new()));
+    (
+        Region {
+            hosted: Rc::clone(&hosted),
+            ack_delay,
+        }
+        .start(),
+        hosted,
+    )
+}
+
+#[test]
+fn coordinator_allocates_to_the_least_loaded_region() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
+        let (r1, hosted1) = region(Duration::ZERO);
+        let (r2, hosted2) = region(Duration::ZERO);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r1.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r2.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(2)
+        );
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r2.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(2),
+            "idempotent"
+        );
+        let token = store.record("coord").unwrap().token;
+        let mut regions = Vec::new();
+        for shard in ["s1", "s2", "s3", "s4"] {
+            let a = coordinator
+                .send(AllocateShard(shard.into()))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(a.fencing_token, token);
+            regions.push(a.region);
+        }
+        assert_eq!(hosted1.borrow().len(), 2);
+        assert_eq!(hosted2.borrow().len(), 2);
+        assert_ne!(regions[0], regions[1], "balanced");
+        let again = coordinator
+            .send(AllocateShard("s1".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            again.region, regions[0],
+            "an allocated shard stays where it is"
+        );
+        assert_eq!(
+            hosted1.borrow().len() + hosted2.borrow().len(),
+            4,
+            "no second HostShard"
+        );
+        // A stopped region's shards go elsewhere.
+        drop(regions);
+        drop(again);
+        r1.send(StopRegion).await.unwrap();
+        sleep(Duration::from_millis(1)).await;
+        let moved = coordinator
+            .send(AllocateShard("s1".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(moved.region, r2.clone().recipient());
+    });
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopRegion;
+
+impl Handler<StopRegion> for Region {
+    type Result = ();
+    fn handle(&mut self, _: StopRegion, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+#[test]
+fn requests_wait_while_the_coordinator_acquires() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        // Another coordinator holds the lease: ours must wait, not allocate.
+        let other = store.lease(settings("coord", "other"));
+        use actix_coordination::Lease;
+        assert!(other.acquire().await.unwrap());
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
+        let (r1, hosted) = region(Duration::ZERO);
+        let registered = coordinator.send(RegisterRegion(r1.recipient()));
+        let allocated = coordinator.send(AllocateShard("s1".into()));
+        sleep(TTL / 3).await;
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Acquiring
+        );
+        assert!(
+            hosted.borrow().is_empty(),
+            "nothing allocated without the lease"
+        );
+        let released_at = Instant::now();
+        assert!(other.release().await.unwrap());
+        assert_eq!(registered.await.unwrap(), Ok(1));
+        let allocation = allocated.await.unwrap().unwrap();
+        assert!(
+            released_at.elapsed() <= Duration::from_secs(1),
+            "served soon after the lease freed up"
+        );
+        assert_eq!(
+            allocation.fencing_token,
+            store.record("coord").unwrap().token
+        );
+        assert_eq!(hosted.borrow().len(), 1);
+    });
+}
+
+#[test]
+fn lease_loss_rejects_pending_allocations_and_stops_the_coordinator() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
+        // The region acknowledges slowly: allocations stay pending.
+        let (r1, _hosted) = region(TTL * 10);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r1.recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        let pending: Vec<_> = (0..3)
+            .map(|i| coordinator.send(AllocateShard(format!("s{i}"))))
+            .collect();
+        sleep(Duration::from_millis(1)).await;
+        store.partition("c1");
+        for p in pending {
+            let result = p.await.unwrap();
+            assert!(
+                matches!(
+                    result,
+                    Err(GateError::LeaseLost(LostReason::Expired { .. }))
+                ),
+                "{result:?}"
+            );
+        }
+        sleep(Duration::from_millis(1)).await;
+        assert!(!coordinator.connected(), "the coordinator stopped");
+        assert!(coordinator.send(GetGateState).await.is_err());
+    });
+}
+
+#[test]
+fn coordinator_refuses_when_the_lease_is_not_alive_before_the_loss_is_noticed() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = std::sync::Arc::new(store.lease(settings("coord", "c1")));
+        let coordinator = ShardCoordinator::from_arc(std::sync::Arc::clone(&lease)).start();
+        let (r1, hosted) = region(Duration::ZERO);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r1.recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        // The gate checks check_alive() itself: past the deadline it refuses even if no LeaseLost
+        // message was processed yet.
+        let gate =
+            actix_coordination::CoordinatorGate::<_, (), ()>::new(std::sync::Arc::clone(&lease));
+        assert_eq!(
+            gate.admit(),
+            Err(GateError::NotHeld),
+            "a gate that never opened refuses"
+        );
+        store.pause("c1");
+        use actix_coordination::Lease;
+        let deadline = lease.deadline().unwrap();
+        tokio::time::sleep_until(deadline).await;
+        assert!(!lease.check_alive());
+        let result = coordinator.send(AllocateShard("late".into())).await;
+        assert!(
+            matches!(
+                result,
+                Ok(Err(GateError::NotHeld)) | Ok(Err(GateError::LeaseLost(_))) | Err(_)
+            ),
+            "{result:?}"
+        );
+        assert!(
+            hosted.borrow().is_empty(),
+            "nothing allocated after the deadline"
+        );
+    });
+}
