@@ -127,6 +127,14 @@ pub trait LeaseBackend: Send + Sync + 'static {
         std::future::pending()
     }
 
+    /// Whether [`wait_for_change`](Self::wait_for_change) really watches the store: it then resolves
+    /// when the lease is released or deleted, and at the instant the current claim expires (by the
+    /// observed-time model), so a waiting contender needs no periodic attempts. The default is
+    /// `false`: waiting contenders try again every `acquire_retry_delay`.
+    fn notifies_changes(&self) -> bool {
+        false
+    }
+
     /// Resolves when the lease may have become free for `settings.owner()` (released, expired,
     /// deleted), or at the latest at `not_after`. Contenders wait on it between attempts instead of
     /// sleeping a fixed delay; the default sleeps until `not_after`.

@@ -358,6 +358,43 @@ pub trait Lease: Send + Sync + 'static {
     /// this owner acquires again (which reuses the claim).
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
+    /// Keeps trying until this owner holds the lease or `timeout` has passed: the way to wait for a
+    /// lease. Resolves `Ok(true)` once held, `Ok(false)` when another owner still holds it at the
+    /// deadline.
+    ///
+    /// Backends built on [`ManagedLease`](crate::ManagedLease) wait between attempts on the
+    /// backend's own change notification (a watch), so a release is noticed within a round trip
+    /// and an expiry at its instant, without polling; this default implementation retries every
+    /// `acquire_retry_delay`.
+    ///
+    /// # Errors
+    ///
+    /// The last attempt's [`LeaseError`] when the deadline passes after a failed attempt, or at
+    /// once for errors that retrying cannot fix (permission denied).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Lease::acquire).
+    fn acquire_within(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        async move {
+            let deadline = Instant::now() + timeout;
+            loop {
+                let result = self.acquire().await;
+                match &result {
+                    Ok(true) => return result,
+                    Err(error) if !error.is_transient() => return result,
+                    _ if Instant::now() >= deadline => return result,
+                    _ => {}
+                }
+                let pause = self.settings().acquire_retry_delay();
+                tokio::time::sleep_until(deadline.min(Instant::now() + pause)).await;
+            }
+        }
+    }
+
     /// Gives the lease up.
     ///
     /// Resolves `Ok(true)` when it is definitely released (or was not held), `Ok(false)` when

@@ -105,7 +105,8 @@ impl<B: LeaseBackend> ManagedLease<B> {
         &self.shared.backend
     }
 
-    async fn acquire_inner(&self) -> Result<bool, LeaseError> {
+    /// Up to `attempts` attempts, `acquire_retry_delay` apart (or sooner on a change).
+    async fn acquire_inner(&self, attempts: u32) -> Result<bool, LeaseError> {
         let shared = &self.shared;
         let settings = &shared.settings;
         let mut ops = shared.ops.lock().await;
@@ -123,7 +124,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
             operation: Operation::Acquire,
         })?;
-        let attempts = settings.acquire_retries().saturating_add(1);
         let mut last: Result<bool, LeaseError> = Ok(false);
         for attempt in 1..=attempts {
             let start = Instant::now();
@@ -184,6 +184,30 @@ impl<B: LeaseBackend> ManagedLease<B> {
             }
         }
         last
+    }
+
+    async fn acquire_within_inner(&self, timeout: Duration) -> Result<bool, LeaseError> {
+        let settings = &self.shared.settings;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let result = self.acquire_inner(1).await;
+            match &result {
+                Ok(true) => return result,
+                Err(error) if !error.is_transient() => return result,
+                _ if Instant::now() >= deadline => return result,
+                _ => {}
+            }
+            // Wake on the backend's change notification, at the latest after the retry delay (an
+            // error) or at the deadline.
+            let not_after = match result {
+                Ok(false) if self.shared.backend.notifies_changes() => deadline,
+                _ => deadline.min(Instant::now() + settings.acquire_retry_delay()),
+            };
+            self.shared
+                .backend
+                .wait_for_change(settings, not_after)
+                .await;
+        }
     }
 
     fn start_tenure(
@@ -437,11 +461,18 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn acquire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.acquire_inner()
+        self.acquire_inner(self.shared.settings.acquire_retries().saturating_add(1))
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         self.release_inner()
+    }
+
+    fn acquire_within(
+        &self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
+        self.acquire_within_inner(timeout)
     }
 
     fn check_alive(&self) -> bool {

@@ -438,6 +438,10 @@ impl LeaseBackend for InMemoryBackend {
         }
     }
 
+    fn notifies_changes(&self) -> bool {
+        true
+    }
+
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
         let name = settings.name();
         let (changed, expires_at) = {
@@ -449,6 +453,20 @@ impl LeaseBackend for InMemoryBackend {
         };
         let wake_at = expires_at.map_or(not_after, |e| e.min(not_after));
         let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Registered: now a change cannot slip by. Is the lease free already?
+        {
+            let now = Instant::now();
+            let state = self.store.lock();
+            let free = state
+                .records
+                .get(name)
+                .is_none_or(|r| r.live_holder(now).is_none_or(|h| h == settings.owner()));
+            if free {
+                return;
+            }
+        }
         tokio::select! {
             _ = notified => {}
             _ = tokio::time::sleep_until(wake_at) => {}

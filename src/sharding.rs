@@ -268,9 +268,10 @@ impl<L: Lease> ShardCoordinator<L> {
     fn acquire(&mut self, ctx: &mut Context<Self>) {
         let lease = Arc::clone(self.gate.lease());
         let me = ctx.address();
+        let wait = lease.settings().ttl() * 2;
         ctx.spawn(
             async move {
-                me.do_send(Acquired(lease.acquire().await));
+                me.do_send(Acquired(lease.acquire_within(wait).await));
             }
             .into_actor(self),
         );
@@ -431,7 +432,8 @@ impl<L: Lease> Handler<Acquired> for ShardCoordinator<L> {
                 }
             },
             Ok(false) => {
-                ctx.run_later(retry, |act, ctx| act.acquire(ctx));
+                // acquire_within waited already.
+                ctx.run_later(retry / 10, |act, ctx| act.acquire(ctx));
             }
             Err(error) => {
                 tracing::warn!(%error, lease = %self.gate.lease().name(), "coordinator lease acquire failed");

@@ -5,10 +5,12 @@
 //!
 //! # The lifecycle on one node
 //!
-//! 1. **Acquire.** `Ok(true)` starts the singleton, telling it its [`FencingToken`] through
-//!    [`SingletonInfo`]. `Ok(false)` retries after the retry delay (with ±20 % jitter). An error
-//!    retries with an exponential backoff capped at [`SingletonSettings::max_error_backoff`] and is
-//!    logged.
+//! 1. **Acquire.** The manager waits for the lease with [`Lease::acquire_within`] (watch-based on
+//!    backends that support it, so a release elsewhere is noticed within a round trip). `Ok(true)`
+//!    starts the singleton, telling it its [`FencingToken`] through [`SingletonInfo`]. `Ok(false)`
+//!    (still held elsewhere after waiting two TTLs) competes again after a short jittered pause. An
+//!    error retries with an exponential backoff capped at [`SingletonSettings::max_error_backoff`]
+//!    and is logged.
 //! 2. **Lease lost.** The singleton is stopped at once; only when it *has* stopped does the manager
 //!    try to acquire again, so this node never runs two instances, and the instance of a node that
 //!    lost its lease stops at the holder's local deadline, before any other node can acquire.
@@ -54,8 +56,8 @@ pub struct SingletonInfo {
 /// Settings of a [`ClusterSingletonManager`]; plain data with documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SingletonSettings {
-    /// Pause after `acquire` resolved `false` (default: the lease's `acquire_retry_delay`), ±20 %
-    /// jitter.
+    /// The base of the pauses between attempts (default: the lease's `acquire_retry_delay`): a
+    /// tenth of it, ±20 %, after waiting in vain; the start of the error backoff.
     pub retry_delay: Option<Duration>,
     /// The cap of the exponential backoff after acquire errors (default 10 s).
     pub max_error_backoff: Duration,
@@ -221,6 +223,7 @@ where
     shutdown_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
     release_result: Option<Result<bool, LeaseError>>,
     retry: Option<SpawnHandle>,
+    acquiring: Option<SpawnHandle>,
     errors: u32,
     instances: u64,
     restarts: VecDeque<Instant>,
@@ -253,6 +256,7 @@ where
             shutdown_waiters: Vec::new(),
             release_result: None,
             retry: None,
+            acquiring: None,
             errors: 0,
             instances: 0,
             restarts: VecDeque::new(),
@@ -309,11 +313,29 @@ where
     fn try_acquire(&mut self, ctx: &mut Context<Self>) {
         self.phase = Phase::Acquiring;
         let lease = Arc::clone(&self.lease);
-        ctx.spawn(
-            async move { lease.acquire().await }
-                .into_actor(self)
-                .map(|result, act, ctx| act.acquired(result, ctx)),
+        // Wait for the lease (watch-based on backends that support it): a release elsewhere is
+        // noticed within a round trip, an expiry at its instant.
+        let wait = lease.settings().ttl() * 2;
+        self.acquiring = Some(
+            ctx.spawn(
+                async move { lease.acquire_within(wait).await }
+                    .into_actor(self)
+                    .map(|result, act, ctx| {
+                        act.acquiring = None;
+                        act.acquired(result, ctx)
+                    }),
+            ),
         );
+    }
+
+    /// Abandons an acquire that is waiting for the lease (shutdown, not eligible).
+    fn cancel_acquire(&mut self, ctx: &mut Context<Self>) {
+        if let Some(handle) = self.acquiring.take() {
+            ctx.cancel_future(handle);
+            if matches!(self.phase, Phase::Acquiring) {
+                self.phase = Phase::Idle;
+            }
+        }
     }
 
     fn acquired(&mut self, result: Result<bool, LeaseError>, ctx: &mut Context<Self>) {
@@ -342,8 +364,9 @@ where
                 }
             }
             Ok(false) => {
+                // Waited a while already: compete again after a short, jittered pause.
                 self.errors = 0;
-                let delay = jitter(self.retry_delay());
+                let delay = jitter(self.retry_delay()) / 10;
                 self.schedule_acquire(delay, ctx);
             }
             Err(error) => {
@@ -492,6 +515,7 @@ where
         if let Some(handle) = self.retry.take() {
             ctx.cancel_future(handle);
         }
+        self.cancel_acquire(ctx);
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
         self.stop_singleton(AfterStop::Shutdown, ctx);
     }
@@ -715,6 +739,7 @@ where
             if let Some(handle) = self.retry.take() {
                 ctx.cancel_future(handle);
             }
+            self.cancel_acquire(ctx);
             tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
             self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
         }

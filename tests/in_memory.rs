@@ -141,3 +141,47 @@ async fn deleted_record_is_a_loss() {
     assert_eq!(lost.reason, actix_coordination::LostReason::Deleted);
     assert!(!a.check_alive());
 }
+
+/// `acquire_within` waits on the store's change notification: a waiting contender gets the lease at
+/// the release instant, or at the expiry instant of a crashed holder, with no attempts in between.
+#[tokio::test(start_paused = true)]
+async fn acquire_within_wakes_on_release_and_at_expiry_without_polling() {
+    let f = InMemoryFixture::default();
+    let a = f.lease(f.settings("wait", "a")).await;
+    let b = f.lease(f.settings("wait", "b")).await;
+    assert!(a.acquire().await.unwrap());
+    let before = f.store.stats().acquires;
+    let start = Instant::now();
+    let (got, released) = tokio::join!(b.acquire_within(Duration::from_secs(60)), async {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        a.release().await
+    });
+    assert!(released.unwrap());
+    assert!(got.unwrap());
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(20),
+        "acquired at the release instant"
+    );
+    // The first attempt, one at each expiry point it had observed (renewals moved it: 9 s, 15 s),
+    // and the winning one at the release; no polling at the retry delay.
+    let attempts = f.store.stats().acquires - before;
+    assert_eq!(attempts, 4, "attempts while waiting 20 s");
+
+    // A crashed holder: the waiter gets the lease at the store's expiry instant.
+    let renewed_at = b.deadline().unwrap() - b.settings().local_validity();
+    drop(b);
+    let c = f.lease(f.settings("wait", "c")).await;
+    assert!(c.acquire_within(Duration::from_secs(60)).await.unwrap());
+    assert_eq!(
+        Instant::now(),
+        renewed_at + c.settings().ttl(),
+        "at the expiry instant"
+    );
+
+    // Nobody releases: Ok(false) at the deadline.
+    let d = f.lease(f.settings("wait", "d")).await;
+    let start = Instant::now();
+    assert!(!d.acquire_within(Duration::from_secs(5)).await.unwrap());
+    assert!(start.elapsed() >= Duration::from_secs(5));
+}
