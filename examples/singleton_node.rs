@@ -1,0 +1,177 @@
+//! One node of a cluster singleton, as a separate process: start it in several terminals (or
+//! machines, or pods), kill the one that runs the singleton, and watch the singleton move.
+//!
+//! ```text
+//! cargo run --features kubernetes --example singleton_node -- --config examples/kubernetes.toml --owner node-1
+//! cargo run --features etcd --example singleton_node -- --config examples/etcd.toml --owner node-2
+//! ```
+//!
+//! The configuration file is a `CoordinationConfig` (see the README); `--config-key` picks the lease
+//! configuration (default `singleton`), `--lease` the lease name (default `example-singleton`).
+//! `--owner` defaults to `$POD_NAME`, then to the host name and process id.
+//!
+//! The singleton "works" every 50 ms: before each step it takes a timestamp and checks
+//! `check_alive()`; only then it acts. With `--events FILE` every step, start and stop is appended to
+//! FILE as a JSON line (the chaos harness reads them to prove that no two nodes ever acted at once).
+//! SIGTERM or ctrl-c stops the singleton, releases the lease and exits.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix::prelude::*;
+use actix_coordination::{
+    ClusterSingletonManager, CoordinationConfig, Lease, LeaseProvider, SharedLease, SingletonInfo,
+    SingletonSettings,
+};
+
+#[derive(Clone)]
+struct Events(Option<Arc<Mutex<std::fs::File>>>);
+
+impl Events {
+    fn log(&self, owner: &str, event: &str, token: u64, t_ns: u128) {
+        let line = format!(
+            "{{\"owner\":\"{owner}\",\"event\":\"{event}\",\"token\":{token},\"t_ns\":{t_ns},\"pid\":{}}}\n",
+            std::process::id()
+        );
+        if let Some(file) = &self.0 {
+            let mut file = file.lock().unwrap();
+            let _ = file.write_all(line.as_bytes());
+            let _ = file.flush();
+        }
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos()
+}
+
+/// The singleton: works while the lease is alive, stamping its work with the fencing token.
+struct Worker {
+    info: SingletonInfo,
+    lease: SharedLease,
+    events: Events,
+    steps: u64,
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let token = self.info.fencing_token.value();
+        println!("[{}] singleton STARTED with fencing token {token}", self.info.owner);
+        self.events.log(&self.info.owner, "start", token, now_ns());
+        ctx.run_interval(Duration::from_millis(50), |act, _| act.step());
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        let token = self.info.fencing_token.value();
+        println!("[{}] singleton STOPPED after {} steps (token {token})", self.info.owner, self.steps);
+        self.events.log(&self.info.owner, "stop", token, now_ns());
+    }
+}
+
+impl Worker {
+    fn step(&mut self) {
+        // Timestamp first, then the check: a step logged at t was taken while the lease was alive.
+        let t = now_ns();
+        if !self.lease.check_alive() {
+            return;
+        }
+        self.steps += 1;
+        let token = self.info.fencing_token.value();
+        self.events.log(&self.info.owner, "act", token, t);
+        if self.steps % 20 == 0 {
+            println!("[{}] working with fencing token {token} (step {})", self.info.owner, self.steps);
+        }
+    }
+}
+
+struct Args {
+    config: String,
+    config_key: String,
+    lease: String,
+    owner: String,
+    events: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut config = None;
+    let mut config_key = "singleton".to_owned();
+    let mut lease = "example-singleton".to_owned();
+    let mut owner = std::env::var("POD_NAME").ok();
+    let mut events = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--config" => config = Some(value()?),
+            "--config-key" => config_key = value()?,
+            "--lease" => lease = value()?,
+            "--owner" => owner = Some(value()?),
+            "--events" => events = Some(value()?),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    let owner = owner.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "host".into());
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    Ok(Args {
+        config: config.ok_or("--config FILE is required")?,
+        config_key,
+        lease,
+        owner,
+        events,
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let system = System::new();
+    system.block_on(start())?;
+    // Runs until the manager stops the system after a graceful shutdown (SIGTERM / ctrl-c).
+    system.run()?;
+    Ok(())
+}
+
+async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "actix_coordination=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE]"))?;
+    let config: CoordinationConfig = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
+    let provider = LeaseProvider::new(config);
+    let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
+    let events = Events(match &args.events {
+        Some(path) => Some(Arc::new(Mutex::new(
+            std::fs::OpenOptions::new().create(true).append(true).open(path)?,
+        ))),
+        None => None,
+    });
+    println!(
+        "[{}] competing for lease {:?} (ttl {:?})",
+        args.owner,
+        lease.name(),
+        lease.settings().ttl()
+    );
+    let for_worker = lease.clone();
+    ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Worker {
+        info: info.clone(),
+        lease: for_worker.clone(),
+        events: events.clone(),
+        steps: 0,
+    })
+    .settings(SingletonSettings {
+        handle_signals: true,
+        ..Default::default()
+    })
+    .start();
+    Ok(())
+}
