@@ -1,0 +1,774 @@
+#!/usr/bin/env bash
+# Real etcd + real kube-apiserver on loopback for the actix-coordination test suite.
+#
+# Usage:
+#   scripts/test-cluster.sh install            install packages, build + cache kube-apiserver v1.20.2
+#   scripts/test-cluster.sh up     [DIR]       (re)start a cluster in DIR, write DIR/env
+#   scripts/test-cluster.sh down   [DIR]       stop everything started in DIR (idempotent)
+#   scripts/test-cluster.sh status [DIR]       show what runs in DIR
+#   scripts/test-cluster.sh run [DIR] -- CMD.. install, up, run CMD with DIR/env sourced, always down;
+#                                              exits with CMD's status
+# DIR defaults to <repo>/target/test-cluster. It must not contain whitespace.
+#
+# `up` starts three processes, all on 127.0.0.1 with ports chosen outside the kernel's ephemeral
+# range (so outgoing connections cannot steal them):
+#   - etcd "kube"   (DIR/etcd, DIR/etcd.log, DIR/etcd.pid): storage of the apiserver;
+#   - kube-apiserver (DIR/apiserver.log, DIR/apiserver.pid): TLS (self-signed, DIR/certs/apiserver.crt),
+#     static bearer tokens (DIR/tokens.csv), RBAC; namespace actix-coordination-test with the Role of
+#     deploy/rbac.yaml bound to user `lease-holder`;
+#   - etcd "lease"  (DIR/etcd-lease, DIR/etcd-lease.log, DIR/etcd-lease.pid): for the etcd backend tests.
+# and writes DIR/env, shell-sourceable `export` lines:
+#   ACTIX_COORD_TEST_K8S_URL              https://127.0.0.1:PORT of the apiserver
+#   ACTIX_COORD_TEST_K8S_CA               DIR/certs/apiserver.crt (serving cert + its CA; trust it as CA)
+#   ACTIX_COORD_TEST_K8S_TOKEN            bearer token of user `lease-holder` (only the shipped Role)
+#   ACTIX_COORD_TEST_K8S_ADMIN_TOKEN      bearer token of user `admin` (group system:masters)
+#   ACTIX_COORD_TEST_K8S_NOROLE_TOKEN     bearer token of user `no-role` (no Role: 403 on leases)
+#   ACTIX_COORD_TEST_K8S_NAMESPACE        actix-coordination-test
+#   ACTIX_COORD_TEST_KUBE_APISERVER_BIN   the cached kube-apiserver binary
+#   ACTIX_COORD_TEST_KUBE_APISERVER_ARGS  every flag of the running apiserver EXCEPT --secure-port,
+#                                         whitespace-separated `--flag=value` words (no quoting needed).
+#                                         Start another apiserver sharing the same etcd, certificate,
+#                                         tokens and SA keys with:
+#                                           $BIN $ARGS --secure-port=<free port>
+#                                         (it reuses DIR/certs/apiserver.crt, so the same CA works).
+#   ACTIX_COORD_TEST_KUBE_APISERVER_PID   pid of the apiserver started by `up`
+#   ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT   http://127.0.0.1:P, the apiserver's etcd
+#   ACTIX_COORD_TEST_KUBE_ETCD_PID        its pid
+#   ACTIX_COORD_TEST_ETCD_ENDPOINT        http://127.0.0.1:P, the etcd for the etcd lease backend tests
+#   ACTIX_COORD_TEST_ETCD_PID             its pid
+#   ACTIX_COORD_TEST_ETCD_BIN             /usr/bin/etcd (to start private etcd instances in tests)
+#   ACTIX_COORD_TEST_DIR                  DIR (absolute)
+# `down` also stops any leftover process whose arguments contain --cert-dir=DIR/certs (apiservers a
+# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS) or --data-dir=DIR/etcd[-lease].
+set -euo pipefail
+
+KUBE_VERSION=1.20.2
+# Debian bookworm's source package `kubernetes` 1.20.5+really1.20.2-* (e.g. -1.1+deb12u1): Kubernetes
+# v1.20.2 with all Go dependencies vendored. Any Debian revision will do: only the .orig tarball is used.
+KUBE_DEB_SRC_MATCH=really$KUBE_VERSION-
+KUBE_SUITE=bookworm
+NAMESPACE=actix-coordination-test
+TEST_ROLE=actix-coordination-lease
+READY_TIMEOUT=${ACTIX_COORD_TEST_READY_TIMEOUT:-60}
+STOP_TIMEOUT=15
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/actix-coordination
+KUBE_APISERVER_BIN=$CACHE_DIR/kube-apiserver-$KUBE_VERSION
+ETCD_BIN=/usr/bin/etcd
+RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
+
+# Packages needed to run the cluster and to build the crate (etcd-client needs protoc).
+RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler openssl curl ca-certificates python3 python3-yaml)
+# Packages needed only to build kube-apiserver from Debian's source.
+BUILD_PKGS=(golang-go jq rsync golang-github-modern-go-reflect2-dev make tar gzip)
+
+export DEBIAN_FRONTEND=noninteractive
+
+# Global state for the traps: a DIR whose processes must be stopped when this script exits, and
+# the pid of the command `run` runs.
+CLEANUP_DIR=
+CHILD_PID=
+BUILD_WORK= # temporary build directory of kube-apiserver, removed on exit
+
+log() { printf '[test-cluster] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# shellcheck disable=SC2317 # invoked by trap
+on_exit() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n $CLEANUP_DIR ]]; then
+        stop_all "$CLEANUP_DIR" || true
+    fi
+    if [[ -n $BUILD_WORK ]]; then
+        chmod -R u+w "$BUILD_WORK" 2>/dev/null || true
+        rm -rf "$BUILD_WORK"
+    fi
+    exit "$rc"
+}
+# INT/TERM while `run` waits for its command: pass the signal on and keep waiting (the command
+# decides how to stop; `down` follows when it has exited). Otherwise: exit (EXIT trap cleans up).
+# shellcheck disable=SC2317 # invoked by trap
+on_signal() {
+    if [[ -n $CHILD_PID ]] && alive "$CHILD_PID"; then
+        log "SIG$1: passing it on to the command (pid $CHILD_PID)"
+        kill -s "$1" "$CHILD_PID" 2>/dev/null || true
+        return 0
+    fi
+    exit "$2"
+}
+trap on_exit EXIT
+trap 'on_signal INT 130' INT
+trap 'on_signal TERM 143' TERM
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n env DEBIAN_FRONTEND=noninteractive "$@"
+    else
+        die "need root (or passwordless sudo) to run: $*"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------- install
+
+APT_UPDATED=0
+apt_update() {
+    log "apt-get update"
+    as_root apt-get -q -o DPkg::Lock::Timeout=600 update >/dev/null
+    APT_UPDATED=1
+}
+
+pkg_installed() {
+    [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null) == ii* ]]
+}
+
+apt_install_missing() {
+    local missing=() p
+    for p in "$@"; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    [[ $APT_UPDATED -eq 1 ]] || apt_update
+    log "apt-get install ${missing[*]}"
+    as_root apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}" \
+        </dev/null >/dev/null
+}
+
+# Add a `deb-src` entry for Debian bookworm main, with the URI and keyring of the existing `deb`
+# entry (deb822 *.sources or one-line *.list, whichever is present). Returns 0 if it was already there.
+ensure_deb_src() {
+    local out target
+    out=$(python3 - "$KUBE_SUITE" <<'PY'
+import glob, os, re, sys
+suite = sys.argv[1]
+DEFAULT_URI = "http://deb.debian.org/debian"
+DEFAULT_KEY = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+def deb822(path):
+    paras, cur, key = [], {}, None
+    for raw in open(path, encoding="utf-8", errors="replace"):
+        line = raw.rstrip("\n")
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if cur:
+                paras.append(cur)
+            cur, key = {}, None
+            continue
+        if line[0] in " \t" and key:
+            cur[key] += "\n" + line
+            continue
+        k, _, v = line.partition(":")
+        key = k.strip().lower()
+        cur[key] = v.strip()
+    if cur:
+        paras.append(cur)
+    for p in paras:
+        if p.get("enabled", "yes").strip().lower() == "no":
+            continue
+        yield dict(fmt="deb822", types=p.get("types", "").split(), uris=p.get("uris", "").split(),
+                   suites=p.get("suites", "").split(), comps=p.get("components", "").split(),
+                   signed_by=p.get("signed-by"), opts=None)
+
+def oneline(path):
+    for raw in open(path, encoding="utf-8", errors="replace"):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"^(deb|deb-src)\s+(\[[^\]]*\]\s+)?(\S+)\s+(\S+)\s*(.*)$", line)
+        if not m:
+            continue
+        opts = (m.group(2) or "").strip()
+        sb = re.search(r"signed-by=(\S+)", opts)
+        yield dict(fmt="oneline", types=[m.group(1)], uris=[m.group(3)], suites=[m.group(4)],
+                   comps=m.group(5).split(), signed_by=sb.group(1).rstrip("]") if sb else None,
+                   opts=opts)
+
+entries = []
+for f in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    entries += list(deb822(f))
+for f in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    if os.path.exists(f):
+        entries += list(oneline(f))
+
+def debian_archive(e):
+    return any(re.search(r"/debian/?$", u) for u in e["uris"]) and suite in e["suites"] \
+        and "main" in e["comps"]
+
+for e in entries:
+    if "deb-src" in e["types"] and debian_archive(e):
+        print("PRESENT")
+        sys.exit(0)
+src = next((e for e in entries if "deb" in e["types"] and debian_archive(e)), None)
+if src is None:
+    src = dict(fmt="deb822", uris=[DEFAULT_URI],
+               signed_by=DEFAULT_KEY if os.path.exists(DEFAULT_KEY) else None)
+    print("no bookworm `deb` entry found; using %s" % DEFAULT_URI, file=sys.stderr)
+uris = [u for u in src["uris"] if re.search(r"/debian/?$", u)]
+if src["fmt"] == "deb822":
+    print("/etc/apt/sources.list.d/actix-coordination-deb-src.sources")
+    print("# Added by actix-coordination scripts/test-cluster.sh (kube-apiserver source build).")
+    print("Types: deb-src")
+    print("URIs: " + " ".join(uris))
+    print("Suites: " + suite)
+    print("Components: main")
+    if src["signed_by"]:
+        print("Signed-By: " + src["signed_by"])
+else:
+    print("/etc/apt/sources.list.d/actix-coordination-deb-src.list")
+    print("# Added by actix-coordination scripts/test-cluster.sh (kube-apiserver source build).")
+    opts = (src["opts"] + " ") if src["opts"] else ""
+    print("deb-src %s%s %s main" % (opts, uris[0], suite))
+PY
+    )
+    if [[ $out == PRESENT ]]; then
+        return 0
+    fi
+    [[ $out == /etc/apt/sources.list.d/*$'\n'* ]] || die "could not derive a deb-src entry: $out"
+    target=${out%%$'\n'*}
+    log "enabling source packages: $target"
+    printf '%s\n' "${out#*$'\n'}" | as_root tee "$target" >/dev/null
+    return 1
+}
+
+# Newest Debian version of the source package that is Kubernetes $KUBE_VERSION, or nothing.
+kube_src_version() {
+    apt-cache showsrc kubernetes 2>/dev/null | sed -n 's/^Version: //p' | grep -F "$KUBE_DEB_SRC_MATCH" |
+        sort -V | tail -n 1 || true
+}
+
+apiserver_ok() {
+    [[ -x $KUBE_APISERVER_BIN ]] && "$KUBE_APISERVER_BIN" --version >/dev/null 2>&1
+}
+
+build_kube_apiserver() {
+    apt_install_missing "${BUILD_PKGS[@]}"
+    if ! ensure_deb_src || [[ -z $(kube_src_version) ]]; then
+        apt_update
+    fi
+    local src_version
+    src_version=$(kube_src_version)
+    [[ -n $src_version ]] || die "no source package kubernetes *$KUBE_DEB_SRC_MATCH* in apt (bookworm deb-src)"
+
+    mkdir -p "$CACHE_DIR"
+    local build_log=$CACHE_DIR/kube-apiserver-$KUBE_VERSION.build.log
+    local work
+    work=$(mktemp -d "${TMPDIR:-/tmp}/actix-coordination-kube-build.XXXXXX")
+    BUILD_WORK=$work
+    log "building kube-apiserver v$KUBE_VERSION from Debian source in $work (about 4-6 minutes; log: $build_log)"
+    local start=$SECONDS rc
+    # Not `( ... ) || rc=$?`: errexit would be ignored inside the subshell.
+    set +e
+    (
+        set -euo pipefail
+        cd "$work"
+        echo "== apt-get source --download-only kubernetes=$src_version"
+        apt-get source -q --download-only "kubernetes=$src_version" </dev/null
+        orig=$(ls kubernetes_*"really$KUBE_VERSION".orig.tar.*)
+        echo "== unpack $orig"
+        mkdir src
+        tar -xf "$orig" -C src --strip-components=1
+        cd src
+        test -f hack/lib/version.sh
+        echo "== reflect2: vendored v1.0.1 -> Debian's v1.0.2 (Go 1.19 compatibility)"
+        rm -rf vendor/github.com/modern-go/reflect2
+        cp -rL /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/modern-go/reflect2
+        echo "== GOPATH layout"
+        mkdir -p .go/src/k8s.io
+        ln -s ../../.. .go/src/k8s.io/kubernetes
+        echo "== make WHAT=cmd/kube-apiserver"
+        # No .git needed: the tarball is a `git archive` and hack/lib/version.sh carries v1.20.2.
+        env GOPATH="$PWD/.go" GO111MODULE=off CGO_ENABLED=0 GOCACHE="$work/gocache" \
+            make WHAT=cmd/kube-apiserver
+        bin=_output/local/bin/linux/$(go env GOARCH)/kube-apiserver
+        version=$("$bin" --version)
+        echo "$version"
+        [[ $version == *"v$KUBE_VERSION" ]]
+        cp "$bin" "$KUBE_APISERVER_BIN.tmp.$$"
+        mv -f "$KUBE_APISERVER_BIN.tmp.$$" "$KUBE_APISERVER_BIN"
+    ) >"$build_log" 2>&1
+    rc=$?
+    set -e
+    chmod -R u+w "$work" 2>/dev/null || true # in case anything was unpacked read-only
+    rm -rf "$work"
+    BUILD_WORK=
+    if [[ $rc -ne 0 ]]; then
+        log "kube-apiserver build FAILED (exit $rc) after $((SECONDS - start)) s; last lines of $build_log:"
+        tail -n 60 "$build_log" >&2
+        exit 1
+    fi
+    log "built $KUBE_APISERVER_BIN in $((SECONDS - start)) s"
+}
+
+cmd_install() {
+    [[ $# -eq 0 ]] || die "usage: $0 install"
+    apt_install_missing "${RUNTIME_PKGS[@]}"
+    mkdir -p "$CACHE_DIR"
+    if apiserver_ok; then
+        log "kube-apiserver cached: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
+        return 0
+    fi
+    # Serialise concurrent builds (several checkouts / engineers on one machine).
+    exec 8>"$CACHE_DIR/.build.lock"
+    if ! flock -n 8; then
+        log "another kube-apiserver build is running; waiting for it"
+        flock 8
+    fi
+    if ! apiserver_ok; then
+        build_kube_apiserver
+    fi
+    exec 8>&-
+    log "kube-apiserver ready: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
+}
+
+# ------------------------------------------------------------------------------------ processes
+
+resolve_dir() {
+    local dir=${1:-$REPO_ROOT/target/test-cluster}
+    [[ $dir =~ [[:space:]] ]] && die "cluster directory must not contain whitespace: '$dir'"
+    mkdir -p "$dir"
+    (cd "$dir" && pwd)
+}
+
+# Holds an exclusive lock on DIR (fd 9) until this script exits: two `run`/`up`/`down` on the same
+# DIR wait for each other instead of killing each other's clusters. Children never inherit fd 9.
+LOCKED_DIR=
+lock_dir() {
+    [[ $LOCKED_DIR == "$1" ]] && return 0
+    exec 9>"$1.lock"
+    if ! flock -n 9; then
+        log "waiting for another test-cluster command using $1"
+        flock 9
+    fi
+    LOCKED_DIR=$1
+}
+
+# Running, non-zombie process?
+alive() {
+    local stat
+    # Not `stat=$(<file)`: with the file gone (process reaped) bash aborts the whole script.
+    [[ -n $1 ]] || return 1
+    { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+    stat=${stat##*) }
+    [[ -n $stat && ${stat:0:1} != Z ]]
+}
+
+# Pids of the processes of DIR: the ones of the pid files, and any other (e.g. a second apiserver a
+# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS), recognised by their arguments. A pid file
+# alone is not trusted: after a reboot or a crash its pid may name a foreign process.
+cluster_pids() {
+    local dir=$1
+    python3 - "$dir" <<'PY'
+import os, sys
+d = sys.argv[1]
+marks = {"--cert-dir=%s/certs" % d, "--data-dir=%s/etcd" % d, "--data-dir=%s/etcd-lease" % d}
+ours = set()
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) == os.getpid():
+        continue
+    try:
+        args = open("/proc/%s/cmdline" % p, "rb").read().decode(errors="replace").split("\0")
+    except OSError:
+        continue
+    if marks.intersection(args):
+        ours.add(int(p))
+print(" ".join(str(p) for p in sorted(ours)))
+PY
+}
+
+stop_all() {
+    local dir=$1 pids=() p remaining deadline
+    read -r -a pids <<<"$(cluster_pids "$dir")"
+    if [[ ${#pids[@]} -gt 0 ]]; then
+        log "stopping ${#pids[@]} process(es) of $dir: ${pids[*]}"
+        # SIGCONT first: a test may have SIGSTOPped one; a stopped process ignores TERM until continued.
+        kill -CONT "${pids[@]}" 2>/dev/null || true
+        kill -TERM "${pids[@]}" 2>/dev/null || true
+        deadline=$((SECONDS + STOP_TIMEOUT))
+        while :; do
+            remaining=()
+            for p in "${pids[@]}"; do alive "$p" && remaining+=("$p"); done
+            [[ ${#remaining[@]} -eq 0 ]] && break
+            if ((SECONDS >= deadline)); then
+                log "still running after ${STOP_TIMEOUT}s, SIGKILL: ${remaining[*]}"
+                kill -KILL "${remaining[@]}" 2>/dev/null || true
+                deadline=$((SECONDS + 10))
+                while ((SECONDS < deadline)); do
+                    remaining=()
+                    for p in "${pids[@]}"; do alive "$p" && remaining+=("$p"); done
+                    [[ ${#remaining[@]} -eq 0 ]] && break
+                    sleep 0.1
+                done
+                [[ ${#remaining[@]} -eq 0 ]] || { log "could not kill: ${remaining[*]}"; return 1; }
+                break
+            fi
+            sleep 0.1
+        done
+    fi
+    rm -f "$dir/apiserver.pid" "$dir/etcd.pid" "$dir/etcd-lease.pid"
+}
+
+# N free TCP ports on 127.0.0.1, below the ephemeral range when possible.
+free_ports() {
+    python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+try:
+    lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+except OSError:
+    lo, hi = 32768, 60999
+if lo - 10000 >= 1000:
+    cands = list(range(10000, lo))
+elif 65535 - hi >= 1000:
+    cands = list(range(hi + 1, 65536))
+else:
+    cands = []
+random.shuffle(cands)
+held, ports = [], []
+for port in cands + [0] * n:
+    if len(ports) == n:
+        break
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    ports.append(s.getsockname()[1])
+print(" ".join(map(str, ports)))
+PY
+}
+
+# start NAME CMD... : background process, stdin /dev/null, output DIR/NAME.log, pid DIR/NAME.pid.
+start_proc() {
+    local dir=$1 name=$2
+    shift 2
+    "$@" </dev/null >"$dir/$name.log" 2>&1 9>&- 8>&- &
+    echo $! >"$dir/$name.pid"
+}
+
+fail_with_log() {
+    local file=$1
+    shift
+    log "error: $*"
+    log "last lines of $file:"
+    tail -n 40 "$file" >&2 || true
+    exit 1
+}
+
+wait_etcd() {
+    local dir=$1 name=$2 endpoint=$3 deadline=$((SECONDS + 30))
+    while :; do
+        alive "$(cat "$dir/$name.pid")" || fail_with_log "$dir/$name.log" "$name exited during startup"
+        if curl -fsS --max-time 2 "$endpoint/health" 2>/dev/null | grep -q '"health":"true"'; then
+            return 0
+        fi
+        ((SECONDS < deadline)) || fail_with_log "$dir/$name.log" "$name not healthy after 30 s"
+        sleep 0.2
+    done
+}
+
+start_etcd() {
+    local dir=$1 name=$2 client_port=$3 peer_port=$4
+    local client=http://127.0.0.1:$client_port peer=http://127.0.0.1:$peer_port
+    start_proc "$dir" "$name" "$ETCD_BIN" --name="$name" --data-dir="$dir/$name" \
+        --listen-client-urls="$client" --advertise-client-urls="$client" \
+        --listen-peer-urls="$peer" --initial-advertise-peer-urls="$peer" \
+        --initial-cluster="$name=$peer" --initial-cluster-state=new
+}
+
+cmd_up() {
+    [[ $# -le 1 ]] || die "usage: $0 up [DIR]"
+    local dir
+    dir=$(resolve_dir "${1:-}")
+    lock_dir "$dir"
+    up_locked "$dir"
+}
+
+up_locked() {
+    local dir=$1 start=$SECONDS
+    [[ -x $ETCD_BIN ]] || die "$ETCD_BIN missing: run '$0 install' first"
+    apiserver_ok || die "kube-apiserver not built: run '$0 install' first"
+    command -v curl >/dev/null || die "curl missing: run '$0 install' first"
+    local yaml_py
+    yaml_py=$(yaml_python) || die "python3 with the yaml module missing: run '$0 install' first"
+
+    # Anything still running from a previous `up` in this DIR goes first.
+    stop_all "$dir"
+    CLEANUP_DIR=$dir # until the cluster is fully up: any failure stops what was started
+    rm -rf "$dir/etcd" "$dir/etcd-lease" "$dir/certs" "$dir/env" "$dir/tokens.csv" "$dir/sa.key" \
+        "$dir/sa.pub" "$dir"/*.log
+    mkdir -p "$dir/certs"
+
+    # Credentials.
+    local admin_token lh_token norole_token
+    admin_token=$(openssl rand -hex 32)
+    lh_token=$(openssl rand -hex 32)
+    norole_token=$(openssl rand -hex 32)
+    (
+        umask 077
+        printf '%s,admin,uid-admin,"system:masters"\n' "$admin_token"
+        printf '%s,lease-holder,uid-lease-holder\n' "$lh_token"
+        printf '%s,no-role,uid-no-role\n' "$norole_token"
+    ) >"$dir/tokens.csv"
+    chmod 600 "$dir/tokens.csv"
+    openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
+
+    local ports=()
+    read -r -a ports <<<"$(free_ports 5)"
+    [[ ${#ports[@]} -eq 5 ]] || die "could not find free ports"
+    local kube_etcd=http://127.0.0.1:${ports[0]} lease_etcd=http://127.0.0.1:${ports[2]}
+    local api_port=${ports[4]}
+    local url=https://127.0.0.1:$api_port
+
+    start_etcd "$dir" etcd "${ports[0]}" "${ports[1]}"
+    start_etcd "$dir" etcd-lease "${ports[2]}" "${ports[3]}"
+    wait_etcd "$dir" etcd "$kube_etcd"
+    wait_etcd "$dir" etcd-lease "$lease_etcd"
+
+    local args=(
+        --etcd-servers="$kube_etcd"
+        --bind-address=127.0.0.1
+        --advertise-address=127.0.0.1
+        --cert-dir="$dir/certs"
+        --token-auth-file="$dir/tokens.csv"
+        --authorization-mode=RBAC
+        --service-account-issuer=https://kubernetes.default.svc
+        --service-account-key-file="$dir/sa.pub"
+        --service-account-signing-key-file="$dir/sa.key"
+        --service-cluster-ip-range=10.0.0.0/24
+        --insecure-port=0
+        --endpoint-reconciler-type=none
+    )
+    start_proc "$dir" apiserver "$KUBE_APISERVER_BIN" "${args[@]}" --secure-port="$api_port"
+
+    local ca=$dir/certs/apiserver.crt out deadline=$((SECONDS + READY_TIMEOUT))
+    while :; do
+        alive "$(cat "$dir/apiserver.pid")" || fail_with_log "$dir/apiserver.log" "kube-apiserver exited during startup"
+        if [[ -s $ca ]] && out=$(curl -sS --max-time 3 --cacert "$ca" -H "Authorization: Bearer $admin_token" \
+            "$url/readyz" 2>/dev/null) && [[ $out == ok ]]; then
+            break
+        fi
+        ((SECONDS < deadline)) || fail_with_log "$dir/apiserver.log" "kube-apiserver not ready after ${READY_TIMEOUT} s"
+        sleep 0.5
+    done
+
+    apply_rbac "$yaml_py" "$url" "$ca" "$admin_token"
+
+    local apiserver_pid kube_etcd_pid lease_etcd_pid
+    apiserver_pid=$(cat "$dir/apiserver.pid")
+    kube_etcd_pid=$(cat "$dir/etcd.pid")
+    lease_etcd_pid=$(cat "$dir/etcd-lease.pid")
+    {
+        echo "# Written by scripts/test-cluster.sh up; source it: . $dir/env"
+        echo "# Second apiserver on the same etcd: \$ACTIX_COORD_TEST_KUBE_APISERVER_BIN \$ACTIX_COORD_TEST_KUBE_APISERVER_ARGS --secure-port=PORT"
+        env_line ACTIX_COORD_TEST_K8S_URL "$url"
+        env_line ACTIX_COORD_TEST_K8S_CA "$ca"
+        env_line ACTIX_COORD_TEST_K8S_TOKEN "$lh_token"
+        env_line ACTIX_COORD_TEST_K8S_ADMIN_TOKEN "$admin_token"
+        env_line ACTIX_COORD_TEST_K8S_NOROLE_TOKEN "$norole_token"
+        env_line ACTIX_COORD_TEST_K8S_NAMESPACE "$NAMESPACE"
+        env_line ACTIX_COORD_TEST_KUBE_APISERVER_BIN "$KUBE_APISERVER_BIN"
+        env_line ACTIX_COORD_TEST_KUBE_APISERVER_ARGS "${args[*]}"
+        env_line ACTIX_COORD_TEST_KUBE_APISERVER_PID "$apiserver_pid"
+        env_line ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT "$kube_etcd"
+        env_line ACTIX_COORD_TEST_KUBE_ETCD_PID "$kube_etcd_pid"
+        env_line ACTIX_COORD_TEST_ETCD_ENDPOINT "$lease_etcd"
+        env_line ACTIX_COORD_TEST_ETCD_PID "$lease_etcd_pid"
+        env_line ACTIX_COORD_TEST_ETCD_BIN "$ETCD_BIN"
+        env_line ACTIX_COORD_TEST_DIR "$dir"
+    } >"$dir/env.tmp"
+    mv -f "$dir/env.tmp" "$dir/env"
+    CLEANUP_DIR=
+    log "cluster up in $((SECONDS - start)) s: apiserver $url (pid $apiserver_pid), etcd $kube_etcd," \
+        "lease etcd $lease_etcd; env: $dir/env"
+}
+
+env_line() {
+    # Values never contain single quotes (checked), so single-quoting is exact.
+    [[ $2 != *"'"* ]] || die "unexpected quote in $1"
+    printf "export %s='%s'\n" "$1" "$2"
+}
+
+# A python3 that has the yaml module (Debian's python3-yaml is for /usr/bin/python3; a pyenv
+# python3 earlier in PATH does not see it).
+yaml_python() {
+    local py
+    for py in /usr/bin/python3 python3; do
+        if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import yaml' 2>/dev/null; then
+            command -v "$py"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Create the test namespace, apply deploy/rbac.yaml (forced into the test namespace) and bind its
+# Role to the test user `lease-holder`. The Role the tests run under is the shipped one, verbatim.
+apply_rbac() {
+    local py=$1 url=$2 ca=$3 token=$4
+    [[ -f $RBAC_YAML ]] || die "$RBAC_YAML missing"
+    "$py" - "$url" "$ca" "$token" "$NAMESPACE" "$RBAC_YAML" "$TEST_ROLE" <<'PY'
+import json, ssl, sys, urllib.error, urllib.request
+import yaml
+
+url, ca, token, ns, path, test_role = sys.argv[1:7]
+ctx = ssl.create_default_context(cafile=ca)
+
+def create(api_path, body):
+    req = urllib.request.Request(url + api_path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": "Bearer " + token,
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=20) as r:
+            r.read()
+    except urllib.error.HTTPError as e:
+        sys.exit("POST %s failed: %s %s" % (api_path, e.code, e.read().decode(errors="replace")))
+    where = body["metadata"]["name"]
+    if body["kind"] != "Namespace":
+        where = ns + "/" + where
+    print("[test-cluster] created %s %s" % (body["kind"], where), file=sys.stderr)
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/" % ns
+PATHS = {
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/%s/serviceaccounts" % ns,
+    ("rbac.authorization.k8s.io/v1", "Role"): RBAC + "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): RBAC + "rolebindings",
+}
+
+create("/api/v1/namespaces",
+       {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+roles = []
+for d in docs:
+    key = (d.get("apiVersion"), d.get("kind"))
+    if key not in PATHS:
+        sys.exit("%s: unsupported object %s" % (path, key))
+    d["metadata"]["namespace"] = ns
+    for s in d.get("subjects") or []:
+        if s.get("kind") == "ServiceAccount":
+            s["namespace"] = ns
+    if d["kind"] == "Role":
+        roles.append(d["metadata"]["name"])
+    create(PATHS[key], d)
+if test_role not in roles:
+    sys.exit("%s defines no Role %r" % (path, test_role))
+
+create(RBAC + "rolebindings", {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    "metadata": {"name": test_role + "-test-user", "namespace": ns},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": test_role},
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "lease-holder"}],
+})
+PY
+}
+
+cmd_down() {
+    [[ $# -le 1 ]] || die "usage: $0 down [DIR]"
+    local dir=${1:-$REPO_ROOT/target/test-cluster}
+    [[ -d $dir ]] || { log "nothing in $dir"; return 0; }
+    dir=$(resolve_dir "$dir")
+    lock_dir "$dir"
+    stop_all "$dir"
+    rm -f "$dir/env"
+    log "down: $dir"
+}
+
+cmd_status() {
+    [[ $# -le 1 ]] || die "usage: $0 status [DIR]"
+    local dir=${1:-$REPO_ROOT/target/test-cluster} name pid running=0
+    if [[ ! -d $dir ]]; then
+        echo "no cluster directory $dir"
+        return 1
+    fi
+    dir=$(cd "$dir" && pwd)
+    echo "cluster directory: $dir"
+    for name in etcd etcd-lease apiserver; do
+        pid=$(cat "$dir/$name.pid" 2>/dev/null || true)
+        if [[ -n $pid ]] && alive "$pid"; then
+            echo "  $name: running (pid $pid)"
+            running=$((running + 1))
+        else
+            echo "  $name: not running"
+        fi
+    done
+    local others
+    others=$(cluster_pids "$dir")
+    echo "  processes of this directory: ${others:-none}"
+    if [[ -f $dir/env ]]; then
+        (
+            # shellcheck disable=SC1091
+            . "$dir/env"
+            echo "  apiserver: $ACTIX_COORD_TEST_K8S_URL readyz=$(curl -sS --max-time 3 \
+                --cacert "$ACTIX_COORD_TEST_K8S_CA" -H "Authorization: Bearer $ACTIX_COORD_TEST_K8S_ADMIN_TOKEN" \
+                "$ACTIX_COORD_TEST_K8S_URL/readyz" 2>&1 || true)"
+            echo "  kube etcd: $ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT health=$(curl -sS --max-time 3 \
+                "$ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT/health" 2>&1 || true)"
+            echo "  lease etcd: $ACTIX_COORD_TEST_ETCD_ENDPOINT health=$(curl -sS --max-time 3 \
+                "$ACTIX_COORD_TEST_ETCD_ENDPOINT/health" 2>&1 || true)"
+            echo "  env: $dir/env"
+        )
+    fi
+    [[ $running -eq 3 ]]
+}
+
+cmd_run() {
+    local dir_arg=
+    if [[ $# -gt 0 && $1 != -- ]]; then
+        dir_arg=$1
+        shift
+    fi
+    [[ ${1:-} == -- ]] || die "usage: $0 run [DIR] -- CMD..."
+    shift
+    [[ $# -gt 0 ]] || die "usage: $0 run [DIR] -- CMD..."
+    cmd_install
+    local dir
+    dir=$(resolve_dir "$dir_arg")
+    lock_dir "$dir"
+    CLEANUP_DIR=$dir # always `down` on exit, whatever happens
+    up_locked "$dir"
+    CLEANUP_DIR=$dir
+    # In the background + `wait`, so that a SIGTERM/SIGINT to this script is handled at once
+    # (bash runs traps only after a foreground command ends).
+    (
+        trap - INT QUIT TERM
+        # shellcheck disable=SC1091
+        . "$dir/env"
+        exec "$@"
+    ) 9>&- &
+    CHILD_PID=$!
+    local rc=0
+    wait "$CHILD_PID" || rc=$?
+    while alive "$CHILD_PID"; do # `wait` was interrupted by a trapped signal
+        rc=0
+        wait "$CHILD_PID" || rc=$?
+    done
+    log "command exited with status $rc"
+    exit "$rc"
+}
+
+main() {
+    local cmd=${1:-}
+    [[ $# -gt 0 ]] && shift
+    case $cmd in
+        install) cmd_install "$@" ;;
+        up) cmd_up "$@" ;;
+        down) cmd_down "$@" ;;
+        status) cmd_status "$@" ;;
+        run) cmd_run "$@" ;;
+        *)
+            sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+            exit 2
+            ;;
+    esac
+}
+
+# On one line: bash reads a script as it runs it, and this file may be edited (e.g. by `git pull`)
+# while a long `run` is under way.
+main "$@"; exit
