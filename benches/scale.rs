@@ -30,7 +30,11 @@ fn settings(i: usize) -> LeaseSettings {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -40,7 +44,12 @@ fn cpu_time() -> Duration {
     // Fields after the command name (which is in parentheses and may contain spaces).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
@@ -54,8 +63,15 @@ fn make_lease(backend: &str, i: usize, store: &InMemoryStore) -> SharedLease {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let backend = args.first().map(String::as_str).unwrap_or("memory").to_owned();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let backend = args
+        .first()
+        .map(String::as_str)
+        .unwrap_or("memory")
+        .to_owned();
     let count: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(100_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -68,7 +84,9 @@ fn main() {
 async fn run(backend: String, count: usize) {
     let store = InMemoryStore::new();
     let rss_before = rss_bytes();
-    let leases: Vec<SharedLease> = (0..count).map(|i| make_lease(&backend, i, &store)).collect();
+    let leases: Vec<SharedLease> = (0..count)
+        .map(|i| make_lease(&backend, i, &store))
+        .collect();
     let lost = Arc::new(AtomicUsize::new(0));
     let subscriptions: Vec<_> = leases
         .iter()
@@ -123,15 +141,33 @@ async fn run(backend: String, count: usize) {
 
     println!("backend:                 {backend}");
     println!("leases held:             {count} (ttl {TTL:?}, renewal every {RENEW:?})");
-    println!("acquire all:             {acquire_time:.2?} ({:.0} acquires/s, 64 in flight)", count as f64 / acquire_time.as_secs_f64());
+    println!(
+        "acquire all:             {acquire_time:.2?} ({:.0} acquires/s, 64 in flight)",
+        count as f64 / acquire_time.as_secs_f64()
+    );
     println!("release all:             {release_time:.2?} ({released} released)");
-    println!("memory per held lease:   {:.0} bytes (RSS {} MiB -> {} MiB)", (rss_held.saturating_sub(rss_before)) as f64 / count as f64, rss_before >> 20, rss_held >> 20);
-    println!("CPU while holding:       {:.1} % of one core ({:.2} µs per lease per renewal)", 100.0 * cpu.as_secs_f64() / hold.as_secs_f64(), cpu.as_secs_f64() * 1e6 / (count as f64 * 3.0));
-    println!("alive after holding:     {alive}/{count}, lost: {}", lost.load(Ordering::Relaxed));
+    println!(
+        "memory per held lease:   {:.0} bytes (RSS {} MiB -> {} MiB)",
+        (rss_held.saturating_sub(rss_before)) as f64 / count as f64,
+        rss_before >> 20,
+        rss_held >> 20
+    );
+    println!(
+        "CPU while holding:       {:.1} % of one core ({:.2} µs per lease per renewal)",
+        100.0 * cpu.as_secs_f64() / hold.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / (count as f64 * 3.0)
+    );
+    println!(
+        "alive after holding:     {alive}/{count}, lost: {}",
+        lost.load(Ordering::Relaxed)
+    );
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
     if backend == "memory" {
         let stats = store.stats();
-        println!("store calls:             {} acquires, {} renewals, {} releases", stats.acquires, stats.renewals, stats.releases);
+        println!(
+            "store calls:             {} acquires, {} renewals, {} releases",
+            stats.acquires, stats.renewals, stats.releases
+        );
     }
     assert_eq!(alive, count, "every lease stayed alive");
 }

@@ -62,14 +62,20 @@ impl Actor for Worker {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let token = self.info.fencing_token.value();
-        println!("[{}] singleton STARTED with fencing token {token}", self.info.owner);
+        println!(
+            "[{}] singleton STARTED with fencing token {token}",
+            self.info.owner
+        );
         self.events.log(&self.info.owner, "start", token, now_ns());
         ctx.run_interval(Duration::from_millis(50), |act, _| act.step());
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
         let token = self.info.fencing_token.value();
-        println!("[{}] singleton STOPPED after {} steps (token {token})", self.info.owner, self.steps);
+        println!(
+            "[{}] singleton STOPPED after {} steps (token {token})",
+            self.info.owner, self.steps
+        );
         self.events.log(&self.info.owner, "stop", token, now_ns());
     }
 }
@@ -84,8 +90,11 @@ impl Worker {
         self.steps += 1;
         let token = self.info.fencing_token.value();
         self.events.log(&self.info.owner, "act", token, t);
-        if self.steps % 20 == 0 {
-            println!("[{}] working with fencing token {token} (step {})", self.info.owner, self.steps);
+        if self.steps.is_multiple_of(20) {
+            println!(
+                "[{}] working with fencing token {token} (step {})",
+                self.info.owner, self.steps
+            );
         }
     }
 }
@@ -151,7 +160,10 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
     let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
     let events = Events(match &args.events {
         Some(path) => Some(Arc::new(Mutex::new(
-            std::fs::OpenOptions::new().create(true).append(true).open(path)?,
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
         ))),
         None => None,
     });

@@ -59,7 +59,7 @@ ETCD_BIN=/usr/bin/etcd
 RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
 
 # Packages needed to run the cluster and to build the crate (etcd-client needs protoc).
-RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler openssl curl ca-certificates python3 python3-yaml)
+RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl curl ca-certificates python3 python3-yaml)
 # Packages needed only to build kube-apiserver from Debian's source.
 BUILD_PKGS=(golang-go jq rsync golang-github-modern-go-reflect2-dev make tar gzip)
 

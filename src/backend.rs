@@ -1,23 +1,4 @@
 //! The small trait a storage backend implements; [`ManagedLease`](crate::ManagedLease) turns it
-//! into a full [`Lease`](crate::Lease).
-//!
-//! A backend only performs single, bounded steps against its store: one attempt to claim the
-//! lease, one renewal, one release, and optionally a watch that reports a loss as soon as the store
-//! shows one. Everything that is the same for every store lives in `ManagedLease`: retries,
-//! operation timeouts, the renewal loop and its backoff, the local monotonic deadline behind
-//! `check_alive`, reentrancy, serialisation of concurrent calls and exactly-once `on_lost`.
-//!
-//! # What a backend must guarantee
-//!
-//! * Every write that claims ownership is a compare-and-swap on the state the backend last
-//!   observed (a `resourceVersion`, an etcd revision): two owners racing produce one winner.
-//! * A contender treats another owner's claim as expired only after the TTL has passed *on its own
-//!   monotonic clock* since it observed that claim; never by comparing a timestamp written by another
-//!   machine with its own clock.
-//! * A claim or renewal is valid from the instant the call *started*: `ManagedLease` records that
-//!   instant before calling the backend and derives the local deadline from it.
-//! * Each successful [`LeaseBackend::try_acquire`] that starts a tenure returns a fencing token
-//!   strictly greater than every token any owner got for the same lease name before.
 
 use std::future::Future;
 
@@ -80,7 +61,27 @@ pub trait BackendError: std::error::Error + Send + Sync + 'static {
     fn is_transient(&self) -> bool;
 }
 
-/// A lease store. See the [module documentation](self) for what it must guarantee.
+/// A lease store: the small trait a storage backend implements.
+///
+/// into a full [`Lease`](crate::Lease).
+///
+/// A backend only performs single, bounded steps against its store: one attempt to claim the
+/// lease, one renewal, one release, and optionally a watch that reports a loss as soon as the store
+/// shows one. Everything that is the same for every store lives in `ManagedLease`: retries,
+/// operation timeouts, the renewal loop and its backoff, the local monotonic deadline behind
+/// `check_alive`, reentrancy, serialisation of concurrent calls and exactly-once `on_lost`.
+///
+/// # What a backend must guarantee
+///
+/// * Every write that claims ownership is a compare-and-swap on the state the backend last
+///   observed (a `resourceVersion`, an etcd revision): two owners racing produce one winner.
+/// * A contender treats another owner's claim as expired only after the TTL has passed *on its own
+///   monotonic clock* since it observed that claim; never by comparing a timestamp written by another
+///   machine with its own clock.
+/// * A claim or renewal is valid from the instant the call *started*: `ManagedLease` records that
+///   instant before calling the backend and derives the local deadline from it.
+/// * Each successful [`LeaseBackend::try_acquire`] that starts a tenure returns a fencing token
+///   strictly greater than every token any owner got for the same lease name before.
 ///
 /// Every method is called with the lease's validated settings; `ManagedLease` bounds each call by
 /// the operation timeout, so a backend need not apply its own.

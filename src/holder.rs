@@ -1,13 +1,4 @@
 //! [`LeaseActor`]: a lease driven by actix mailbox messages.
-//!
-//! The actor owns one lease. Send it [`Acquire`], [`Release`], [`CheckAlive`] and
-//! [`GetFencingToken`]; subscribe other actors to [`LeaseLost`] with [`SubscribeLeaseLost`]. Every
-//! live subscriber receives one `LeaseLost` per loss, straight from the lease's renewal task (it does
-//! not wait behind other messages in this actor's mailbox); subscribers that stopped are dropped.
-//!
-//! `Acquire` and `Release` run as futures: the actor keeps answering `CheckAlive` while one is in
-//! flight, and the lease itself serialises concurrent acquires and releases, so a `Release` sent
-//! after an `Acquire` takes effect after it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -92,7 +83,16 @@ impl Subscribers {
     }
 }
 
-/// An actor that owns one lease. See the [module documentation](self).
+/// An actor that owns one lease.
+///
+/// The actor owns one lease. Send it [`Acquire`], [`Release`], [`CheckAlive`] and
+/// [`GetFencingToken`]; subscribe other actors to [`LeaseLost`] with [`SubscribeLeaseLost`]. Every
+/// live subscriber receives one `LeaseLost` per loss, straight from the lease's renewal task (it does
+/// not wait behind other messages in this actor's mailbox); subscribers that stopped are dropped.
+///
+/// `Acquire` and `Release` run as futures: the actor keeps answering `CheckAlive` while one is in
+/// flight, and the lease itself serialises concurrent acquires and releases, so a `Release` sent
+/// after an `Acquire` takes effect after it.
 ///
 /// ```
 /// use actix::prelude::*;

@@ -1,40 +1,4 @@
 //! The lease contract every backend implements.
-//!
-//! A lease is a distributed lock with a time to live (TTL). At most one *owner* holds a lease
-//! *name* at a time; a holder renews it in the background; a holder that stops renewing (crash,
-//! pause, partition) loses it when the TTL runs out, and another owner can then take it.
-//!
-//! # The four operations
-//!
-//! * [`Lease::acquire`] resolves `Ok(true)` when this owner now holds the lease, `Ok(false)` when
-//!   another owner definitely holds it (after the configured retries), and `Err` when the outcome
-//!   is unknown (backend unreachable, timeout). It is reentrant: acquiring a lease this owner
-//!   already holds resolves `Ok(true)` and keeps the one renewal loop.
-//! * [`Lease::release`] resolves `Ok(true)` when the lease is definitely released, `Ok(false)` when
-//!   it definitely is not (another owner holds it), and `Err` when unknown. Releasing a lease that
-//!   is not held is a no-op. Renewal stops *before* the backend is told.
-//! * [`Lease::check_alive`] is synchronous and does no I/O: `true` only while this owner holds the
-//!   lease *and* its local monotonic deadline has not passed.
-//! * [`Lease::on_lost`] registers a handler called once per loss.
-//!
-//! # Why `check_alive` can be trusted
-//!
-//! The holder computes a deadline from its own monotonic clock: the instant its last successful
-//! renewal *started*, plus the TTL, minus a clock drift margin. A contender can only see that renewal
-//! after it happened and counts the TTL from when *it* saw it, so the holder's deadline passes first,
-//! even when the renewal task is stuck or the whole process was paused: `check_alive` reads the clock,
-//! not a flag the renewal task might fail to clear. There is no window in which `check_alive` says
-//! `true` while another owner could already hold the lease (within the clock-rate bound of the margin).
-//!
-//! # The races to keep in mind
-//!
-//! * `check_alive() == true` says the lease was held *at the moment of the call*. Work that takes
-//!   time must check again, or better, pass the [`FencingToken`] to the system it writes to so that
-//!   writes from a stale holder are rejected there.
-//! * `on_lost` handlers run on the renewal task; they must not block. A panicking handler is caught
-//!   and does not stop the others.
-//! * A loss is signalled at most once per tenure (from one successful `acquire` to the next loss or
-//!   release); a voluntary [`Lease::release`] is not a loss.
 
 use std::fmt;
 use std::future::Future;
@@ -322,7 +286,43 @@ impl Drop for LostSubscription {
     }
 }
 
-/// The lease contract. See the [module documentation](self) for the semantics and the races.
+/// The lease contract.
+///
+/// A lease is a distributed lock with a time to live (TTL). At most one *owner* holds a lease
+/// *name* at a time; a holder renews it in the background; a holder that stops renewing (crash,
+/// pause, partition) loses it when the TTL runs out, and another owner can then take it.
+///
+/// # The four operations
+///
+/// * [`Lease::acquire`] resolves `Ok(true)` when this owner now holds the lease, `Ok(false)` when
+///   another owner definitely holds it (after the configured retries), and `Err` when the outcome
+///   is unknown (backend unreachable, timeout). It is reentrant: acquiring a lease this owner
+///   already holds resolves `Ok(true)` and keeps the one renewal loop.
+/// * [`Lease::release`] resolves `Ok(true)` when the lease is definitely released, `Ok(false)` when
+///   it definitely is not (another owner holds it), and `Err` when unknown. Releasing a lease that
+///   is not held is a no-op. Renewal stops *before* the backend is told.
+/// * [`Lease::check_alive`] is synchronous and does no I/O: `true` only while this owner holds the
+///   lease *and* its local monotonic deadline has not passed.
+/// * [`Lease::on_lost`] registers a handler called once per loss.
+///
+/// # Why `check_alive` can be trusted
+///
+/// The holder computes a deadline from its own monotonic clock: the instant its last successful
+/// renewal *started*, plus the TTL, minus a clock drift margin. A contender can only see that renewal
+/// after it happened and counts the TTL from when *it* saw it, so the holder's deadline passes first,
+/// even when the renewal task is stuck or the whole process was paused: `check_alive` reads the clock,
+/// not a flag the renewal task might fail to clear. There is no window in which `check_alive` says
+/// `true` while another owner could already hold the lease (within the clock-rate bound of the margin).
+///
+/// # The races to keep in mind
+///
+/// * `check_alive() == true` says the lease was held *at the moment of the call*. Work that takes
+///   time must check again, or better, pass the [`FencingToken`] to the system it writes to so that
+///   writes from a stale holder are rejected there.
+/// * `on_lost` handlers run on the renewal task; they must not block. A panicking handler is caught
+///   and does not stop the others.
+/// * A loss is signalled at most once per tenure (from one successful `acquire` to the next loss or
+///   release); a voluntary [`Lease::release`] is not a loss.
 ///
 /// Implementations are cheap to share (`Send + Sync + 'static`) and return `Send` futures, so they
 /// can be used from any actor or task.

@@ -72,6 +72,24 @@ pub use sharding::{
     Responder, ShardAllocation, ShardCoordinator, ShardId, Submission,
 };
 pub use shared::SharedLease;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    provider_factory as etcd_provider_factory, EtcdBackend, EtcdConfig, EtcdError, EtcdLease,
+    EtcdSession, EtcdSettings, EtcdSettingsBuilder, EtcdTenure,
+    DEFAULT_CONNECT_TIMEOUT as ETCD_DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX,
+    ETCD_BACKEND,
+};
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
+#[cfg(feature = "kubernetes")]
+pub use kubernetes::{
+    is_valid_object_name as is_valid_kubernetes_object_name, object_name as kubernetes_object_name,
+    provider_factory as kubernetes_provider_factory, KubernetesBackend, KubernetesError,
+    KubernetesLease, KubernetesSettings, KubernetesStats, KubernetesTenure, KUBERNETES_BACKEND,
+    LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
+};
 pub use singleton::{
     ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
     SingletonSettings, SingletonState, SingletonStatus,

@@ -1,24 +1,4 @@
 //! [`ManagedLease`]: the one implementation of the lease contract on top of any
-//! [`LeaseBackend`].
-//!
-//! It owns what every backend shares: the acquire retry loop, the operation timeout on every call,
-//! the renewal task with its backoff, the local monotonic deadline behind `check_alive`, reentrancy,
-//! serialisation of `acquire` and `release`, and exactly-once `on_lost`.
-//!
-//! # One tenure, one renewal task
-//!
-//! A successful `acquire` starts a *tenure*: it records the fencing token and the deadline
-//! `start of the claim + ttl - clock_drift_margin`, and spawns one renewal task. The task renews every
-//! `renewal_interval`; each success moves the deadline to `start of that renewal + ttl - margin`.
-//! A failed renewal is retried with a backoff (50 ms doubling, at most a quarter of the renewal
-//! interval) until the deadline. The tenure ends in exactly one of three ways:
-//!
-//! * `release`: renewal stops first, then the backend is told; no `on_lost`.
-//! * the deadline passes (partition, pause, backend down): `on_lost` with
-//!   [`LostReason::Expired`]; `check_alive` was already `false` at the deadline because it reads
-//!   the clock itself;
-//! * the backend reports the loss (a renewal's compare-and-swap fails, or its watch sees another
-//!   holder or a deletion): `on_lost` with that reason.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +22,27 @@ const RENEW_BACKOFF_START: Duration = Duration::from_millis(50);
 const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 
 /// A [`Lease`] backed by any [`LeaseBackend`].
+///
+/// [`LeaseBackend`].
+///
+/// It owns what every backend shares: the acquire retry loop, the operation timeout on every call,
+/// the renewal task with its backoff, the local monotonic deadline behind `check_alive`, reentrancy,
+/// serialisation of `acquire` and `release`, and exactly-once `on_lost`.
+///
+/// # One tenure, one renewal task
+///
+/// A successful `acquire` starts a *tenure*: it records the fencing token and the deadline
+/// `start of the claim + ttl - clock_drift_margin`, and spawns one renewal task. The task renews every
+/// `renewal_interval`; each success moves the deadline to `start of that renewal + ttl - margin`.
+/// A failed renewal is retried with a backoff (50 ms doubling, at most a quarter of the renewal
+/// interval) until the deadline. The tenure ends in exactly one of three ways:
+///
+/// * `release`: renewal stops first, then the backend is told; no `on_lost`.
+/// * the deadline passes (partition, pause, backend down): `on_lost` with
+///   [`LostReason::Expired`]; `check_alive` was already `false` at the deadline because it reads
+///   the clock itself;
+/// * the backend reports the loss (a renewal's compare-and-swap fails, or its watch sees another
+///   holder or a deletion): `on_lost` with that reason.
 ///
 /// Backends expose it under their own name ([`InMemoryLease`](crate::InMemoryLease) is
 /// `ManagedLease<InMemoryBackend>`). Share it behind an `Arc`; dropping the last handle stops
@@ -435,10 +436,15 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
     let max_backoff = settings.renewal_interval();
     let mut backoff = WATCH_BACKOFF_START;
     loop {
+        let started = Instant::now();
         match shared.backend.watch_lost(settings, token).await {
             Ok(reason) => return reason,
             Err(error) => {
-                tracing::debug!(%error, "lease watch broke, re-establishing");
+                // A watch that worked for a while before breaking starts the backoff over.
+                if started.elapsed() >= max_backoff {
+                    backoff = WATCH_BACKOFF_START;
+                }
+                tracing::debug!(%error, retry_in = ?backoff, "lease watch broke, re-establishing");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(max_backoff);
             }

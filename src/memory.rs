@@ -1,24 +1,4 @@
 //! The in-memory backend: [`InMemoryStore`] and [`InMemoryLease`].
-//!
-//! For development, tests and the examples. Owners that share one [`InMemoryStore`] (clones share
-//! it) compete for leases exactly as they would on a real backend: a claim expires `ttl` after
-//! the store applied its last renewal, a contender can take the lease only after that instant, every
-//! write is atomic and every new tenure gets a strictly higher fencing token. Time is read from
-//! [`tokio::time::Instant`], so tests can run it under Tokio's paused clock.
-//!
-//! # Fault injection
-//!
-//! The store can simulate what goes wrong in production, per owner or for everyone:
-//!
-//! | fault | simulates |
-//! |---|---|
-//! | [`InMemoryFault::Unavailable`] | a partition or a backend that is down: calls fail at once |
-//! | [`InMemoryFault::Hang`] | a paused process or a blackholed connection: calls never answer |
-//! | [`InMemoryFault::Delay`] | a slow network: calls answer late |
-//! | [`InMemoryFault::ResponseLost`] | the request is applied, the answer is lost (outcome unknown) |
-//!
-//! and [`InMemoryStore::force_take`] / [`InMemoryStore::delete`] simulate an operator or a buggy
-//! client overwriting the record.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,7 +15,7 @@ use crate::settings::LeaseSettings;
 /// A lease on an [`InMemoryStore`].
 pub type InMemoryLease = ManagedLease<InMemoryBackend>;
 
-/// A fault the store applies to calls, see the [module documentation](self).
+/// A fault the store applies to calls; see [`InMemoryStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InMemoryFault {
@@ -95,7 +75,27 @@ pub struct InMemoryStats {
     pub releases: u64,
 }
 
-/// A process-local lease store; clones share it. See the [module documentation](self).
+/// A process-local lease store; clones share it.
+///
+/// For development, tests and the examples. Owners that share one [`InMemoryStore`] (clones share
+/// it) compete for leases exactly as they would on a real backend: a claim expires `ttl` after
+/// the store applied its last renewal, a contender can take the lease only after that instant, every
+/// write is atomic and every new tenure gets a strictly higher fencing token. Time is read from
+/// [`tokio::time::Instant`], so tests can run it under Tokio's paused clock.
+///
+/// # Fault injection
+///
+/// The store can simulate what goes wrong in production, per owner or for everyone:
+///
+/// | fault | simulates |
+/// |---|---|
+/// | [`InMemoryFault::Unavailable`] | a partition or a backend that is down: calls fail at once |
+/// | [`InMemoryFault::Hang`] | a paused process or a blackholed connection: calls never answer |
+/// | [`InMemoryFault::Delay`] | a slow network: calls answer late |
+/// | [`InMemoryFault::ResponseLost`] | the request is applied, the answer is lost (outcome unknown) |
+///
+/// and [`InMemoryStore::force_take`] / [`InMemoryStore::delete`] simulate an operator or a buggy
+/// client overwriting the record.
 #[derive(Clone, Default)]
 pub struct InMemoryStore {
     inner: Arc<StoreInner>,

@@ -1,24 +1,4 @@
 //! [`LeaseProvider`]: leases loaded from configuration, like Akka's `LeaseProvider`.
-//!
-//! A lease is identified by a triple: its *name* (the same on every node), a *config key* (which
-//! backend and timing to use) and this node's *owner* identity. The provider reads a
-//! [`CoordinationConfig`], usually deserialised from a file with serde:
-//!
-//! ```toml
-//! [leases.singleton-lease]        # the config key
-//! backend = "kubernetes"          # a built-in or registered backend name
-//! ttl = "15s"                     # timing, see `TimingConfig`; unset fields use the defaults
-//! renewal-interval = "5s"
-//!
-//! [leases.singleton-lease.kubernetes]   # the backend's own section, named like the backend
-//! namespace = "my-app"
-//! ```
-//!
-//! [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple, so every
-//! component of a process that asks for a lease gets the one instance with its one renewal loop.
-//!
-//! Built-in backends: `in-memory` (always; one [`InMemoryStore`] per provider), `kubernetes` and
-//! `etcd` with their cargo features. [`LeaseProvider::register_backend`] adds your own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -145,8 +125,27 @@ where
 
 type LeaseKey = (String, String, String);
 
-/// Loads leases by (name, config key, owner) from a [`CoordinationConfig`]. See the
-/// [module documentation](self).
+/// Loads leases by (name, config key, owner) from a [`CoordinationConfig`].
+///
+/// A lease is identified by a triple: its *name* (the same on every node), a *config key* (which
+/// backend and timing to use) and this node's *owner* identity. The provider reads a
+/// [`CoordinationConfig`], usually deserialised from a file with serde:
+///
+/// ```toml
+/// [leases.singleton-lease]        # the config key
+/// backend = "kubernetes"          # a built-in or registered backend name
+/// ttl = "15s"                     # timing, see `TimingConfig`; unset fields use the defaults
+/// renewal-interval = "5s"
+///
+/// [leases.singleton-lease.kubernetes]   # the backend's own section, named like the backend
+/// namespace = "my-app"
+/// ```
+///
+/// [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple, so every
+/// component of a process that asks for a lease gets the one instance with its one renewal loop.
+///
+/// Built-in backends: `in-memory` (always; one [`InMemoryStore`] per provider), `kubernetes` and
+/// `etcd` with their cargo features. [`LeaseProvider::register_backend`] adds your own.
 ///
 /// ```
 /// use actix_coordination::{CoordinationConfig, Lease, LeaseProvider};

@@ -1,30 +1,4 @@
 //! Lease settings: the timing of a lease, validated once at construction.
-//!
-//! Every backend reads the same [`LeaseSettings`]. They can only be built through
-//! [`LeaseSettings::builder`] (or [`LeaseSettings::new`] for the defaults), which checks every field
-//! and returns a [`SettingsError`] naming the first field that is wrong. A value of this type is
-//! therefore always consistent: the renewal interval fits twice into the TTL, each backend call is
-//! bounded by a timeout shorter than the TTL, and so on.
-//!
-//! # Defaults
-//!
-//! | setting | default | why |
-//! |---|---|---|
-//! | `ttl` | 30 s | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
-//! | `renewal_interval` | `ttl / 3` (10 s) | one failed renewal never loses the lease: two more attempts fit before the deadline |
-//! | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
-//! | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
-//! | `acquire_retry_delay` | 500 ms | long enough not to hammer the backend, short enough to notice a release soon |
-//! | `clock_drift_margin` | `ttl / 50` (600 ms) | see below |
-//!
-//! # The local deadline
-//!
-//! A holder considers itself the owner until `start of its last successful renewal + ttl -
-//! clock_drift_margin`, measured on its own monotonic clock. The backend (or a contender) can only
-//! see the renewal *after* it started, and counts the TTL from then, so the holder's deadline always
-//! comes first; the margin absorbs a difference in clock *rate* between the two machines (NTP slewing
-//! is bounded by 500 ppm, the default margin covers 2 %) and the time it takes to deliver the
-//! lost notification.
 
 use std::time::Duration;
 
@@ -133,6 +107,32 @@ impl SettingsError {
 }
 
 /// The validated settings of one lease: its name, this node's owner identity and its timing.
+///
+/// Every backend reads the same [`LeaseSettings`]. They can only be built through
+/// [`LeaseSettings::builder`] (or [`LeaseSettings::new`] for the defaults), which checks every field
+/// and returns a [`SettingsError`] naming the first field that is wrong. A value of this type is
+/// therefore always consistent: the renewal interval fits twice into the TTL, each backend call is
+/// bounded by a timeout shorter than the TTL, and so on.
+///
+/// # Defaults
+///
+/// | setting | default | why |
+/// |---|---|---|
+/// | `ttl` | 30 s | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
+/// | `renewal_interval` | `ttl / 3` (10 s) | one failed renewal never loses the lease: two more attempts fit before the deadline |
+/// | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
+/// | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
+/// | `acquire_retry_delay` | 500 ms | long enough not to hammer the backend, short enough to notice a release soon |
+/// | `clock_drift_margin` | `ttl / 50` (600 ms) | see below |
+///
+/// # The local deadline
+///
+/// A holder considers itself the owner until `start of its last successful renewal + ttl -
+/// clock_drift_margin`, measured on its own monotonic clock. The backend (or a contender) can only
+/// see the renewal *after* it started, and counts the TTL from then, so the holder's deadline always
+/// comes first; the margin absorbs a difference in clock *rate* between the two machines (NTP slewing
+/// is bounded by 500 ppm, the default margin covers 2 %) and the time it takes to deliver the
+/// lost notification.
 ///
 /// Build them with [`LeaseSettings::new`] (all defaults) or [`LeaseSettings::builder`].
 ///

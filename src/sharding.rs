@@ -1,19 +1,4 @@
 //! Gating a sharding coordinator on a lease: [`CoordinatorGate`] and the reference
-//! [`ShardCoordinator`].
-//!
-//! During a network partition two sides of a cluster can each elect a coordinator; if both allocate
-//! shards, one shard ends up hosted twice. A coordinator that holds a lease cannot have a twin:
-//!
-//! 1. it acquires the lease before it processes allocation requests; requests that arrive meanwhile
-//!    wait (they are queued in the gate);
-//! 2. it checks the lease ([`CoordinatorGate::admit`]) right before each allocation, and refuses with
-//!    [`GateError`] when the lease is not alive;
-//! 3. when the lease is lost, it rejects every pending request with [`GateError::LeaseLost`] and
-//!    stops ([`CoordinatorGate::close`]).
-//!
-//! [`ShardCoordinator`] is a complete coordinator built that way: regions register by address, and
-//! each new shard goes to the region hosting the fewest shards. Use it as is, or as the pattern for
-//! your own coordinator.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -78,7 +63,23 @@ pub enum Submission<Req, Res> {
     Refused(GateError),
 }
 
-/// The lease gate of a coordinator actor; see the [module documentation](self).
+/// The lease gate of a coordinator actor.
+///
+/// [`ShardCoordinator`].
+///
+/// During a network partition two sides of a cluster can each elect a coordinator; if both allocate
+/// shards, one shard ends up hosted twice. A coordinator that holds a lease cannot have a twin:
+///
+/// 1. it acquires the lease before it processes allocation requests; requests that arrive meanwhile
+///    wait (they are queued in the gate);
+/// 2. it checks the lease ([`CoordinatorGate::admit`]) right before each allocation, and refuses with
+///    [`GateError`] when the lease is not alive;
+/// 3. when the lease is lost, it rejects every pending request with [`GateError::LeaseLost`] and
+///    stops ([`CoordinatorGate::close`]).
+///
+/// [`ShardCoordinator`] is a complete coordinator built that way: regions register by address, and
+/// each new shard goes to the region hosting the fewest shards. Use it as is, or as the pattern for
+/// your own coordinator.
 #[derive(Debug)]
 pub struct CoordinatorGate<L: Lease, Req, Res> {
     lease: Arc<L>,
@@ -233,7 +234,7 @@ enum Answer {
 #[rtype(result = "()")]
 struct Acquired(Result<bool, crate::lease::LeaseError>);
 
-/// The reference shard coordinator; see the [module documentation](self).
+/// The reference shard coordinator, built on [`CoordinatorGate`] (see there for the pattern).
 ///
 /// An allocation completes when the chosen region has acknowledged [`HostShard`]; until then it
 /// is *pending*, and a lease loss rejects it. The coordinator stops after losing its lease; on a

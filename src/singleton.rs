@@ -1,31 +1,4 @@
 //! [`ClusterSingletonManager`]: run one instance of an actor across a fleet, guarded by a lease.
-//!
-//! Start one manager on every node, each with a lease of the same name and its own owner identity.
-//! The manager that acquires the lease starts the singleton; the others keep trying.
-//!
-//! # The lifecycle on one node
-//!
-//! 1. **Acquire.** The manager waits for the lease with [`Lease::acquire_within`] (watch-based on
-//!    backends that support it, so a release elsewhere is noticed within a round trip). `Ok(true)`
-//!    starts the singleton, telling it its [`FencingToken`] through [`SingletonInfo`]. `Ok(false)`
-//!    (still held elsewhere after waiting two TTLs) competes again after a short jittered pause. An
-//!    error retries with an exponential backoff capped at [`SingletonSettings::max_error_backoff`]
-//!    and is logged.
-//! 2. **Lease lost.** The singleton is stopped at once; only when it *has* stopped does the manager
-//!    try to acquire again, so this node never runs two instances, and the instance of a node that
-//!    lost its lease stops at the holder's local deadline, before any other node can acquire.
-//! 3. **The singleton stops or panics on its own** while the lease is held: it is restarted, at most
-//!    [`SingletonSettings::max_restarts`] times within [`SingletonSettings::restart_window`]; past that
-//!    the manager releases the lease, lets another node try, and competes again after
-//!    [`SingletonSettings::give_up_pause`].
-//! 4. **Graceful shutdown** ([`Shutdown`], the manager being stopped, or SIGTERM / ctrl-c with
-//!    [`SingletonSettings::handle_signals`]): the singleton is stopped, the manager waits until it
-//!    has stopped, then releases the lease, so another node takes over at once instead of after the
-//!    TTL. `System::stop` alone does not give actors time to finish: send [`Shutdown`] (or use
-//!    `handle_signals`) first.
-//! 5. **Eligibility.** [`SetEligible(false)`](SetEligible) (for example on a membership component's
-//!    leader-changed event) stops the singleton, releases the lease and stops competing;
-//!    `SetEligible(true)` competes again. Every node is eligible by default.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -188,8 +161,34 @@ enum Phase<A: Actor> {
 
 type Factory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A;
 
-/// Runs a singleton actor on whichever node holds the lease. See the
-/// [module documentation](self).
+/// Runs a singleton actor on whichever node holds the lease.
+///
+/// Start one manager on every node, each with a lease of the same name and its own owner identity.
+/// The manager that acquires the lease starts the singleton; the others keep trying.
+///
+/// # The lifecycle on one node
+///
+/// 1. **Acquire.** The manager waits for the lease with [`Lease::acquire_within`] (watch-based on
+///    backends that support it, so a release elsewhere is noticed within a round trip). `Ok(true)`
+///    starts the singleton, telling it its [`FencingToken`] through [`SingletonInfo`]. `Ok(false)`
+///    (still held elsewhere after waiting two TTLs) competes again after a short jittered pause. An
+///    error retries with an exponential backoff capped at [`SingletonSettings::max_error_backoff`]
+///    and is logged.
+/// 2. **Lease lost.** The singleton is stopped at once; only when it *has* stopped does the manager
+///    try to acquire again, so this node never runs two instances, and the instance of a node that
+///    lost its lease stops at the holder's local deadline, before any other node can acquire.
+/// 3. **The singleton stops or panics on its own** while the lease is held: it is restarted, at most
+///    [`SingletonSettings::max_restarts`] times within [`SingletonSettings::restart_window`]; past that
+///    the manager releases the lease, lets another node try, and competes again after
+///    [`SingletonSettings::give_up_pause`].
+/// 4. **Graceful shutdown** ([`Shutdown`], the manager being stopped, or SIGTERM / ctrl-c with
+///    [`SingletonSettings::handle_signals`]): the singleton is stopped, the manager waits until it
+///    has stopped, then releases the lease, so another node takes over at once instead of after the
+///    TTL. `System::stop` alone does not give actors time to finish: send [`Shutdown`] (or use
+///    `handle_signals`) first.
+/// 5. **Eligibility.** [`SetEligible(false)`](SetEligible) (for example on a membership component's
+///    leader-changed event) stops the singleton, releases the lease and stops competing;
+///    `SetEligible(true)` competes again. Every node is eligible by default.
 ///
 /// ```
 /// use actix::prelude::*;

@@ -1,11 +1,16 @@
 //! Helpers shared by the integration tests: the generic lease contract suite and its fixtures.
 #![allow(dead_code)]
 
+#[cfg(feature = "etcd")]
+pub mod chaos;
 pub mod contract;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod proxy;
 
 /// Expands to one `#[test]` per case of the contract suite, each building its fixture with
-/// `$fixture` (an async expression) and running under the test attribute given.
+/// `$fixture` (a plain expression, evaluated inside the test's runtime) and running under the
+/// test attribute given.
 ///
 /// ```ignore
 /// contract_suite!(fixture = InMemoryFixture::new(), test = #[tokio::test(start_paused = true)]);

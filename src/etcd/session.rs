@@ -1,0 +1,827 @@
+//! [`EtcdSession`]: one etcd client per cluster, with the etcd leases shared by the leases of a
+//! process and their keep-alive loops.
+//!
+//! # Shared etcd leases ("grants")
+//!
+//! The session keeps at most one *current* grant per TTL (in whole seconds). Claiming a lease
+//! registers a user on the current grant (granting a new etcd lease when there is none, or when
+//! the current one is lost or has little validity left) before the claim's transaction; the user
+//! stays registered for the whole tenure. Each grant has one task that keeps it alive:
+//!
+//! * keep-alives are driven by the users' renewals: a renewal asks for a keep-alive *sent after the
+//!   renewal started*, unless one sent within the last half renewal interval succeeded already
+//!   (so many leases renewing at about the same time share one). Holders therefore report exactly
+//!   the keep-alive that extended their key, and a process sends about one keep-alive per renewal
+//!   interval, however many leases it holds. One keep-alive stream carries them; a success
+//!   records the instant the request was *sent*, a failure is recorded and retried with a
+//!   backoff when the next renewal asks;
+//! * a keep-alive answered with TTL 0, or no successful keep-alive for a whole TTL, marks the grant
+//!   lost: every user's watch fires and new claims use a new grant;
+//! * without users it lingers for one renewal interval (contenders retry soon, and reuse it), then
+//!   leaves the session and revokes the etcd lease, unless the key of a dropped (crashed) tenure is
+//!   still attached to it: that key must expire on its own, so the lease is left to expire.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::runtime::Handle;
+use tokio::sync::{watch, Notify, OnceCell};
+use tokio::time::{sleep_until, timeout, Instant};
+use tracing::Instrument;
+
+use super::watch::{WatchHandle, WatchHub};
+use super::{EtcdError, EtcdSettings};
+use crate::managed::ManagedLease;
+use crate::settings::LeaseSettings;
+
+/// HTTP/2 pings detect a dead connection (etcd refuses pings more often than every 5 s).
+const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// First delay before retrying a failed keep-alive; doubles up to a quarter of the interval.
+const KEEP_ALIVE_BACKOFF_START: Duration = Duration::from_millis(100);
+/// Bound on the best-effort revocation of an unused etcd lease.
+const REVOKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection to one etcd cluster, shared by many leases; clones share it.
+///
+/// It owns the etcd client (connected lazily on first use, or eagerly with
+/// [`EtcdSession::connect`]), the etcd leases shared by all leases of the session that have the
+/// same TTL with their keep-alive loops, and one multiplexed watch stream. See the
+/// [`EtcdLease`](super::EtcdLease) documentation for what is shared and why.
+///
+/// Background tasks run on the Tokio runtime that first uses the session.
+#[derive(Clone)]
+pub struct EtcdSession {
+    pub(super) inner: Arc<SessionInner>,
+}
+
+pub(super) struct SessionInner {
+    settings: EtcdSettings,
+    client: OnceCell<Client>,
+    runtime: OnceLock<Handle>,
+    hub: OnceLock<WatchHub>,
+    grants: tokio::sync::Mutex<HashMap<i64, Arc<Grant>>>,
+    next_user: AtomicU64,
+}
+
+impl fmt::Debug for EtcdSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdSession")
+            .field("settings", &self.inner.settings)
+            .field("connected", &self.inner.client.initialized())
+            .finish()
+    }
+}
+
+impl EtcdSession {
+    /// A session for the cluster of `settings`; it connects on first use, from within a Tokio
+    /// runtime.
+    pub fn new(settings: EtcdSettings) -> Self {
+        Self {
+            inner: Arc::new(SessionInner {
+                settings,
+                client: OnceCell::new(),
+                runtime: OnceLock::new(),
+                hub: OnceLock::new(),
+                grants: tokio::sync::Mutex::new(HashMap::new()),
+                next_user: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A session for the cluster of `settings`, connected now: it authenticates (when credentials
+    /// are set) and reads the key prefix once, so that an unreachable cluster, wrong credentials or
+    /// a missing permission show up here rather than at the first `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// [`EtcdError`]: [`Unavailable`](EtcdError::Unavailable) or
+    /// [`Timeout`](EtcdError::Timeout) when etcd cannot be reached within the connect timeout,
+    /// [`Unauthenticated`](EtcdError::Unauthenticated) or
+    /// [`PermissionDenied`](EtcdError::PermissionDenied) for credential problems.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is written to etcd.
+    pub async fn connect(settings: EtcdSettings) -> Result<Self, EtcdError> {
+        let session = Self::new(settings);
+        let mut kv = session.inner.client().await?.kv_client();
+        let prefix = session.inner.settings.prefix().to_owned();
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        let connect_timeout = session.inner.settings.connect_timeout();
+        match timeout(connect_timeout, kv.get(prefix, Some(options))).await {
+            Ok(Ok(_)) => Ok(session),
+            Ok(Err(e)) => Err(EtcdError::from_client("connect", 0, e)),
+            Err(_) => Err(EtcdError::Timeout {
+                operation: "connect",
+                timeout: connect_timeout,
+            }),
+        }
+    }
+
+    /// The settings of this session.
+    pub fn settings(&self) -> &EtcdSettings {
+        &self.inner.settings
+    }
+
+    /// A lease with `settings` on this session (same as [`EtcdLease::new`](crate::EtcdLease)).
+    pub fn lease(&self, settings: LeaseSettings) -> ManagedLease<super::EtcdBackend> {
+        ManagedLease::<super::EtcdBackend>::new(settings, self)
+    }
+
+    /// The etcd lease ids new claims of this session would use now, one per TTL in use (for
+    /// diagnostics and tests); no request is sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn shared_lease_ids(&self) -> Vec<i64> {
+        let grants = self.inner.grants.lock().await;
+        let mut ids: Vec<i64> = grants.values().map(|g| g.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+impl SessionInner {
+    /// The client, connecting first if needed.
+    pub(super) async fn client(&self) -> Result<Client, EtcdError> {
+        let client = self
+            .client
+            .get_or_try_init(|| self.connect_client())
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// The client if it is connected already.
+    pub(super) fn connected_client(&self) -> Option<Client> {
+        self.client.get().cloned()
+    }
+
+    async fn connect_client(&self) -> Result<Client, EtcdError> {
+        let settings = &self.settings;
+        let connect_timeout = settings.connect_timeout();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(connect_timeout)
+            .with_keep_alive(HTTP2_KEEP_ALIVE_INTERVAL, HTTP2_KEEP_ALIVE_TIMEOUT)
+            .with_keep_alive_while_idle(false)
+            .with_require_leader(true);
+        if let Some((user, password)) = settings.credentials() {
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
+        }
+        let _ = self.runtime.set(Handle::current());
+        match timeout(
+            connect_timeout,
+            Client::connect(settings.endpoints(), Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(client)) => {
+                tracing::debug!(endpoints = ?settings.endpoints(), user = ?settings.user(), "etcd client created");
+                Ok(client)
+            }
+            Ok(Err(e)) => Err(EtcdError::from_client("connect", 0, e)),
+            Err(_) => Err(EtcdError::Timeout {
+                operation: "connect",
+                timeout: connect_timeout,
+            }),
+        }
+    }
+
+    /// Runs `future` on the session's runtime (the one that connected it), or the current one.
+    pub(super) fn spawn<F>(&self, future: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let handle = self
+            .runtime
+            .get()
+            .cloned()
+            .or_else(|| Handle::try_current().ok());
+        if let Some(handle) = handle {
+            handle.spawn(future);
+        }
+    }
+
+    /// Watches `key` over the session's shared watch stream.
+    pub(super) async fn watch(
+        &self,
+        key: Vec<u8>,
+        start_revision: i64,
+        deletes_only: bool,
+    ) -> Result<WatchHandle, EtcdError> {
+        let client = self.client().await?;
+        let hub = self.hub.get_or_init(|| {
+            let runtime = self.runtime.get().cloned().unwrap_or_else(Handle::current);
+            WatchHub::start(
+                &runtime,
+                client.watch_client(),
+                self.settings.connect_timeout(),
+            )
+        });
+        Ok(hub.watch(key, start_revision, deletes_only))
+    }
+
+    /// Registers a user on the current grant for `settings.ttl()`, granting a new etcd lease if
+    /// there is no usable one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a grant made by a cancelled call is kept for the next one, or revoked when
+    /// unused.
+    pub(super) async fn register(
+        self: &Arc<Self>,
+        client: &Client,
+        settings: &LeaseSettings,
+    ) -> Result<Registration, EtcdError> {
+        let ttl_secs = etcd_ttl_secs(settings.ttl());
+        let timing = Timing {
+            interval: settings.renewal_interval(),
+            timeout: settings.operation_timeout(),
+        };
+        let user = self.next_user.fetch_add(1, Ordering::Relaxed);
+        let mut grants = self.grants.lock().await;
+        if let Some(grant) = grants.get(&ttl_secs) {
+            if grant.usable(Instant::now()) {
+                return Ok(Grant::register(grant, user, timing));
+            }
+            // Lost or stale: its remaining users keep it; new claims get a new etcd lease.
+            grants.remove(&ttl_secs);
+        }
+        let mut lease_client = client.lease_client();
+        let sent = Instant::now();
+        let response = lease_client
+            .grant(ttl_secs, None)
+            .await
+            .map_err(|e| EtcdError::from_client("grant an etcd lease", 0, e))?;
+        let id = response.id();
+        if response.ttl() < ttl_secs {
+            let _ = timeout(REVOKE_TIMEOUT, lease_client.revoke(id)).await;
+            return Err(EtcdError::UnexpectedResponse {
+                operation: "grant an etcd lease",
+                detail: format!(
+                    "asked for a ttl of {ttl_secs} s, etcd granted {} s",
+                    response.ttl()
+                ),
+            });
+        }
+        if response.ttl() > ttl_secs {
+            tracing::warn!(lease_id = %format_args!("{id:x}"), requested = ttl_secs, granted = response.ttl(), "etcd granted a longer ttl than requested (its minimum ttl): contenders wait longer");
+        }
+        let ttl = Duration::from_secs(response.ttl().unsigned_abs());
+        let grant = Arc::new(Grant::new(id, ttl, sent));
+        let registration = Grant::register(&grant, user, timing);
+        grants.insert(ttl_secs, Arc::clone(&grant));
+        drop(grants);
+        tracing::debug!(lease_id = %format_args!("{id:x}"), ttl_secs, "granted a shared etcd lease");
+        let span = tracing::debug_span!("etcd_keep_alive", lease_id = %format_args!("{id:x}"));
+        self.spawn(
+            keep_alive_loop(Arc::downgrade(self), grant, ttl_secs, lease_client).instrument(span),
+        );
+        Ok(registration)
+    }
+}
+
+/// etcd counts TTLs in whole seconds: round up, at least 1.
+pub(super) fn etcd_ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The renewal timing one user needs from the keep-alive loop.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    interval: Duration,
+    timeout: Duration,
+}
+
+/// What the users of a grant read; published by its keep-alive loop.
+#[derive(Debug, Clone)]
+pub(super) struct GrantState {
+    /// When the latest successful keep-alive (or the grant request) was sent.
+    pub(super) last_ok: Instant,
+    /// When the latest keep-alive attempt that failed was sent, and its error, if the latest
+    /// attempt failed.
+    pub(super) failure: Option<(Instant, String)>,
+    /// Why the grant is lost, once it is.
+    pub(super) lost: Option<String>,
+}
+
+/// The answer to a renewal's request for a fresh keep-alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Freshness {
+    /// A keep-alive sent at this instant succeeded.
+    Renewed(Instant),
+    /// The keep-alive sent for this renewal failed.
+    Failed(String),
+    /// The etcd lease is gone.
+    Lost(String),
+}
+
+#[derive(Default)]
+struct Users {
+    active: HashMap<u64, Timing>,
+    /// A dropped tenure's key is attached: never revoke, let the etcd lease expire.
+    keep_keys: bool,
+}
+
+/// One shared etcd lease.
+pub(super) struct Grant {
+    id: i64,
+    ttl: Duration,
+    state: watch::Sender<GrantState>,
+    users: Mutex<Users>,
+    users_changed: Notify,
+    /// A renewal waits for a keep-alive.
+    demand: Notify,
+}
+
+impl Grant {
+    fn new(id: i64, ttl: Duration, sent: Instant) -> Self {
+        Self {
+            id,
+            ttl,
+            state: watch::Sender::new(GrantState {
+                last_ok: sent,
+                failure: None,
+                lost: None,
+            }),
+            users: Mutex::new(Users::default()),
+            users_changed: Notify::new(),
+            demand: Notify::new(),
+        }
+    }
+
+    /// The etcd lease id.
+    pub(super) fn id(&self) -> i64 {
+        self.id
+    }
+
+    pub(super) fn state(&self) -> GrantState {
+        self.state.borrow().clone()
+    }
+
+    pub(super) fn subscribe(&self) -> watch::Receiver<GrantState> {
+        self.state.subscribe()
+    }
+
+    fn lock_users(&self) -> MutexGuard<'_, Users> {
+        self.users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether new claims may use it: not lost, and at least half its TTL of validity left.
+    fn usable(&self, now: Instant) -> bool {
+        let state = self.state.borrow();
+        state.lost.is_none() && now + self.ttl / 2 < state.last_ok + self.ttl
+    }
+
+    fn register(this: &Arc<Self>, user: u64, timing: Timing) -> Registration {
+        this.lock_users().active.insert(user, timing);
+        this.users_changed.notify_one();
+        Registration {
+            grant: Arc::clone(this),
+            user,
+            keep_key: false,
+        }
+    }
+
+    /// Marks the grant lost (once) and wakes every user's watch.
+    pub(super) fn lose(&self, reason: String) {
+        self.state.send_if_modified(|state| {
+            if state.lost.is_some() {
+                return false;
+            }
+            tracing::warn!(lease_id = %format_args!("{:x}", self.id), %reason, "shared etcd lease lost");
+            state.lost = Some(reason);
+            true
+        });
+    }
+
+    fn succeeded(&self, sent: Instant) {
+        self.state.send_modify(|state| {
+            state.last_ok = state.last_ok.max(sent);
+            state.failure = None;
+        });
+    }
+
+    fn failed(&self, sent: Instant, error: String) {
+        tracing::debug!(%error, "keep-alive of a shared etcd lease failed");
+        self.state
+            .send_modify(|state| state.failure = Some((sent, error)));
+    }
+
+    /// Waits for a keep-alive sent at or after `start`, or accepts one sent at most `tolerance`
+    /// before it; asks the keep-alive loop for one if needed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the keep-alive still happens and serves the next renewal.
+    pub(super) async fn fresh_keep_alive(&self, start: Instant, tolerance: Duration) -> Freshness {
+        let mut state = self.state.subscribe();
+        {
+            let current = state.borrow_and_update();
+            if let Some(reason) = &current.lost {
+                return Freshness::Lost(reason.clone());
+            }
+            if current.last_ok + tolerance >= start {
+                return Freshness::Renewed(current.last_ok);
+            }
+        }
+        self.demand.notify_one();
+        let answered = state
+            .wait_for(|s| {
+                s.lost.is_some()
+                    || s.last_ok >= start
+                    || s.failure.as_ref().is_some_and(|(sent, _)| *sent >= start)
+            })
+            .await;
+        // The sender lives in `self`: waiting cannot fail.
+        let Ok(current) = answered else {
+            return Freshness::Failed("the keep-alive loop stopped".into());
+        };
+        if let Some(reason) = &current.lost {
+            Freshness::Lost(reason.clone())
+        } else if current.last_ok >= start {
+            Freshness::Renewed(current.last_ok)
+        } else {
+            let error = current.failure.as_ref().map(|(_, e)| e.clone());
+            Freshness::Failed(error.unwrap_or_default())
+        }
+    }
+
+    /// `(the timing the users need, whether a dropped tenure's key is attached)`; no timing
+    /// without users.
+    fn users_snapshot(&self) -> (Option<Timing>, bool) {
+        let users = self.lock_users();
+        let timing = users.active.values().copied().reduce(|a, b| Timing {
+            interval: a.interval.min(b.interval),
+            timeout: a.timeout.min(b.timeout),
+        });
+        (timing, users.keep_keys)
+    }
+}
+
+/// A user of a grant, for the duration of one claim attempt or tenure.
+pub(super) struct Registration {
+    grant: Arc<Grant>,
+    user: u64,
+    keep_key: bool,
+}
+
+impl Registration {
+    pub(super) fn grant(&self) -> &Arc<Grant> {
+        &self.grant
+    }
+
+    /// The user's key stays attached after this registration ends (a dropped tenure): the etcd
+    /// lease must then expire rather than be revoked.
+    pub(super) fn keep_key_attached(&mut self, keep: bool) {
+        self.keep_key = keep;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut users = self.grant.lock_users();
+        users.active.remove(&self.user);
+        users.keep_keys |= self.keep_key;
+        drop(users);
+        self.grant.users_changed.notify_one();
+    }
+}
+
+enum Wake {
+    Expired,
+    UsersChanged,
+    Demand,
+    Unsolicited(Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>),
+    Due,
+}
+
+type KeepAliveStream = (LeaseKeeper, LeaseKeepAliveStream);
+
+/// Keeps `grant` alive for its users; see the module documentation.
+async fn keep_alive_loop(
+    session: Weak<SessionInner>,
+    grant: Arc<Grant>,
+    ttl_secs: i64,
+    mut client: LeaseClient,
+) {
+    let mut stream: Option<KeepAliveStream> = None;
+    let mut backoff = KEEP_ALIVE_BACKOFF_START;
+    let mut retry_at = Instant::now();
+    let mut requested = false;
+    let mut idle_since: Option<Instant> = None;
+    let mut linger = Duration::from_secs(1);
+    loop {
+        let (timing, _) = grant.users_snapshot();
+        let state = grant.state();
+        if state.lost.is_some() {
+            retire(&session, &grant, ttl_secs).await;
+            return;
+        }
+        let expires = state.last_ok + grant.ttl;
+        let Some(timing) = timing else {
+            // No users: linger a little for the next claim, then leave.
+            requested = false;
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            tokio::select! {
+                _ = grant.users_changed.notified() => continue,
+                _ = sleep_until((since + linger).min(expires)) => {}
+            }
+            if let Some(keep) = close_if_unused(&session, &grant, ttl_secs).await {
+                if !keep && Instant::now() < expires {
+                    match timeout(REVOKE_TIMEOUT, client.revoke(grant.id)).await {
+                        Ok(Ok(_)) => tracing::debug!("revoked the unused shared etcd lease"),
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "revoking an unused etcd lease failed; it expires on its own")
+                        }
+                        Err(_) => tracing::debug!(
+                            "revoking an unused etcd lease timed out; it expires on its own"
+                        ),
+                    }
+                } else {
+                    tracing::debug!(keep_keys = keep, "unused shared etcd lease left to expire");
+                }
+                return;
+            }
+            continue;
+        };
+        idle_since = None;
+        linger = timing.interval;
+        let due = requested.then_some(retry_at);
+        let wake = {
+            let unsolicited = stream.as_mut();
+            tokio::select! {
+                biased;
+                _ = sleep_until(expires) => Wake::Expired,
+                _ = grant.users_changed.notified() => Wake::UsersChanged,
+                _ = sleep_until(due.unwrap_or(expires)), if due.is_some() => Wake::Due,
+                _ = grant.demand.notified() => Wake::Demand,
+                message = async { unsolicited.expect("guarded").1.message().await }, if unsolicited.is_some() => {
+                    Wake::Unsolicited(message)
+                }
+            }
+        };
+        let (sent, failure) = match wake {
+            Wake::Expired => {
+                grant.lose(format!(
+                    "no successful keep-alive of etcd lease {:x} within its ttl of {:?}{}",
+                    grant.id,
+                    grant.ttl,
+                    state
+                        .failure
+                        .as_ref()
+                        .map(|(_, e)| format!(" (last error: {e})"))
+                        .unwrap_or_default()
+                ));
+                continue;
+            }
+            Wake::UsersChanged => continue,
+            Wake::Demand => {
+                requested = true;
+                continue;
+            }
+            Wake::Unsolicited(Ok(Some(response))) if response.ttl() <= 0 => {
+                grant.lose(ttl_zero(grant.id));
+                continue;
+            }
+            // A late answer: nothing to learn from it.
+            Wake::Unsolicited(Ok(Some(_))) => continue,
+            Wake::Unsolicited(Ok(None)) => (
+                Instant::now(),
+                "the keep-alive stream was closed by etcd".to_owned(),
+            ),
+            Wake::Unsolicited(Err(error)) => {
+                (Instant::now(), format!("keep-alive stream broke: {error}"))
+            }
+            Wake::Due => {
+                requested = false;
+                let sent = Instant::now();
+                match timeout(
+                    timing.timeout,
+                    keep_alive_once(&mut client, &mut stream, grant.id),
+                )
+                .await
+                {
+                    Ok(Ok(true)) => {
+                        grant.succeeded(sent);
+                        backoff = KEEP_ALIVE_BACKOFF_START;
+                        continue;
+                    }
+                    Ok(Ok(false)) => {
+                        grant.lose(ttl_zero(grant.id));
+                        continue;
+                    }
+                    Ok(Err(error)) => (sent, format!("keep-alive failed: {error}")),
+                    Err(_) => (
+                        sent,
+                        format!("keep-alive unanswered after {:?}", timing.timeout),
+                    ),
+                }
+            }
+        };
+        // Start over on a new stream: an answer on the old one could be mistaken for the next.
+        stream = None;
+        grant.failed(sent, failure);
+        retry_at = Instant::now() + backoff;
+        backoff = (backoff * 2).min((timing.interval / 4).max(KEEP_ALIVE_BACKOFF_START));
+    }
+}
+
+fn ttl_zero(id: i64) -> String {
+    format!("etcd lease {id:x} expired or was revoked (keep-alive answered ttl 0)")
+}
+
+/// One keep-alive round trip; `Ok(false)` when etcd says the lease does not exist.
+async fn keep_alive_once(
+    client: &mut LeaseClient,
+    stream: &mut Option<KeepAliveStream>,
+    id: i64,
+) -> Result<bool, etcd_client::Error> {
+    if let Some((keeper, responses)) = stream.as_mut() {
+        keeper.keep_alive().await?;
+        return match responses.message().await? {
+            Some(response) => Ok(response.ttl() > 0),
+            None => Err(etcd_client::Error::LeaseKeepAliveError(
+                "the keep-alive stream was closed by etcd".into(),
+            )),
+        };
+    }
+    // Opening the stream sends the first keep-alive and waits for its answer.
+    match client.keep_alive(id).await {
+        Ok(opened) => {
+            *stream = Some(opened);
+            Ok(true)
+        }
+        // etcd-client reports a first answer with ttl 0 this way.
+        Err(etcd_client::Error::LeaseKeepAliveError(message)) if message == "lease not found" => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Removes `grant` from the session if it is unused; returns whether a dropped tenure's key is
+/// attached, or `None` if it got a user meanwhile.
+async fn close_if_unused(
+    session: &Weak<SessionInner>,
+    grant: &Arc<Grant>,
+    ttl_secs: i64,
+) -> Option<bool> {
+    let session = session.upgrade();
+    // Registration happens under the map lock: holding it, an unused grant stays unused.
+    let mut grants = match &session {
+        Some(session) => Some(session.grants.lock().await),
+        None => None,
+    };
+    let users = grant.lock_users();
+    if !users.active.is_empty() {
+        return None;
+    }
+    if let Some(grants) = grants.as_mut() {
+        if grants.get(&ttl_secs).is_some_and(|g| Arc::ptr_eq(g, grant)) {
+            grants.remove(&ttl_secs);
+        }
+    }
+    Some(users.keep_keys)
+}
+
+/// Removes a lost grant from the session.
+async fn retire(session: &Weak<SessionInner>, grant: &Arc<Grant>, ttl_secs: i64) {
+    if let Some(session) = session.upgrade() {
+        let mut grants = session.grants.lock().await;
+        if grants.get(&ttl_secs).is_some_and(|g| Arc::ptr_eq(g, grant)) {
+            grants.remove(&ttl_secs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(etcd_ttl_secs(Duration::from_secs(3)), 3);
+        assert_eq!(etcd_ttl_secs(Duration::from_millis(2500)), 3);
+        assert_eq!(etcd_ttl_secs(Duration::from_millis(10)), 1);
+        assert_eq!(etcd_ttl_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn grants_are_usable_while_half_their_ttl_is_left_and_not_lost() {
+        let t0 = Instant::now();
+        let grant = Arc::new(Grant::new(1, Duration::from_secs(10), t0));
+        assert!(grant.usable(t0));
+        assert!(grant.usable(t0 + Duration::from_millis(4999)));
+        assert!(!grant.usable(t0 + Duration::from_secs(5)));
+        grant.succeeded(t0 + Duration::from_secs(4));
+        assert!(grant.usable(t0 + Duration::from_secs(8)));
+        // An older success never moves the instant back.
+        grant.succeeded(t0);
+        assert_eq!(grant.state().last_ok, t0 + Duration::from_secs(4));
+        grant.lose("gone".into());
+        assert!(!grant.usable(t0 + Duration::from_secs(4)));
+        grant.lose("again".into());
+        assert_eq!(grant.state().lost.as_deref(), Some("gone"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn users_set_the_keep_alive_timing_and_dropped_tenures_keep_their_key() {
+        let grant = Arc::new(Grant::new(1, Duration::from_secs(9), Instant::now()));
+        let slow = Timing {
+            interval: Duration::from_secs(3),
+            timeout: Duration::from_secs(2),
+        };
+        let fast = Timing {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(3),
+        };
+        let a = Grant::register(&grant, 1, slow);
+        let mut b = Grant::register(&grant, 2, fast);
+        let (timing, keep) = grant.users_snapshot();
+        let timing = timing.unwrap();
+        assert_eq!(timing.interval, Duration::from_secs(1));
+        assert_eq!(timing.timeout, Duration::from_secs(2));
+        assert!(!keep);
+        drop(a);
+        b.keep_key_attached(true);
+        drop(b);
+        let (timing, keep) = grant.users_snapshot();
+        assert!(timing.is_none());
+        assert!(keep, "a dropped tenure's key stays attached");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_reuse_a_recent_keep_alive_or_wait_for_one_sent_after_they_started() {
+        let t0 = Instant::now();
+        let grant = Arc::new(Grant::new(7, Duration::from_secs(9), t0));
+        let tolerance = Duration::from_millis(1500);
+
+        // Recent enough (another lease's renewal a moment ago): no new keep-alive.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            grant.fresh_keep_alive(Instant::now(), tolerance).await,
+            Freshness::Renewed(t0)
+        );
+        assert!(
+            timeout(Duration::from_millis(1), grant.demand.notified())
+                .await
+                .is_err(),
+            "no keep-alive requested"
+        );
+
+        // Too old: asks the loop, ignores outcomes of attempts sent before it started.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let start = Instant::now();
+        let renewal = tokio::spawn({
+            let grant = Arc::clone(&grant);
+            async move { grant.fresh_keep_alive(start, tolerance).await }
+        });
+        grant.demand.notified().await;
+        grant.failed(start - Duration::from_millis(1), "an older attempt".into());
+        grant.succeeded(start - Duration::from_millis(1));
+        tokio::task::yield_now().await;
+        assert!(!renewal.is_finished(), "older attempts do not answer it");
+        let sent = start + Duration::from_millis(5);
+        grant.succeeded(sent);
+        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(sent));
+
+        // A failure of the attempt made for it is reported as such.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let start = Instant::now();
+        let renewal = tokio::spawn({
+            let grant = Arc::clone(&grant);
+            async move { grant.fresh_keep_alive(start, tolerance).await }
+        });
+        grant.demand.notified().await;
+        grant.failed(start, "connection reset".into());
+        assert_eq!(
+            renewal.await.unwrap(),
+            Freshness::Failed("connection reset".into())
+        );
+
+        // A lost grant answers at once, and wakes waiting renewals.
+        let start = Instant::now() + Duration::from_secs(1);
+        let renewal = tokio::spawn({
+            let grant = Arc::clone(&grant);
+            async move { grant.fresh_keep_alive(start, tolerance).await }
+        });
+        grant.demand.notified().await;
+        grant.lose("ttl 0".into());
+        assert_eq!(renewal.await.unwrap(), Freshness::Lost("ttl 0".into()));
+        assert_eq!(
+            grant.fresh_keep_alive(Instant::now(), tolerance).await,
+            Freshness::Lost("ttl 0".into())
+        );
+    }
+}

@@ -1,0 +1,1149 @@
+//! The Kubernetes backend: leases stored as `coordination.k8s.io/v1` `Lease` objects (feature
+//! `kubernetes`). Everything about its semantics is documented on [`KubernetesLease`].
+
+mod error;
+mod name;
+mod settings;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::Client;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::lease::{BoxError, FencingToken, LostReason};
+use crate::managed::ManagedLease;
+use crate::provider::BackendFactory;
+use crate::settings::LeaseSettings;
+use crate::shared::SharedLease;
+
+pub use error::KubernetesError;
+pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
+pub use settings::KubernetesSettings;
+
+/// The name of the Kubernetes backend in a [`CoordinationConfig`](crate::CoordinationConfig).
+pub const KUBERNETES_BACKEND: &str = "kubernetes";
+
+/// The field manager recorded in the objects' `managedFields`.
+const FIELD_MANAGER: &str = "actix-coordination";
+/// Compare-and-swap rounds within one call before giving up with [`KubernetesError::Conflict`].
+const MAX_CAS_ATTEMPTS: u32 = 4;
+/// How long one watch request of a holder stays open before it is re-opened.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+/// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
+const MAX_UNCONFIRMED: usize = 16;
+
+/// A lease stored in a Kubernetes `coordination.k8s.io/v1` `Lease` object (feature `kubernetes`).
+///
+/// The backend keeps one `Lease` object per lease name in one namespace, with the same
+/// fields client-go's leader election uses, so `kubectl get lease` shows the holder and a lease
+/// held by a client-go program is respected (and the other way round):
+///
+/// | field | written as |
+/// |---|---|
+/// | `spec.holderIdentity` | the owner; cleared (absent) after a release |
+/// | `spec.acquireTime` | when the current tenure started |
+/// | `spec.renewTime` | the last renewal (informational only, see below) |
+/// | `spec.leaseDurationSeconds` | the TTL, rounded **up** to whole seconds |
+/// | `spec.leaseTransitions` | +1 on every new tenure: the [fencing token](crate::FencingToken) |
+/// | `metadata.annotations["actix-coordination/lease-name"]` | the original lease name |
+///
+/// ```text
+/// $ kubectl get lease -n my-app
+/// NAME        HOLDER      AGE
+/// singleton   web-7f9c8   3h
+/// ```
+///
+/// # Every claiming write is a compare-and-swap
+///
+/// Writes are `create` or `update` (a `PUT` carrying the `resourceVersion` the backend last read);
+/// the API server rejects an update whose `resourceVersion` is stale with `409 Conflict`, so two
+/// owners racing for a free or expired lease produce exactly one winner. One attempt to acquire:
+///
+/// 1. `GET` the object. Missing: `create` it (a `409 AlreadyExists` means someone else was
+///    faster: read again and decide).
+/// 2. Held by this owner (a previous attempt whose answer was lost): take it as a new tenure with
+///    an update that bumps `leaseTransitions`.
+/// 3. Held by another owner whose claim has not expired (see below): `false`.
+/// 4. Expired, or no holder (released): update with the observed `resourceVersion`; a `409`
+///    means someone else wrote first: read again and decide.
+///
+/// # Expiry that clock skew cannot break
+///
+/// `renewTime` is written by another machine's wall clock and is never compared with this one's.
+/// Instead each backend remembers the `resourceVersion` it last saw and the local *monotonic*
+/// instant it first saw it; another owner's claim counts as expired only when
+/// `leaseDurationSeconds` have passed on the local clock since then. Every change of the object
+/// (a renewal) restarts that clock. A contender therefore waits *at least* the TTL after the
+/// holder's last renewal, which the holder itself counts from the *start* of that renewal, minus
+/// its clock drift margin: the holder always gives the lease up locally first. The price: a
+/// contender that first sees an abandoned lease waits a full TTL from then, even if the holder
+/// died long ago. An object without a holder is free at once.
+///
+/// # Cost
+///
+/// A holder sends exactly one request per renewal interval: an update with the cached
+/// `resourceVersion`, without reading first. On `409` it reads once to find out why: if the object
+/// still shows this owner's tenure and the `renewTime` of an earlier renewal whose answer was lost,
+/// that renewal landed and is adopted; otherwise the lease was lost (taken over, or
+/// [deleted](crate::LostReason::Deleted) on `404`). Besides, one watch per tenure (on the single
+/// object, re-opened every few minutes) reports a takeover or deletion at once, and a waiting
+/// contender watches the object instead of polling, so it sees a release within one round trip.
+///
+/// # Releasing keeps the object
+///
+/// A release is a compare-and-swap that clears `holderIdentity`; the object stays, so
+/// `leaseTransitions` never goes back. **Never delete lease objects**: a deleted object is created
+/// anew with `leaseTransitions: 1`, so fencing tokens restart and a stale holder's writes could be
+/// accepted again by a system that remembers the old, higher tokens. This is why the Role in
+/// `deploy/rbac.yaml` grants no `delete`.
+///
+/// # Names
+///
+/// Object names must be DNS-1123 subdomains (at most 253 of `a-z0-9-.`). A lease name that is
+/// one is used as is; any other is mapped to a readable sanitized prefix plus 16 hex digits of the
+/// SHA-256 of the full name (`Jobs/Leader` → `jobs-leader-<hash>`), so different lease names
+/// never share an object. See [`kubernetes_object_name`](crate::kubernetes_object_name).
+///
+/// # Permissions
+///
+/// The identity needs `get`, `list`, `watch`, `create` and `update` on
+/// `leases.coordination.k8s.io` in the namespace (`deploy/rbac.yaml`). A refusal makes `acquire`
+/// fail at once with [`KubernetesError::Forbidden`], which names the verb, the resource and the
+/// namespace; an unreachable API server makes it fail with a transient error, never resolve `false`.
+///
+/// # In a cluster
+///
+/// The defaults of [`KubernetesSettings`] are what Kubernetes gives every pod (the API server at
+/// `https://kubernetes.default.svc`, the mounted service account token, re-read when the kubelet
+/// rotates it, and CA bundle). Pass the pod name as the owner and the namespace with the downward
+/// API, and use [`KubernetesSettings::from_env`] and [`KubernetesSettings::owner_from_env`]:
+///
+/// ```yaml
+/// env:
+///   - name: POD_NAME
+///     valueFrom: { fieldRef: { fieldPath: metadata.name } }
+///   - name: POD_NAMESPACE
+///     valueFrom: { fieldRef: { fieldPath: metadata.namespace } }
+/// ```
+///
+/// ```no_run
+/// use actix_coordination::{KubernetesLease, KubernetesSettings, Lease, LeaseSettings};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let settings = LeaseSettings::new("singleton", KubernetesSettings::owner_from_env()?)?;
+/// let lease = KubernetesLease::new(settings, KubernetesSettings::from_env()?)?;
+/// if lease.acquire().await? {
+///     // leader-only work, passing lease.fencing_token() along
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Outside a cluster, build a [`kube::Client`] from a kubeconfig and use
+/// [`KubernetesLease::with_client`].
+///
+/// # Runtime
+///
+/// The client built from [`KubernetesSettings`] is created on first use, inside the Tokio runtime
+/// of that call, and runs a small background task there: use a lease from a runtime that outlives
+/// it (with actix, the system's).
+pub type KubernetesLease = ManagedLease<KubernetesBackend>;
+
+impl ManagedLease<KubernetesBackend> {
+    /// A lease with `settings` on the API server described by `k8s`.
+    ///
+    /// The settings are validated and the token and CA files read once now; nothing is sent to
+    /// the API server before the first `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::InvalidSettings`], [`KubernetesError::ReadFile`] or
+    /// [`KubernetesError::Config`] when `k8s` is unusable.
+    pub fn new(settings: LeaseSettings, k8s: KubernetesSettings) -> Result<Self, KubernetesError> {
+        let backend = KubernetesBackend::new(settings.name(), &k8s)?;
+        Ok(ManagedLease::from_backend(settings, backend))
+    }
+
+    /// A lease with `settings` using a ready `client` (for example built from a kubeconfig), with
+    /// its objects in `namespace`.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::InvalidSettings`] when `namespace` is not a valid namespace name.
+    pub fn with_client(
+        settings: LeaseSettings,
+        client: Client,
+        namespace: impl Into<String>,
+    ) -> Result<Self, KubernetesError> {
+        let backend = KubernetesBackend::with_client(settings.name(), client, namespace)?;
+        Ok(ManagedLease::from_backend(settings, backend))
+    }
+}
+
+/// The factory of the `kubernetes` backend for [`LeaseProvider`](crate::LeaseProvider).
+///
+/// The backend's section (`[leases.<key>.kubernetes]`) deserializes to [`KubernetesSettings`]
+/// (`namespace`, `api-url`, `token` or `token-file`, `ca-file`); without a section the settings
+/// come from [`KubernetesSettings::from_env`].
+pub fn provider_factory() -> impl BackendFactory {
+    |settings: LeaseSettings,
+     section: Option<&serde_json::Value>|
+     -> Result<SharedLease, BoxError> {
+        let k8s = match section {
+            Some(section) => KubernetesSettings::deserialize_section(section)?,
+            None => KubernetesSettings::from_env()?,
+        };
+        Ok(SharedLease::new(KubernetesLease::new(settings, k8s)?))
+    }
+}
+
+impl KubernetesSettings {
+    fn deserialize_section(section: &serde_json::Value) -> Result<Self, BoxError> {
+        let settings: KubernetesSettings = serde::Deserialize::deserialize(section)?;
+        Ok(settings)
+    }
+}
+
+/// Counters of the requests a [`KubernetesBackend`] sent, for tests and cost checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KubernetesStats {
+    /// `get` requests.
+    pub gets: u64,
+    /// `create` requests.
+    pub creates: u64,
+    /// `update` requests (claims, renewals, releases).
+    pub updates: u64,
+    /// `watch` requests opened.
+    pub watches: u64,
+}
+
+impl KubernetesStats {
+    /// Every request but watches: what a lease costs per operation.
+    pub fn requests(&self) -> u64 {
+        self.gets + self.creates + self.updates
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    gets: AtomicU64,
+    creates: AtomicU64,
+    updates: AtomicU64,
+    watches: AtomicU64,
+}
+
+enum ClientSource {
+    Ready(Client),
+    Lazy {
+        config: Box<kube::Config>,
+        client: Mutex<Option<Client>>,
+    },
+}
+
+/// The [`LeaseBackend`] of one lease on a Kubernetes API server; see [`KubernetesLease`].
+///
+/// One backend serves one lease instance: it remembers what it observed of its object (the
+/// `resourceVersion` and when it first saw it), which is what expiry is judged by.
+pub struct KubernetesBackend {
+    client: ClientSource,
+    namespace: String,
+    name: String,
+    object: String,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for KubernetesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesBackend")
+            .field("namespace", &self.namespace)
+            .field("object", &self.object)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    observed: Option<Observed>,
+    /// The `resourceVersion` of this instance's latest write in the current tenure.
+    tenure_version: Option<String>,
+}
+
+/// What the backend last saw of its object, and when it first saw that version.
+#[derive(Debug, Clone)]
+struct Observed {
+    version: String,
+    first_seen: Instant,
+    holder: Option<String>,
+    duration: Duration,
+}
+
+impl Observed {
+    fn expires_at(&self) -> Instant {
+        self.first_seen + self.duration
+    }
+}
+
+/// What the backend remembers of a tenure it holds.
+#[derive(Debug, Clone)]
+pub struct KubernetesTenure {
+    /// The object as this backend last wrote (or adopted) it; its `resourceVersion` is what the
+    /// next write compares against.
+    lease: LeaseObject,
+    transitions: i32,
+    /// Renewals sent since the last confirmed one (their answer was lost or not yet received):
+    /// the `renewTime` each wrote, and when the call started.
+    unconfirmed: Vec<(MicroTime, Instant)>,
+}
+
+impl KubernetesTenure {
+    /// The fencing token of the tenure (`leaseTransitions` after this owner's claim).
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.transitions as u64)
+    }
+
+    /// The `resourceVersion` of the object as last written by this tenure.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.lease.metadata.resource_version.as_deref()
+    }
+}
+
+impl KubernetesBackend {
+    /// The backend of lease `name` on the API server described by `k8s`.
+    ///
+    /// # Errors
+    ///
+    /// See [`KubernetesLease::new`].
+    pub fn new(name: &str, k8s: &KubernetesSettings) -> Result<Self, KubernetesError> {
+        let config = k8s.kube_config()?;
+        Ok(Self::build(
+            name,
+            ClientSource::Lazy {
+                config: Box::new(config),
+                client: Mutex::new(None),
+            },
+            k8s.namespace().to_owned(),
+        ))
+    }
+
+    /// The backend of lease `name` using `client`, with its object in `namespace`.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::InvalidSettings`] when `namespace` is not a valid namespace name.
+    pub fn with_client(
+        name: &str,
+        client: Client,
+        namespace: impl Into<String>,
+    ) -> Result<Self, KubernetesError> {
+        let namespace = namespace.into();
+        settings::check_namespace(&namespace)?;
+        Ok(Self::build(name, ClientSource::Ready(client), namespace))
+    }
+
+    fn build(name: &str, client: ClientSource, namespace: String) -> Self {
+        Self {
+            client,
+            namespace,
+            name: name.to_owned(),
+            object: object_name(name),
+            state: Mutex::new(State::default()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The namespace of the object.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The name of the `Lease` object (the lease name, mapped if needed: see [`object_name`]).
+    pub fn object_name(&self) -> &str {
+        &self.object
+    }
+
+    /// How many requests this backend sent.
+    pub fn stats(&self) -> KubernetesStats {
+        KubernetesStats {
+            gets: self.counters.gets.load(Ordering::Relaxed),
+            creates: self.counters.creates.load(Ordering::Relaxed),
+            updates: self.counters.updates.load(Ordering::Relaxed),
+            watches: self.counters.watches.load(Ordering::Relaxed),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn api(&self) -> Result<Api<LeaseObject>, KubernetesError> {
+        let client = match &self.client {
+            ClientSource::Ready(client) => client.clone(),
+            ClientSource::Lazy { config, client } => {
+                let mut slot = client.lock().unwrap_or_else(|p| p.into_inner());
+                match &*slot {
+                    Some(client) => client.clone(),
+                    None => {
+                        let built = Client::try_from(kube::Config::clone(config))
+                            .map_err(|source| KubernetesError::BuildClient { source })?;
+                        *slot = Some(built.clone());
+                        built
+                    }
+                }
+            }
+        };
+        Ok(Api::namespaced(client, &self.namespace))
+    }
+
+    fn error(&self, verb: &'static str, error: kube::Error) -> KubernetesError {
+        KubernetesError::from_kube(error, verb, &self.object, &self.namespace)
+    }
+
+    async fn get(&self, api: &Api<LeaseObject>) -> Result<Option<LeaseObject>, KubernetesError> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let found = api
+            .get_opt(&self.object)
+            .await
+            .map_err(|e| self.error("get", e))?;
+        if let Some(lease) = &found {
+            self.check_owner_name(lease)?;
+            self.observe(lease);
+        }
+        Ok(found)
+    }
+
+    async fn create(
+        &self,
+        api: &Api<LeaseObject>,
+        lease: &LeaseObject,
+    ) -> Result<LeaseObject, KubernetesError> {
+        self.counters.creates.fetch_add(1, Ordering::Relaxed);
+        let created = api
+            .create(&post_params(), lease)
+            .await
+            .map_err(|e| self.error("create", e))?;
+        self.observe(&created);
+        Ok(created)
+    }
+
+    async fn update(
+        &self,
+        api: &Api<LeaseObject>,
+        lease: &LeaseObject,
+    ) -> Result<LeaseObject, KubernetesError> {
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let updated = api
+            .replace(&self.object, &post_params(), lease)
+            .await
+            .map_err(|e| self.error("update", e))?;
+        self.observe(&updated);
+        Ok(updated)
+    }
+
+    /// Records an observation of the object; the clock of a version starts when it is first seen.
+    fn observe(&self, lease: &LeaseObject) {
+        let Some(version) = lease.metadata.resource_version.clone() else {
+            return;
+        };
+        let mut state = self.lock();
+        if state
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.version == version)
+        {
+            return;
+        }
+        state.observed = Some(Observed {
+            version,
+            first_seen: Instant::now(),
+            holder: holder_of(lease).map(str::to_owned),
+            duration: duration_of(lease),
+        });
+    }
+
+    fn observed(&self) -> Option<Observed> {
+        self.lock().observed.clone()
+    }
+
+    fn check_owner_name(&self, lease: &LeaseObject) -> Result<(), KubernetesError> {
+        match lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEASE_NAME_ANNOTATION))
+        {
+            Some(other) if *other != self.name => Err(KubernetesError::NameCollision {
+                name: self.name.clone(),
+                object: self.object.clone(),
+                owner_name: other.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new object claimed by `settings.owner()`.
+    fn new_object(&self, settings: &LeaseSettings) -> LeaseObject {
+        let now = now_micro();
+        LeaseObject {
+            metadata: ObjectMeta {
+                name: Some(self.object.clone()),
+                namespace: Some(self.namespace.clone()),
+                annotations: Some(BTreeMap::from([(
+                    LEASE_NAME_ANNOTATION.to_owned(),
+                    self.name.clone(),
+                )])),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    FIELD_MANAGER.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(settings.owner().to_owned()),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_duration_seconds: Some(duration_secs(settings.ttl())),
+                lease_transitions: Some(1),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// `current` claimed by `settings.owner()` as a new tenure.
+    fn claimed(
+        &self,
+        mut current: LeaseObject,
+        settings: &LeaseSettings,
+    ) -> Result<LeaseObject, KubernetesError> {
+        let transitions = transitions_of(&current).checked_add(1).ok_or_else(|| {
+            KubernetesError::InvalidRecord {
+                object: self.object.clone(),
+                reason: "leaseTransitions cannot grow any more".into(),
+            }
+        })?;
+        current
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(LEASE_NAME_ANNOTATION.to_owned(), self.name.clone());
+        let now = now_micro();
+        let spec = current.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(settings.owner().to_owned());
+        spec.acquire_time = Some(now.clone());
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
+        spec.lease_transitions = Some(transitions);
+        Ok(current)
+    }
+
+    fn acquired(&self, lease: LeaseObject) -> AcquireAttempt<KubernetesTenure> {
+        let transitions = transitions_of(&lease);
+        self.lock().tenure_version = lease.metadata.resource_version.clone();
+        AcquireAttempt::Acquired {
+            token: FencingToken::new(transitions as u64),
+            tenure: KubernetesTenure {
+                lease,
+                transitions,
+                unconfirmed: Vec::new(),
+            },
+            valid_from: None,
+        }
+    }
+
+    fn adopt(&self, tenure: &mut KubernetesTenure, lease: LeaseObject) {
+        self.lock().tenure_version = lease.metadata.resource_version.clone();
+        tenure.lease = lease;
+    }
+
+    /// Why the tenure with `token` is lost according to `lease`, if it is.
+    fn loss_in(lease: &LeaseObject, owner: &str, token: FencingToken) -> Option<LostReason> {
+        match holder_of(lease) {
+            None => Some(LostReason::Inconsistent(
+                "the lease object shows no holder: released by another client".into(),
+            )),
+            Some(holder) if holder != owner => Some(LostReason::TakenOver {
+                holder: Some(holder.to_owned()),
+            }),
+            Some(holder) if transitions_of(lease) as u64 != token.value() => {
+                Some(LostReason::TakenOver {
+                    holder: Some(holder.to_owned()),
+                })
+            }
+            Some(_) => None,
+        }
+    }
+
+    fn watch_params(&self, timeout_secs: u32) -> WatchParams {
+        WatchParams::default()
+            .fields(&format!("metadata.name={}", self.object))
+            .timeout(timeout_secs)
+    }
+
+    /// Watches the object from the tenure's last write; resolves when the tenure is lost.
+    async fn watch_tenure(
+        &self,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<LostReason, KubernetesError> {
+        let api = self.api()?;
+        let owner = settings.owner();
+        let known = self.lock().tenure_version.clone();
+        let mut version = match known {
+            Some(version) => version,
+            None => match self.get(&api).await? {
+                None => return Ok(LostReason::Deleted),
+                Some(current) => {
+                    if let Some(reason) = Self::loss_in(&current, owner, token) {
+                        return Ok(reason);
+                    }
+                    current.metadata.resource_version.unwrap_or_default()
+                }
+            },
+        };
+        loop {
+            self.counters.watches.fetch_add(1, Ordering::Relaxed);
+            let stream = api
+                .watch(&self.watch_params(WATCH_TIMEOUT_SECS), &version)
+                .await
+                .map_err(|e| self.error("watch", e))?;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream
+                .try_next()
+                .await
+                .map_err(|e| self.error("watch", e))?
+            {
+                match event {
+                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
+                        self.observe(&lease);
+                        if let Some(reason) = Self::loss_in(&lease, owner, token) {
+                            return Ok(reason);
+                        }
+                        if let Some(v) = lease.metadata.resource_version {
+                            version = v;
+                        }
+                    }
+                    WatchEvent::Deleted(_) => return Ok(LostReason::Deleted),
+                    WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
+                    WatchEvent::Error(status) if status.code == 410 => {
+                        // Too old to watch from: read the object and watch from its version.
+                        match self.get(&api).await? {
+                            None => return Ok(LostReason::Deleted),
+                            Some(current) => {
+                                if let Some(reason) = Self::loss_in(&current, owner, token) {
+                                    return Ok(reason);
+                                }
+                                version = current.metadata.resource_version.unwrap_or_default();
+                            }
+                        }
+                        break;
+                    }
+                    WatchEvent::Error(status) => {
+                        return Err(self.error("watch", kube::Error::Api(status)))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LeaseBackend for KubernetesBackend {
+    type Tenure = KubernetesTenure;
+    type Error = KubernetesError;
+
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
+        let api = self.api()?;
+        let owner = settings.owner();
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let Some(current) = self.get(&api).await? else {
+                match self.create(&api, &self.new_object(settings)).await {
+                    Ok(created) => return Ok(self.acquired(created)),
+                    Err(e) if e.status_code() == Some(409) => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            let holder = holder_of(&current).map(str::to_owned);
+            let free = match holder.as_deref() {
+                None => true,
+                Some(h) if h == owner => true,
+                Some(_) => {
+                    let observed = self.observed();
+                    observed.is_some_and(|o| {
+                        Some(&o.version) == current.metadata.resource_version.as_ref()
+                            && Instant::now() >= o.expires_at()
+                    })
+                }
+            };
+            if !free {
+                let expires_at = self.observed().map(|o| o.expires_at());
+                return Ok(AcquireAttempt::HeldByOther { holder, expires_at });
+            }
+            let claim = self.claimed(current, settings)?;
+            match self.update(&api, &claim).await {
+                Ok(updated) => return Ok(self.acquired(updated)),
+                // 409: someone wrote first; 404: deleted meanwhile. Read again and decide.
+                Err(e) if matches!(e.status_code(), Some(409) | Some(404)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
+    async fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut KubernetesTenure,
+    ) -> Result<RenewOutcome, KubernetesError> {
+        let api = self.api()?;
+        let start = Instant::now();
+        let renew_time = now_micro();
+        let mut next = tenure.lease.clone();
+        let spec = next.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(renew_time.clone());
+        spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
+        if tenure.unconfirmed.len() >= MAX_UNCONFIRMED {
+            tenure.unconfirmed.remove(0);
+        }
+        // Remembered before sending: if the answer is lost (the call is cancelled by its timeout),
+        // a later renewal can still recognise this write in the object.
+        tenure.unconfirmed.push((renew_time, start));
+        match self.update(&api, &next).await {
+            Ok(updated) => {
+                self.adopt(tenure, updated);
+                tenure.unconfirmed.clear();
+                return Ok(RenewOutcome::Renewed { valid_from: None });
+            }
+            Err(e) if e.status_code() == Some(404) => {
+                return Ok(RenewOutcome::Lost(LostReason::Deleted))
+            }
+            Err(e) if e.status_code() == Some(409) => {
+                // This write did not land; find out why.
+                tenure.unconfirmed.pop();
+            }
+            Err(e) => return Err(e),
+        }
+        let Some(current) = self.get(&api).await? else {
+            return Ok(RenewOutcome::Lost(LostReason::Deleted));
+        };
+        let token = FencingToken::new(tenure.transitions as u64);
+        if let Some(reason) = Self::loss_in(&current, settings.owner(), token) {
+            return Ok(RenewOutcome::Lost(reason));
+        }
+        // Still our tenure. If the object carries the renewTime of an earlier renewal whose answer
+        // was lost, that renewal landed: its validity counts from the start of its call.
+        let landed = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .and_then(|t| tenure.unconfirmed.iter().find(|(sent, _)| sent == t))
+            .map(|(_, started)| *started);
+        self.adopt(tenure, current);
+        match landed {
+            Some(started) => {
+                tenure.unconfirmed.clear();
+                tracing::debug!(object = %self.object, "an earlier renewal whose answer was lost had landed");
+                Ok(RenewOutcome::Renewed {
+                    valid_from: Some(started),
+                })
+            }
+            // Someone else changed the object (an annotation, a label) without taking it: nothing
+            // of ours renewed it. Retry with the new resourceVersion.
+            None => Err(KubernetesError::Conflict {
+                object: self.object.clone(),
+                attempts: 1,
+            }),
+        }
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        let api = self.api()?;
+        let owner = settings.owner();
+        self.lock().tenure_version = None;
+        let mut next = released(tenure.lease);
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            match self.update(&api, &next).await {
+                Ok(_) => return Ok(ReleaseOutcome::Released),
+                Err(e) if e.status_code() == Some(404) => return Ok(ReleaseOutcome::Released),
+                Err(e) if e.status_code() == Some(409) => {}
+                Err(e) => return Err(e),
+            }
+            let Some(current) = self.get(&api).await? else {
+                return Ok(ReleaseOutcome::Released);
+            };
+            match holder_of(&current) {
+                None => return Ok(ReleaseOutcome::Released),
+                Some(holder) if holder == owner => next = released(current),
+                Some(holder) => {
+                    return Ok(ReleaseOutcome::HeldByOther {
+                        holder: Some(holder.to_owned()),
+                    })
+                }
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
+    async fn watch_lost(
+        &self,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<LostReason, KubernetesError> {
+        match self.watch_tenure(settings, token).await {
+            // Without the `watch` verb, retrying would only add a refused request per renewal
+            // interval: rely on the renewals for this tenure.
+            Err(error @ KubernetesError::Forbidden { .. }) => {
+                tracing::warn!(%error, object = %self.object, "cannot watch the lease object; losses are noticed by renewals only (grant `watch` and `list`, see deploy/rbac.yaml)");
+                std::future::pending().await
+            }
+            other => other,
+        }
+    }
+
+    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
+        let owner = settings.owner();
+        // When to give up waiting: `not_after`, or when the observed claim expires; `None` when
+        // the lease is free for this owner already.
+        let wake_at = |observed: &Observed| match observed.holder.as_deref() {
+            None => None,
+            Some(holder) if holder == owner => None,
+            Some(_) => Some(observed.expires_at().min(not_after)),
+        };
+        let Some(observed) = self.observed() else {
+            tokio::time::sleep_until(not_after).await;
+            return;
+        };
+        let Some(mut wake) = wake_at(&observed) else {
+            return;
+        };
+        let mut version = observed.version;
+        let api = match self.api() {
+            Ok(api) => api,
+            Err(_) => return tokio::time::sleep_until(wake).await,
+        };
+        let give_up = |error: KubernetesError, wake: Instant| {
+            tracing::debug!(%error, object = %self.object, "cannot watch the lease object; waiting without it");
+            tokio::time::sleep_until(wake)
+        };
+        // Watch the object from the version last seen. A renewal by the holder only restarts the
+        // expiry clock (no request); a release, a deletion, or a claim by this owner ends the wait.
+        loop {
+            let now = Instant::now();
+            if wake <= now {
+                return;
+            }
+            // The server ends the watch after `secs`: cover the whole wait up to `not_after` (a
+            // renewal moves `wake` later, up to `not_after`), so one watch serves it.
+            let secs = u32::try_from(not_after.saturating_duration_since(now).as_secs() + 1)
+                .unwrap_or(u32::MAX)
+                .min(WATCH_TIMEOUT_SECS);
+            self.counters.watches.fetch_add(1, Ordering::Relaxed);
+            let stream =
+                match tokio::time::timeout_at(wake, api.watch(&self.watch_params(secs), &version))
+                    .await
+                {
+                    Err(_) => return,
+                    Ok(Err(error)) => return give_up(self.error("watch", error), wake).await,
+                    Ok(Ok(stream)) => stream,
+                };
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                let event = match tokio::time::timeout_at(wake, stream.try_next()).await {
+                    Err(_) => return,
+                    Ok(Err(error)) => return give_up(self.error("watch", error), wake).await,
+                    // The server ended the watch (its timeout): open another one.
+                    Ok(Ok(None)) => break,
+                    Ok(Ok(Some(event))) => event,
+                };
+                match event {
+                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
+                        self.observe(&lease);
+                        let Some(next) = self.observed().and_then(|o| wake_at(&o)) else {
+                            return;
+                        };
+                        wake = next;
+                        if let Some(v) = lease.metadata.resource_version {
+                            version = v;
+                        }
+                    }
+                    WatchEvent::Deleted(_) => return,
+                    WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
+                    // 410 Gone: too old to watch from; the object changed, read it again.
+                    WatchEvent::Error(status) if status.code == 410 => return,
+                    WatchEvent::Error(status) => {
+                        return give_up(self.error("watch", kube::Error::Api(status)), wake).await
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+    }
+}
+
+/// `lease` without a holder.
+fn released(mut lease: LeaseObject) -> LeaseObject {
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = None;
+    spec.renew_time = Some(now_micro());
+    lease
+}
+
+/// The holder, `None` when the object has none (absent or empty, as client-go writes it).
+fn holder_of(lease: &LeaseObject) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
+fn transitions_of(lease: &LeaseObject) -> i32 {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0)
+        .max(0)
+}
+
+/// The claim's duration; a missing or non-positive `leaseDurationSeconds` counts as one second
+/// (an object written by something else without a duration is not held for long).
+fn duration_of(lease: &LeaseObject) -> Duration {
+    let secs = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .unwrap_or(1)
+        .max(1);
+    Duration::from_secs(secs as u64)
+}
+
+/// The TTL in whole seconds, rounded up (a contender must never wait less than the TTL).
+fn duration_secs(ttl: Duration) -> i32 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+}
+
+/// Now, at the microsecond precision the API server stores (so that a written value compares
+/// equal to what is read back).
+fn now_micro() -> MicroTime {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let micros = now.as_microsecond();
+    MicroTime(k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_rounded_up_to_whole_seconds() {
+        assert_eq!(duration_secs(Duration::from_secs(3)), 3);
+        assert_eq!(duration_secs(Duration::from_millis(3001)), 4);
+        assert_eq!(duration_secs(Duration::from_millis(200)), 1);
+        assert_eq!(duration_secs(Duration::from_secs(u64::MAX / 2)), i32::MAX);
+    }
+
+    fn object(holder: Option<&str>, transitions: Option<i32>) -> LeaseObject {
+        LeaseObject {
+            metadata: ObjectMeta {
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_transitions: transitions,
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn empty_holders_are_no_holders() {
+        assert_eq!(holder_of(&object(Some(""), None)), None);
+        assert_eq!(holder_of(&object(None, None)), None);
+        assert_eq!(holder_of(&object(Some("a"), None)), Some("a"));
+        assert_eq!(transitions_of(&object(None, None)), 0);
+        assert_eq!(transitions_of(&object(None, Some(-3))), 0);
+    }
+
+    #[test]
+    fn losses_are_recognised() {
+        let token = FencingToken::new(4);
+        assert_eq!(
+            KubernetesBackend::loss_in(&object(Some("a"), Some(4)), "a", token),
+            None
+        );
+        assert_eq!(
+            KubernetesBackend::loss_in(&object(Some("b"), Some(5)), "a", token),
+            Some(LostReason::TakenOver {
+                holder: Some("b".into())
+            })
+        );
+        assert_eq!(
+            KubernetesBackend::loss_in(&object(Some("a"), Some(5)), "a", token),
+            Some(LostReason::TakenOver {
+                holder: Some("a".into())
+            }),
+            "a newer tenure of the same owner identity is not ours"
+        );
+        assert!(matches!(
+            KubernetesBackend::loss_in(&object(None, Some(4)), "a", token),
+            Some(LostReason::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn micro_time_round_trips_exactly() {
+        let t = now_micro();
+        let json = serde_json::to_string(&t).unwrap();
+        let back: MicroTime = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t, "{json}");
+    }
+
+    #[tokio::test]
+    async fn observation_clock_restarts_only_on_a_new_version() {
+        let backend = KubernetesBackend::with_client_for_tests("n");
+        let mut lease = object(Some("b"), Some(1));
+        lease.spec.as_mut().unwrap().lease_duration_seconds = Some(3);
+        backend.observe(&lease);
+        let first = backend.observed().unwrap();
+        assert_eq!(first.duration, Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backend.observe(&lease);
+        assert_eq!(
+            backend.observed().unwrap().first_seen,
+            first.first_seen,
+            "same version"
+        );
+        lease.metadata.resource_version = Some("8".into());
+        backend.observe(&lease);
+        assert!(
+            backend.observed().unwrap().first_seen > first.first_seen,
+            "new version"
+        );
+    }
+
+    impl KubernetesBackend {
+        /// A backend whose client is never built (for tests that send nothing).
+        fn with_client_for_tests(name: &str) -> Self {
+            let config = Box::new(kube::Config::new("https://127.0.0.1:1".parse().unwrap()));
+            Self::build(
+                name,
+                ClientSource::Lazy {
+                    config,
+                    client: Mutex::new(None),
+                },
+                "ns".into(),
+            )
+        }
+    }
+
+    #[test]
+    fn an_object_of_another_lease_name_is_refused() {
+        let backend = KubernetesBackend::with_client_for_tests("mine");
+        let mut lease = object(Some("a"), Some(1));
+        assert!(
+            backend.check_owner_name(&lease).is_ok(),
+            "no annotation (client-go)"
+        );
+        lease.metadata.annotations = Some(BTreeMap::from([(
+            LEASE_NAME_ANNOTATION.to_owned(),
+            "theirs".to_owned(),
+        )]));
+        let err = backend.check_owner_name(&lease).unwrap_err();
+        assert!(
+            matches!(err, KubernetesError::NameCollision { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_provider_factory_reads_its_section() {
+        let factory = provider_factory();
+        let settings = LeaseSettings::new("n", "o").unwrap();
+        let err = factory
+            .create(
+                settings.clone(),
+                Some(&serde_json::json!({ "namespace": "ns", "token-fiel": "/x" })),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("token-fiel"), "{err}");
+        let err = factory
+            .create(
+                settings.clone(),
+                Some(&serde_json::json!({ "api-url": "https://h" })),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("namespace"), "{err}");
+        // A complete section is validated (here: the token file does not exist).
+        let err = factory
+            .create(
+                settings,
+                Some(&serde_json::json!({
+                    "namespace": "ns", "token-file": "/nonexistent/token", "ca-file": "/nonexistent/ca"
+                })),
+            )
+            .unwrap_err();
+        let err = err.downcast_ref::<KubernetesError>().expect("typed");
+        assert!(
+            matches!(
+                err,
+                KubernetesError::ReadFile {
+                    field: "token-file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn settings_and_owner_come_from_the_downward_api_variables() {
+        // The only test of this crate that touches these variables.
+        let saved: Vec<_> = [NAMESPACE_ENV_NAME, OWNER_ENV_NAME]
+            .iter()
+            .map(|v| (*v, std::env::var_os(v)))
+            .collect();
+        std::env::set_var(NAMESPACE_ENV_NAME, "from-env");
+        std::env::set_var(OWNER_ENV_NAME, "pod-7f9c8");
+        let settings = KubernetesSettings::from_env().unwrap();
+        let owner = KubernetesSettings::owner_from_env().unwrap();
+        for (var, value) in saved {
+            match value {
+                Some(value) => std::env::set_var(var, value),
+                None => std::env::remove_var(var),
+            }
+        }
+        assert_eq!(settings.namespace(), "from-env");
+        assert_eq!(owner, "pod-7f9c8");
+    }
+
+    const NAMESPACE_ENV_NAME: &str = "POD_NAMESPACE";
+    const OWNER_ENV_NAME: &str = "POD_NAME";
+}

@@ -1,0 +1,349 @@
+//! etcd test helpers: the contract fixture (one fault proxy and one session per owner), a direct
+//! admin client, and private etcd processes that tests may stop, kill and restart.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_coordination::{EtcdLease, EtcdSession, EtcdSettings, LeaseSettings};
+use tokio::time::{sleep, Instant};
+
+use super::contract::Fixture;
+use super::proxy::{FaultProxy, ProxyMode};
+
+/// The etcd the tests use, from `ACTIX_COORD_TEST_ETCD_ENDPOINT`; panics with instructions if unset.
+pub fn endpoint() -> String {
+    std::env::var("ACTIX_COORD_TEST_ETCD_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "ACTIX_COORD_TEST_ETCD_ENDPOINT is not set: the etcd tests need a real etcd. Run them \
+             with `scripts/test-cluster.sh run -- cargo test --features etcd --test etcd`, or \
+             `scripts/test-cluster.sh up` and `source target/test-cluster/env` first"
+        )
+    })
+}
+
+/// The etcd binary for private instances, from `ACTIX_COORD_TEST_ETCD_BIN`.
+pub fn etcd_bin() -> String {
+    std::env::var("ACTIX_COORD_TEST_ETCD_BIN").unwrap_or_else(|_| {
+        panic!(
+            "ACTIX_COORD_TEST_ETCD_BIN is not set (the etcd binary, e.g. /usr/bin/etcd): run the \
+             tests through scripts/test-cluster.sh, or source target/test-cluster/env"
+        )
+    })
+}
+
+/// `host:port` of an `http://host:port` endpoint.
+pub fn socket_addr(endpoint: &str) -> SocketAddr {
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    authority
+        .parse()
+        .unwrap_or_else(|e| panic!("etcd endpoint {endpoint:?} is not http://ip:port: {e}"))
+}
+
+/// A key prefix no other test run uses.
+pub fn unique_prefix(test: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "/actix-coordination-test/{test}/{}-{nanos}-{}/",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A client straight to `endpoint` (no proxy), for inspecting and meddling with the store.
+pub async fn admin_client(endpoint: &str) -> etcd_client::Client {
+    etcd_client::Client::connect(
+        [endpoint],
+        Some(etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5))),
+    )
+    .await
+    .expect("admin etcd client")
+}
+
+/// Session settings for `endpoint` under `prefix`.
+pub fn etcd_settings(endpoint: &str, prefix: &str) -> EtcdSettings {
+    EtcdSettings::builder([endpoint])
+        .prefix(prefix)
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .expect("valid etcd settings")
+}
+
+/// The TTL of the contract suite's leases.
+pub const CONTRACT_TTL: Duration = Duration::from_secs(3);
+
+struct Owner {
+    proxy: FaultProxy,
+    session: EtcdSession,
+}
+
+/// The contract fixture: every owner reaches etcd through its own [`FaultProxy`] with its own
+/// [`EtcdSession`]; all share one key prefix unique to the fixture.
+pub struct EtcdFixture {
+    upstream: SocketAddr,
+    prefix: String,
+    owners: tokio::sync::Mutex<HashMap<String, Arc<Owner>>>,
+}
+
+impl EtcdFixture {
+    pub fn new() -> Self {
+        Self {
+            upstream: socket_addr(&endpoint()),
+            prefix: unique_prefix("contract"),
+            owners: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn owner(&self, owner: &str) -> Arc<Owner> {
+        let mut owners = self.owners.lock().await;
+        if let Some(o) = owners.get(owner) {
+            return Arc::clone(o);
+        }
+        let proxy = FaultProxy::start(self.upstream).await;
+        let session = EtcdSession::new(etcd_settings(
+            &format!("http://{}", proxy.addr()),
+            &self.prefix,
+        ));
+        let o = Arc::new(Owner { proxy, session });
+        owners.insert(owner.to_owned(), Arc::clone(&o));
+        o
+    }
+}
+
+impl Default for EtcdFixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fixture for EtcdFixture {
+    type Lease = EtcdLease;
+
+    fn settings(&self, name: &str, owner: &str) -> LeaseSettings {
+        LeaseSettings::builder(name, owner)
+            .ttl(CONTRACT_TTL)
+            .build()
+            .unwrap()
+    }
+
+    async fn lease(&self, settings: LeaseSettings) -> EtcdLease {
+        let owner = self.owner(settings.owner()).await;
+        EtcdLease::new(settings, &owner.session)
+    }
+
+    async fn partition(&self, owner: &str) {
+        self.owner(owner).await.proxy.set_mode(ProxyMode::Reset);
+    }
+
+    async fn pause(&self, owner: &str) {
+        self.owner(owner).await.proxy.set_mode(ProxyMode::Blackhole);
+    }
+
+    async fn heal(&self, owner: &str) {
+        self.owner(owner).await.proxy.set_mode(ProxyMode::Pass);
+    }
+
+    fn paused_clock(&self) -> bool {
+        false
+    }
+
+    fn slack(&self) -> Duration {
+        // etcd revokes expired leases every 500 ms; a loaded 2-core machine adds scheduling delay.
+        Duration::from_millis(1500)
+    }
+
+    fn unique_name(&self, base: &str) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        format!("{base}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A private etcd process on free loopback ports with its own data directory; killed on drop.
+pub struct EtcdProcess {
+    bin: String,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdProcess {
+    /// Starts etcd and waits until it answers (within 30 s).
+    pub async fn start(test: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let bin = etcd_bin();
+        let dir = std::env::temp_dir().join(format!(
+            "actix-coord-etcd-{test}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create etcd dir");
+        let (client_port, peer_port) = free_ports();
+        let mut etcd = Self {
+            bin,
+            dir,
+            client_port,
+            peer_port,
+            child: None,
+        };
+        etcd.spawn();
+        etcd.wait_ready(Duration::from_secs(30)).await;
+        etcd
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn spawn(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .expect("etcd log");
+        let child = Command::new(&self.bin)
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={}", self.endpoint()))
+            .arg(format!("--advertise-client-urls={}", self.endpoint()))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin));
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("etcd running").id()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.pid());
+    }
+
+    /// Freezes etcd (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Kills etcd (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data directory, and waits until it answers.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        self.wait_ready(Duration::from_secs(30)).await;
+    }
+
+    async fn wait_ready(&mut self, within: Duration) {
+        let give_up = Instant::now() + within;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "etcd exited with {status} before it was ready; log: {}",
+                    self.log_tail()
+                );
+            }
+            let ready = async {
+                let mut client = etcd_client::Client::connect([self.endpoint()], None)
+                    .await
+                    .ok()?;
+                client.get("ready-probe", None).await.ok()
+            };
+            if tokio::time::timeout(Duration::from_secs(2), ready)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "etcd at {} not ready within {within:?}; log: {}",
+                self.endpoint(),
+                self.log_tail()
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_ref() {
+            // A frozen process must be thawed to die promptly on some kernels; SIGKILL works anyway.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Two free loopback ports below the kernel's ephemeral range, so that outgoing connections
+/// cannot take them while a test's etcd is down.
+fn free_ports() -> (u16, u16) {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let span = u64::from(low.saturating_sub(20000).max(1000));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        ^ u64::from(std::process::id()).wrapping_mul(7919);
+    let mut ports = Vec::new();
+    for i in 0..span {
+        let port = 20000 + ((seed + i * 7) % span) as u16;
+        if port >= low || ports.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+            if ports.len() == 2 {
+                return (ports[0], ports[1]);
+            }
+        }
+    }
+    panic!("no free loopback ports below {low}");
+}

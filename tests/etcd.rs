@@ -1,0 +1,696 @@
+//! The lease contract suite and the etcd specifics, against a real etcd.
+//!
+//! Needs `ACTIX_COORD_TEST_ETCD_ENDPOINT` (the shared test etcd) and `ACTIX_COORD_TEST_ETCD_BIN`
+//! (to start private etcd processes that tests freeze, kill and restart); `scripts/test-cluster.sh`
+//! provides both. Every test uses its own key prefix.
+
+#[macro_use]
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_coordination::{
+    BackendError, CoordinationConfig, EtcdError, EtcdLease, EtcdSession, EtcdSettings,
+    FencingToken, Lease, LeaseProvider, LeaseSettings, LostReason,
+};
+use common::contract::LostProbe;
+use common::etcd::{
+    admin_client, endpoint, etcd_settings, unique_prefix, EtcdFixture, EtcdProcess,
+};
+use futures_util::future::join_all;
+use tokio::time::{sleep, timeout, Instant};
+
+contract_suite!(
+    fixture = EtcdFixture::new(),
+    test = #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+);
+
+fn settings(name: &str, owner: &str, ttl: Duration) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+/// Acquires until it succeeds; returns when the successful call finished.
+async fn acquire_within(lease: &impl Lease, within: Duration) -> Instant {
+    let give_up = Instant::now() + within;
+    loop {
+        if let Ok(true) = lease.acquire().await {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{} never acquired {} within {within:?}",
+            lease.owner(),
+            lease.name()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds; panics with `what` after `within`.
+async fn eventually(within: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let give_up = Instant::now() + within;
+    while !condition().await {
+        assert!(Instant::now() < give_up, "{what} (waited {within:?})");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The key is `<prefix><name>`, its value the owner, its etcd lease the session's shared one and
+/// its revision the fencing token; release deletes it and revokes the unused etcd lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_layout_value_token_and_cleanup() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("layout");
+    let session = EtcdSession::connect(etcd_settings(&endpoint, &prefix))
+        .await
+        .unwrap();
+    let mut admin = admin_client(&endpoint).await;
+    let name = "jobs/billing singleton";
+    let lease = session.lease(settings(name, "node-1", Duration::from_secs(6)));
+    assert!(lease.acquire().await.unwrap());
+    let token = lease.fencing_token().unwrap();
+    let key = format!("{prefix}{name}");
+    let got = admin.get(key.as_str(), None).await.unwrap();
+    let kv = got.kvs().first().expect("the key exists while held");
+    assert_eq!(kv.value(), b"node-1");
+    assert_eq!(FencingToken::new(kv.mod_revision() as u64), token);
+    assert_eq!(
+        kv.create_revision(),
+        kv.mod_revision(),
+        "a fresh claim creates the key"
+    );
+    let ids = session.shared_lease_ids().await;
+    assert_eq!(
+        ids,
+        vec![kv.lease()],
+        "attached to the session's shared etcd lease"
+    );
+    let etcd_lease = kv.lease();
+    let ttl = admin.lease_time_to_live(etcd_lease, None).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 6);
+
+    assert!(lease.release().await.unwrap());
+    assert!(admin
+        .get(key.as_str(), None)
+        .await
+        .unwrap()
+        .kvs()
+        .is_empty());
+    // Unused now: revoked after lingering one renewal interval (2 s).
+    eventually(
+        Duration::from_secs(8),
+        "the unused etcd lease is revoked",
+        async || {
+            admin
+                .lease_time_to_live(etcd_lease, None)
+                .await
+                .map(|r| r.ttl() == -1)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    assert!(session.shared_lease_ids().await.is_empty());
+}
+
+/// Another client overwriting or deleting the key takes the lease away at once (the watch), long
+/// before the holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_and_deletion_are_reported_at_once() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("watch");
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let ttl = Duration::from_secs(10);
+    let a = session.lease(settings("watched", "a", ttl));
+    let mut probe = LostProbe::new(&a);
+
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    let put_at = Instant::now();
+    admin
+        .put(format!("{prefix}watched"), "intruder", None)
+        .await
+        .unwrap();
+    let (lost_at, lost) = probe.next(Duration::from_secs(3)).await;
+    assert!(
+        lost_at - put_at < Duration::from_secs(2),
+        "reported {:?} late",
+        lost_at - put_at
+    );
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("intruder".into())
+        }
+    );
+    assert_eq!(lost.fencing_token, Some(token));
+    assert!(!a.check_alive());
+    assert!(!a.acquire().await.unwrap(), "the intruder holds it");
+    probe.none(Duration::from_millis(500)).await;
+
+    admin
+        .delete(format!("{prefix}watched"), None)
+        .await
+        .unwrap();
+    assert!(a.acquire().await.unwrap());
+    let deleted_at = Instant::now();
+    admin
+        .delete(format!("{prefix}watched"), None)
+        .await
+        .unwrap();
+    let (lost_at, lost) = probe.next(Duration::from_secs(3)).await;
+    assert!(lost_at - deleted_at < Duration::from_secs(2));
+    assert_eq!(lost.reason, LostReason::Deleted);
+    assert!(!a.check_alive());
+}
+
+/// A contender waiting with retries is woken by the release through its watch, long before its
+/// retry delay would have let it try again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_contender_is_woken_by_the_release() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("wake");
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let ttl = Duration::from_secs(10);
+    let a = session_a.lease(settings("wake", "a", ttl));
+    let b = session_b.lease(
+        LeaseSettings::builder("wake", "b")
+            .ttl(ttl)
+            .acquire_retries(3)
+            .acquire_retry_delay(Duration::from_secs(8))
+            .build()
+            .unwrap(),
+    );
+    assert!(a.acquire().await.unwrap());
+    let start = Instant::now();
+    let ((got, got_at), (released, released_at)) =
+        tokio::join!(async { (b.acquire().await, Instant::now()) }, async {
+            sleep(Duration::from_millis(500)).await;
+            (a.release().await, Instant::now())
+        });
+    assert!(released.unwrap());
+    assert!(got.unwrap(), "b gets the released lease");
+    assert!(
+        got_at - released_at < Duration::from_secs(1),
+        "b acquired {:?} after the release, not woken by it ({:?} after it started waiting, \
+         its retry delay is 8 s)",
+        got_at - released_at,
+        got_at - start
+    );
+    assert!(b.release().await.unwrap());
+}
+
+/// Two clients race for one lease 100 times: one winner each round, the key says so, tokens grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_race_for_100_rounds() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("race");
+    let mut admin = admin_client(&endpoint).await;
+    let sessions = [
+        EtcdSession::new(etcd_settings(&endpoint, &prefix)),
+        EtcdSession::new(etcd_settings(&endpoint, &prefix)),
+    ];
+    let leases: Vec<EtcdLease> = ["x", "y"]
+        .iter()
+        .zip(&sessions)
+        .map(|(owner, session)| {
+            session.lease(
+                LeaseSettings::builder("race", *owner)
+                    .ttl(Duration::from_secs(6))
+                    .acquire_retries(0)
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let mut last: Option<FencingToken> = None;
+    let mut wins = [0usize; 2];
+    for round in 0..100 {
+        let results = join_all(leases.iter().map(|l| l.acquire())).await;
+        let winners: Vec<usize> = (0..2).filter(|i| matches!(results[*i], Ok(true))).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let (w, l) = (winners[0], 1 - winners[0]);
+        assert!(
+            matches!(results[l], Ok(false)),
+            "round {round}: {results:?}"
+        );
+        assert!(leases[w].check_alive() && !leases[l].check_alive());
+        wins[w] += 1;
+        let token = leases[w].fencing_token().unwrap();
+        assert!(Some(token) > last, "round {round}: {token} after {last:?}");
+        last = Some(token);
+        if round % 10 == 0 {
+            let got = admin.get(format!("{prefix}race"), None).await.unwrap();
+            let kv = got.kvs().first().expect("held");
+            assert_eq!(kv.value(), leases[w].owner().as_bytes(), "round {round}");
+            assert_eq!(kv.mod_revision() as u64, token.value(), "round {round}");
+        }
+        assert!(leases[w].release().await.unwrap(), "round {round}");
+    }
+    println!("wins: {wins:?}");
+}
+
+/// 200 leases with one TTL in one session share ONE etcd lease (one keep-alive), stay held across
+/// renewals, and all lose, each exactly once, when that etcd lease is revoked by someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
+    const N: usize = 200;
+    let endpoint = endpoint();
+    let prefix = unique_prefix("shared");
+    let mut admin = admin_client(&endpoint).await;
+    let session = EtcdSession::connect(etcd_settings(&endpoint, &prefix))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(6);
+    let leases: Vec<EtcdLease> = (0..N)
+        .map(|i| {
+            session.lease(
+                LeaseSettings::builder(format!("shard-{i}"), "node-1")
+                    .ttl(ttl)
+                    .operation_timeout(Duration::from_secs(2))
+                    .acquire_retries(5)
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let counts: Arc<Vec<AtomicUsize>> = Arc::new((0..N).map(|_| AtomicUsize::new(0)).collect());
+    let reasons = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _subs: Vec<_> = leases
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let (counts, reasons) = (Arc::clone(&counts), Arc::clone(&reasons));
+            l.on_lost(move |lost| {
+                counts[i].fetch_add(1, Ordering::SeqCst);
+                reasons.lock().unwrap().push(lost.reason.clone());
+            })
+        })
+        .collect();
+
+    let results = join_all(leases.iter().map(|l| l.acquire())).await;
+    for (i, r) in results.iter().enumerate() {
+        assert!(matches!(r, Ok(true)), "lease {i}: {r:?}");
+    }
+    let ids = session.shared_lease_ids().await;
+    assert_eq!(ids.len(), 1, "one etcd lease for one TTL: {ids:?}");
+    let shared = ids[0];
+    let got = admin
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), N);
+    assert!(
+        got.kvs().iter().all(|kv| kv.lease() == shared),
+        "every key on the shared etcd lease"
+    );
+
+    // Held across more than a TTL of renewals, all through the one etcd lease.
+    let held_until = Instant::now() + ttl + Duration::from_secs(1);
+    while Instant::now() < held_until {
+        assert!(leases.iter().all(|l| l.check_alive()), "all held");
+        sleep(Duration::from_millis(250)).await;
+    }
+    let attached = admin
+        .lease_time_to_live(
+            shared,
+            Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(attached.keys().len(), N);
+    assert_eq!(
+        session.shared_lease_ids().await,
+        vec![shared],
+        "still the one etcd lease"
+    );
+    assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 0));
+
+    let revoked_at = Instant::now();
+    admin.lease_revoke(shared).await.unwrap();
+    let counts2 = Arc::clone(&counts);
+    eventually(Duration::from_secs(4), "every lease is told", async || {
+        counts2.iter().all(|c| c.load(Ordering::SeqCst) >= 1)
+    })
+    .await;
+    let told_within = revoked_at.elapsed();
+    assert!(leases.iter().all(|l| !l.check_alive()));
+    // Exactly once, whatever reported it first (the key's deletion or the keep-alive's ttl 0).
+    sleep(Duration::from_secs(2)).await;
+    let fired: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    assert!(fired.iter().all(|n| *n == 1), "on_lost counts {fired:?}");
+    let reasons = reasons.lock().unwrap();
+    assert!(
+        reasons
+            .iter()
+            .all(|r| matches!(r, LostReason::Deleted | LostReason::Expired { .. })),
+        "{reasons:?}"
+    );
+    println!("{N} leases told within {told_within:?}");
+}
+
+/// etcd frozen while a lease is held: the holder is told at its deadline; after etcd is killed and
+/// restarted, another client gets the lease only after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires() {
+    let mut etcd = EtcdProcess::start("stopped").await;
+    let prefix = unique_prefix("stopped");
+    let ttl = Duration::from_secs(3);
+    let session_a = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
+    let a = session_a.lease(settings("stopped", "a", ttl));
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token_a = a.fencing_token().unwrap();
+    sleep(a.settings().renewal_interval() * 3 / 2).await;
+    assert!(a.check_alive());
+
+    etcd.freeze();
+    let deadline = a.deadline().unwrap();
+    let (lost_at, lost) = probe.next(ttl + Duration::from_secs(3)).await;
+    assert!(lost_at >= deadline, "told before its deadline");
+    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
+    assert!(!a.check_alive());
+
+    etcd.restart().await;
+    let session_b = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
+    let b = session_b.lease(
+        LeaseSettings::builder("stopped", "b")
+            .ttl(ttl)
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    let acquired_at = acquire_within(&b, Duration::from_secs(20)).await;
+    assert!(acquired_at > lost_at);
+    assert!(b.fencing_token().unwrap() > token_a);
+    assert!(!a.check_alive());
+    assert!(!a.acquire().await.unwrap(), "b holds it now");
+    probe.none(Duration::from_millis(200)).await;
+    assert!(b.release().await.unwrap());
+}
+
+/// etcd killed and restarted within the TTL: the holder keeps its lease and tenure, nobody else
+/// gets it, renewals resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restarted_within_the_ttl_keeps_the_lease() {
+    let mut etcd = EtcdProcess::start("restarted").await;
+    let prefix = unique_prefix("restarted");
+    let ttl = Duration::from_secs(10);
+    let session_a = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
+    let a = session_a.lease(settings("restarted", "a", ttl));
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+
+    let restarting = Instant::now();
+    let watch_alive = async {
+        loop {
+            assert!(a.check_alive(), "alive while etcd restarts");
+            sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        _ = etcd.restart() => {}
+        _ = watch_alive => unreachable!(),
+    }
+    let restarted = Instant::now();
+    println!("etcd restarted in {:?}", restarted - restarting);
+    assert!(
+        restarted - restarting < ttl / 2,
+        "etcd took too long to restart"
+    );
+
+    // Renewals resume: the deadline moves past what a pre-restart renewal could give.
+    let a2 = &a;
+    eventually(ttl / 2, "a renewal after the restart", async || {
+        assert!(a2.check_alive());
+        a2.deadline().unwrap() > restarted + a2.settings().local_validity()
+    })
+    .await;
+    assert_eq!(a.fencing_token(), Some(token), "same tenure");
+    probe.none(Duration::from_millis(200)).await;
+
+    let session_b = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
+    let b = session_b.lease(
+        LeaseSettings::builder("restarted", "b")
+            .ttl(ttl)
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    assert!(!b.acquire().await.unwrap(), "a still holds it");
+    assert!(a.release().await.unwrap());
+    assert!(b.acquire().await.unwrap());
+    assert!(b.fencing_token().unwrap() > token);
+    assert!(b.release().await.unwrap());
+}
+
+/// The provider builds etcd leases from configuration; leases of one section share a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_configures_etcd_leases() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("provider");
+    let config: CoordinationConfig = serde_json::from_value(serde_json::json!({
+        "leases": {
+            "jobs": {
+                "backend": "etcd",
+                "ttl": "6s",
+                "etcd": { "endpoints": [endpoint], "prefix": prefix, "connect-timeout": "2s" }
+            },
+            "broken": { "backend": "etcd", "etcd": { "endpoints": [], "prefix": "/x/" } },
+            "missing": { "backend": "etcd" }
+        }
+    }))
+    .unwrap();
+    let provider = LeaseProvider::new(config);
+    let one = provider.get_lease("one", "jobs", "node-1").unwrap();
+    let two = provider.get_lease("two", "jobs", "node-1").unwrap();
+    assert!(one.acquire().await.unwrap());
+    assert!(two.acquire().await.unwrap());
+    let mut admin = admin_client(&endpoint).await;
+    let got = admin
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), 2);
+    assert_eq!(
+        got.kvs()[0].lease(),
+        got.kvs()[1].lease(),
+        "one session, one etcd lease"
+    );
+    assert!(one.release().await.unwrap());
+    assert!(two.release().await.unwrap());
+
+    let e = provider.get_lease("n", "broken", "node-1").unwrap_err();
+    assert!(format!("{e:?}").contains("endpoints"), "{e:?}");
+    let e = provider.get_lease("n", "missing", "node-1").unwrap_err();
+    assert!(format!("{e:?}").contains("section"), "{e:?}");
+    // Construction is lazy: a bad endpoint fails at acquire, as a transient error.
+    let unreachable = EtcdSession::new(etcd_settings("http://127.0.0.1:9", &prefix));
+    let lease = unreachable.lease(
+        LeaseSettings::builder("n", "o")
+            .ttl(Duration::from_secs(3))
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    let err = timeout(Duration::from_secs(10), lease.acquire())
+        .await
+        .expect("bounded by the operation timeout")
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+}
+
+/// With etcd authentication on: the right user works within its prefix; a wrong password or a key
+/// outside the user's permission fails at once, as errors a retry cannot fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_and_permission_errors_are_not_transient() {
+    let etcd = EtcdProcess::start("auth").await;
+    let mut root = admin_client(&etcd.endpoint()).await;
+    root.user_add("root", "root-pw", None).await.unwrap();
+    root.user_grant_role("root", "root").await.unwrap();
+    root.role_add("leases").await.unwrap();
+    root.role_grant_permission(
+        "leases",
+        etcd_client::Permission::read_write("/app/leases/").with_prefix(),
+    )
+    .await
+    .unwrap();
+    root.user_add("app", "app-pw", None).await.unwrap();
+    root.user_grant_role("app", "leases").await.unwrap();
+    root.auth_enable().await.unwrap();
+    let with = |prefix: &str, password: &str| {
+        EtcdSettings::builder([etcd.endpoint()])
+            .prefix(prefix)
+            .credentials("app", password)
+            .build()
+            .unwrap()
+    };
+    let lease_settings = || {
+        LeaseSettings::builder("singleton", "node-1")
+            .ttl(Duration::from_secs(6))
+            .build()
+            .unwrap()
+    };
+
+    let session = EtcdSession::connect(with("/app/leases/", "app-pw"))
+        .await
+        .unwrap();
+    let lease = session.lease(lease_settings());
+    assert!(lease.acquire().await.unwrap());
+    sleep(lease.settings().renewal_interval() + Duration::from_millis(500)).await;
+    assert!(lease.check_alive(), "renewed with credentials");
+    assert!(lease.release().await.unwrap());
+
+    let err = EtcdSession::connect(with("/app/leases/", "wrong"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EtcdError::Unauthenticated { .. }), "{err:?}");
+    assert!(!err.is_transient());
+    let lease = EtcdSession::new(with("/app/leases/", "wrong")).lease(lease_settings());
+    let started = Instant::now();
+    let err = lease.acquire().await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        matches!(
+            err.backend_error::<EtcdError>(),
+            Some(EtcdError::Unauthenticated { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "no retries");
+
+    let err = EtcdSession::connect(with("/elsewhere/", "app-pw"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EtcdError::PermissionDenied { .. }), "{err:?}");
+    let lease = EtcdSession::new(with("/elsewhere/", "app-pw")).lease(lease_settings());
+    let err = lease.acquire().await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        matches!(
+            err.backend_error::<EtcdError>(),
+            Some(EtcdError::PermissionDenied { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(!lease.check_alive());
+}
+
+/// A lease dropped without release (a crash) frees its key after its TTL even though the shared
+/// etcd lease lives on for the process's other leases, which stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_lease_expires_while_its_shared_etcd_lease_lives_on() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("orphan");
+    let ttl = Duration::from_secs(3);
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let x = session.lease(settings("x", "a", ttl));
+    let y = session.lease(settings("y", "a", ttl));
+    assert!(x.acquire().await.unwrap());
+    assert!(y.acquire().await.unwrap());
+    sleep(x.settings().renewal_interval() * 3 / 2).await;
+    let renewed_at = x.deadline().unwrap() - x.settings().local_validity();
+    drop(x);
+
+    let other = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let b = other.lease(
+        LeaseSettings::builder("x", "b")
+            .ttl(ttl)
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    let acquired_at = acquire_within(&b, ttl * 3).await;
+    assert!(
+        acquired_at >= renewed_at + ttl,
+        "taken {:?} before the ttl ran out",
+        (renewed_at + ttl) - acquired_at
+    );
+    let late = acquired_at - (renewed_at + ttl);
+    assert!(
+        late < Duration::from_millis(2500),
+        "freed {late:?} after the ttl"
+    );
+    // The other lease of the process kept its key and its etcd lease all along.
+    assert!(y.check_alive());
+    let mut admin = admin_client(&endpoint).await;
+    let got = admin.get(format!("{prefix}y"), None).await.unwrap();
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"a"[..]));
+    assert_eq!(session.shared_lease_ids().await.len(), 1);
+    assert!(y.release().await.unwrap());
+    assert!(b.release().await.unwrap());
+}
+
+/// When the watch stream breaks and the history since the claim was compacted meanwhile, the
+/// holder checks the key and watches on: it keeps the lease, and a later takeover is still
+/// reported at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_survives_a_broken_stream_and_a_compacted_history() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("compacted");
+    let proxy = common::proxy::FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let session = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let ttl = Duration::from_secs(10);
+    let a = session.lease(settings("compacted", "a", ttl));
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+
+    let mut admin = admin_client(&endpoint).await;
+    let mut revision = 0;
+    for i in 0..5 {
+        let put = admin
+            .put(format!("{prefix}other"), format!("{i}"), None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    // Break every stream of the session for a moment (well within the ttl)...
+    proxy.set_mode(common::proxy::ProxyMode::Reset);
+    sleep(Duration::from_millis(300)).await;
+    // ...and compact the history past the claim before the watch comes back.
+    admin.compact(revision, None).await.unwrap();
+    proxy.set_mode(common::proxy::ProxyMode::Pass);
+    // Renewals resume, the watch is re-established from the current revision.
+    let resumed = Instant::now();
+    let a2 = &a;
+    eventually(ttl / 2, "a renewal after the partition", async || {
+        a2.deadline().unwrap() > resumed + a2.settings().local_validity()
+    })
+    .await;
+    sleep(Duration::from_secs(2)).await;
+    probe.none(Duration::ZERO).await;
+    assert!(a.check_alive());
+    assert_eq!(a.fencing_token(), Some(token));
+
+    let put_at = Instant::now();
+    admin
+        .put(format!("{prefix}compacted"), "intruder", None)
+        .await
+        .unwrap();
+    let (lost_at, lost) = probe.next(Duration::from_secs(4)).await;
+    assert!(
+        lost_at - put_at < Duration::from_secs(2),
+        "reported {:?} after the takeover",
+        lost_at - put_at
+    );
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("intruder".into())
+        }
+    );
+}

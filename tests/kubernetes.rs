@@ -1,0 +1,1172 @@
+//! The lease contract suite and the Kubernetes specifics against a real kube-apiserver.
+//!
+//! Needs the test cluster of `scripts/test-cluster.sh` (`scripts/test.sh` starts it, runs every
+//! test and stops it again); without its environment every test fails with a message saying so.
+//! Each owner talks to the API server through its own [`FaultProxy`], so one owner can be
+//! partitioned (connections reset) or paused (traffic blackholed) while the others go on.
+
+#[macro_use]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use actix_coordination::{
+    is_valid_kubernetes_object_name as is_valid_object_name, kubernetes_object_name as object_name,
+    AcquireAttempt, BackendError, CoordinationConfig, KubernetesBackend, KubernetesError,
+    KubernetesLease, KubernetesSettings, Lease, LeaseBackend, LeaseError, LeaseProvider,
+    LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome,
+    KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
+};
+use common::contract::{Fixture, LostProbe};
+use common::proxy::{FaultProxy, ProxyMode};
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+use tokio::time::{sleep, timeout, Instant};
+
+/// The TTL of the contract suite's leases: short, and a whole number of seconds (Kubernetes
+/// stores whole seconds).
+const TTL: Duration = Duration::from_secs(3);
+/// Generous: a noisy 2-core machine runs the API server, etcd and two tests at once.
+const SLACK: Duration = Duration::from_millis(1000);
+
+/// The test cluster, from the environment `scripts/test-cluster.sh up` writes.
+struct TestEnv {
+    url: String,
+    upstream: SocketAddr,
+    ca: PathBuf,
+    token: String,
+    admin_token: String,
+    norole_token: String,
+    namespace: String,
+    apiserver_bin: PathBuf,
+    apiserver_args: Vec<String>,
+    dir: PathBuf,
+}
+
+static ENV: LazyLock<TestEnv> = LazyLock::new(|| {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set. The Kubernetes tests need the test cluster: run them with \
+                 `scripts/test-cluster.sh run -- cargo test --features kubernetes --test kubernetes` \
+                 (or `scripts/test-cluster.sh up` and `. target/test-cluster/env` first)"
+            )
+        })
+    };
+    let url = var("ACTIX_COORD_TEST_K8S_URL");
+    let upstream = url
+        .strip_prefix("https://")
+        .and_then(|a| a.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("ACTIX_COORD_TEST_K8S_URL={url} is not https://IP:PORT"));
+    TestEnv {
+        upstream,
+        url,
+        ca: var("ACTIX_COORD_TEST_K8S_CA").into(),
+        token: var("ACTIX_COORD_TEST_K8S_TOKEN"),
+        admin_token: var("ACTIX_COORD_TEST_K8S_ADMIN_TOKEN"),
+        norole_token: var("ACTIX_COORD_TEST_K8S_NOROLE_TOKEN"),
+        namespace: var("ACTIX_COORD_TEST_K8S_NAMESPACE"),
+        apiserver_bin: var("ACTIX_COORD_TEST_KUBE_APISERVER_BIN").into(),
+        apiserver_args: var("ACTIX_COORD_TEST_KUBE_APISERVER_ARGS")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+        dir: var("ACTIX_COORD_TEST_DIR").into(),
+    }
+});
+
+/// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
+static RUN: LazyLock<String> = LazyLock::new(|| {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    format!(
+        "{:08x}",
+        (nanos ^ u64::from(std::process::id()).rotate_left(32)) & 0xffff_ffff
+    )
+});
+
+fn unique(base: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{base}-{}-{}", *RUN, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Tests hold it shared; the request-count test holds it alone, so that the API server's metrics
+/// count its requests only.
+static GATE: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
+
+enum Gate {
+    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    Exclusive(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
+}
+
+/// A kube client for `url` authenticated with `token`, trusting the test cluster's CA.
+fn client(url: &str, token: &str) -> kube::Client {
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "test".into(),
+            cluster: Some(Cluster {
+                server: Some(url.to_owned()),
+                certificate_authority: Some(ENV.ca.display().to_string()),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "test".into(),
+            auth_info: Some(AuthInfo {
+                token: Some(token.to_owned().into()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "test".into(),
+            context: Some(Context {
+                cluster: "test".into(),
+                user: Some("test".into()),
+                namespace: Some(ENV.namespace.clone()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some("test".into()),
+        ..Kubeconfig::default()
+    };
+    let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
+    config.default_retry = false;
+    config.proxy_url = None;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+fn admin() -> Api<LeaseObject> {
+    Api::namespaced(client(&ENV.url, &ENV.admin_token), &ENV.namespace)
+}
+
+fn settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(TTL)
+        // A wide margin keeps the holder's local expiry well ahead of a contender's, even when
+        // the holder's timer fires late on a busy machine.
+        .clock_drift_margin(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+/// The Kubernetes fixture: one fault proxy per owner, leases built from a kube client through it.
+struct KubeFixture {
+    proxies: Mutex<HashMap<String, Arc<FaultProxy>>>,
+    _gate: Gate,
+}
+
+impl KubeFixture {
+    async fn new() -> Self {
+        Self::with_gate(Gate::Shared(GATE.clone().read_owned().await))
+    }
+
+    async fn exclusive() -> Self {
+        Self::with_gate(Gate::Exclusive(GATE.clone().write_owned().await))
+    }
+
+    fn with_gate(gate: Gate) -> Self {
+        let _ = &*ENV;
+        Self {
+            proxies: Mutex::new(HashMap::new()),
+            _gate: gate,
+        }
+    }
+
+    async fn proxy(&self, owner: &str) -> Arc<FaultProxy> {
+        if let Some(p) = self.proxies.lock().unwrap().get(owner) {
+            return Arc::clone(p);
+        }
+        let proxy = Arc::new(FaultProxy::start(ENV.upstream).await);
+        Arc::clone(
+            self.proxies
+                .lock()
+                .unwrap()
+                .entry(owner.to_owned())
+                .or_insert(proxy),
+        )
+    }
+
+    async fn lease_with_token(&self, settings: LeaseSettings, token: &str) -> KubernetesLease {
+        let proxy = self.proxy(settings.owner()).await;
+        let client = client(&format!("https://{}", proxy.addr()), token);
+        KubernetesLease::with_client(settings, client, ENV.namespace.clone()).unwrap()
+    }
+
+    async fn set_mode(&self, owner: &str, mode: ProxyMode) {
+        self.proxy(owner).await.set_mode(mode);
+    }
+}
+
+impl Fixture for KubeFixture {
+    type Lease = KubernetesLease;
+
+    fn settings(&self, name: &str, owner: &str) -> LeaseSettings {
+        settings(name, owner)
+    }
+
+    async fn lease(&self, settings: LeaseSettings) -> KubernetesLease {
+        self.lease_with_token(settings, &ENV.token).await
+    }
+
+    async fn partition(&self, owner: &str) {
+        self.set_mode(owner, ProxyMode::Reset).await;
+    }
+
+    async fn pause(&self, owner: &str) {
+        self.set_mode(owner, ProxyMode::Blackhole).await;
+    }
+
+    async fn heal(&self, owner: &str) {
+        self.set_mode(owner, ProxyMode::Pass).await;
+    }
+
+    fn paused_clock(&self) -> bool {
+        false
+    }
+
+    fn slack(&self) -> Duration {
+        SLACK
+    }
+
+    fn unique_name(&self, base: &str) -> String {
+        unique(base)
+    }
+}
+
+contract_suite!(
+    fixture = KubeFixture::new().await,
+    test = #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+);
+
+fn no_retries(settings: LeaseSettings) -> LeaseSettings {
+    settings.to_builder().acquire_retries(0).build().unwrap()
+}
+
+async fn read(name: &str) -> LeaseObject {
+    admin().get(&object_name(name)).await.expect("admin get")
+}
+
+fn spec(lease: &LeaseObject) -> &LeaseSpec {
+    lease.spec.as_ref().expect("spec")
+}
+
+/// Two clients racing for a lease nobody created yet: one creates it, the other is told it is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_race_for_fresh_leases() {
+    let f = KubeFixture::new().await;
+    for round in 0..100 {
+        let name = unique("fresh");
+        let a = f.lease(no_retries(settings(&name, "a"))).await;
+        let b = f.lease(no_retries(settings(&name, "b"))).await;
+        let (ra, rb) = tokio::join!(a.acquire(), b.acquire());
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert!(ra ^ rb, "round {round}: a {ra}, b {rb}");
+        let (winner, loser) = if ra { (&a, &b) } else { (&b, &a) };
+        assert_eq!(winner.fencing_token().unwrap().value(), 1, "created");
+        assert!(!loser.check_alive());
+        assert_eq!(
+            spec(&read(&name).await).holder_identity.as_deref(),
+            Some(winner.owner())
+        );
+        assert!(winner.release().await.unwrap());
+    }
+}
+
+/// A crashed holder's lease goes to the contender after the TTL, not before, with the next token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
+    let f = KubeFixture::new().await;
+    let name = unique("dropped");
+    let a = f.lease(settings(&name, "a")).await;
+    let b = f.lease(no_retries(settings(&name, "b"))).await;
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    assert!(!b.acquire().await.unwrap());
+    sleep(Duration::from_millis(1500)).await;
+    let renewed_at = a.deadline().unwrap() - a.settings().local_validity();
+    drop(a);
+    let mut attempts = Vec::new();
+    let acquired_at = loop {
+        let start = Instant::now();
+        let got = b.acquire().await.unwrap();
+        let end = Instant::now();
+        attempts.push((start, got));
+        if got {
+            break end;
+        }
+        assert!(end < renewed_at + TTL * 3, "never taken over");
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        acquired_at >= renewed_at + TTL,
+        "taken over before the TTL ran out"
+    );
+    assert!(
+        acquired_at <= renewed_at + TTL + SLACK,
+        "taken over {:?} after the TTL ran out",
+        acquired_at - (renewed_at + TTL)
+    );
+    assert!(attempts.len() > 10, "b kept trying: {}", attempts.len());
+    assert_eq!(b.fencing_token().unwrap().value(), token.value() + 1);
+    let object = read(&name).await;
+    assert_eq!(spec(&object).holder_identity.as_deref(), Some("b"));
+    assert_eq!(
+        spec(&object).lease_transitions,
+        Some(token.value() as i32 + 1)
+    );
+    assert!(b.release().await.unwrap());
+}
+
+/// A holder whose traffic is blackholed is told (on_lost, check_alive false) before the contender
+/// holds the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_is_told_before_the_contender_acquires() {
+    let f = KubeFixture::new().await;
+    let name = unique("blackhole");
+    let a = Arc::new(f.lease(settings(&name, "a")).await);
+    let b = f.lease(no_retries(settings(&name, "b"))).await;
+    let mut probe = LostProbe::new(&*a);
+    assert!(a.acquire().await.unwrap());
+    sleep(Duration::from_millis(500)).await;
+    f.pause("a").await;
+    // Record when a's check_alive turned false, from a separate task.
+    let dead_at = Arc::new(Mutex::new(None::<Instant>));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (a, dead_at, stop) = (Arc::clone(&a), Arc::clone(&dead_at), Arc::clone(&stop));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if !a.check_alive() {
+                    dead_at.lock().unwrap().get_or_insert(Instant::now());
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let acquired_at = loop {
+        if b.acquire().await.unwrap() {
+            break Instant::now();
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!a.check_alive(), "a alive while b holds the lease");
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    let dead_at = dead_at
+        .lock()
+        .unwrap()
+        .expect("a's check_alive turned false");
+    let (lost_at, lost) = probe.next(SLACK).await;
+    assert!(lost_at < acquired_at, "on_lost came after b held the lease");
+    assert!(dead_at < acquired_at);
+    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
+    f.heal("a").await;
+    assert!(b.release().await.unwrap());
+}
+
+/// A takeover written by someone else reaches the holder through its watch, long before its next
+/// renewal would notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_and_deletion_are_reported_by_the_watch() {
+    let f = KubeFixture::new().await;
+    let long = |name: &str, owner: &str| {
+        LeaseSettings::builder(name, owner)
+            .ttl(Duration::from_secs(30))
+            .renewal_interval(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    // Taken over.
+    let name = unique("intruder");
+    let a = f.lease(long(&name, "a")).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    let admin = admin();
+    let mut object = read(&name).await;
+    let spec = object.spec.as_mut().unwrap();
+    spec.holder_identity = Some("intruder".into());
+    spec.lease_transitions = Some(token.value() as i32 + 1);
+    let written = Instant::now();
+    admin
+        .replace(&object_name(&name), &PostParams::default(), &object)
+        .await
+        .unwrap();
+    let (lost_at, lost) = probe.next(Duration::from_secs(5)).await;
+    assert!(
+        lost_at - written < Duration::from_secs(2),
+        "reported after {:?}",
+        lost_at - written
+    );
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("intruder".into())
+        }
+    );
+    assert!(!a.check_alive());
+    assert!(a.release().await.unwrap(), "nothing of a's left to release");
+    assert_eq!(
+        read(&name).await.spec.unwrap().holder_identity.as_deref(),
+        Some("intruder"),
+        "the release did not touch the intruder's claim"
+    );
+
+    // Deleted (which an operator must never do: tokens restart).
+    let name = unique("deleted");
+    let a = f.lease(long(&name, "a")).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let deleted = Instant::now();
+    admin
+        .delete(&object_name(&name), &DeleteParams::default())
+        .await
+        .unwrap();
+    let (lost_at, lost) = probe.next(Duration::from_secs(5)).await;
+    assert!(lost_at - deleted < Duration::from_secs(2));
+    assert_eq!(lost.reason, LostReason::Deleted);
+    assert!(!a.check_alive());
+}
+
+/// A contender waiting between attempts watches the object: the holder's renewals cost it
+/// nothing, and a release wakes it within a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_contender_sees_the_release_at_once() {
+    let f = KubeFixture::new().await;
+    let name = unique("wake");
+    let a = f.lease(settings(&name, "a")).await;
+    let b = f
+        .lease(
+            settings(&name, "b")
+                .to_builder()
+                .acquire_retries(3)
+                .acquire_retry_delay(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        )
+        .await;
+    assert!(a.acquire().await.unwrap());
+    let before = b.backend().stats();
+    let renewals_before = a.backend().stats().updates;
+    let released_at = Arc::new(Mutex::new(None::<Instant>));
+    let (got, _) = tokio::join!(b.acquire(), async {
+        // Long enough for a to renew twice while b waits.
+        sleep(Duration::from_millis(2500)).await;
+        assert!(a.backend().stats().updates >= renewals_before + 2);
+        assert!(a.release().await.unwrap());
+        *released_at.lock().unwrap() = Some(Instant::now());
+    });
+    let acquired_at = Instant::now();
+    assert!(got.unwrap(), "b got the released lease");
+    let released_at = released_at.lock().unwrap().unwrap();
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "woken {:?} after the release (the retry delay is 20 s)",
+        acquired_at - released_at
+    );
+    // One read before waiting, one watch through a's renewals, one read and one claim after the
+    // release: no polling.
+    let spent = b.backend().stats();
+    assert_eq!(spent.gets - before.gets, 2, "{before:?} -> {spent:?}");
+    assert_eq!(spent.watches - before.watches, 1, "{before:?} -> {spent:?}");
+    assert_eq!(spent.updates - before.updates, 1, "{before:?} -> {spent:?}");
+    assert!(b.release().await.unwrap());
+}
+
+/// A Lease written by client-go's leader election (same fields, no annotation) is respected: it
+/// is held until leaseDurationSeconds after *we* first saw it, whatever its renewTime says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_lease_is_respected() {
+    let f = KubeFixture::new().await;
+    let admin = admin();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let hour = k8s_openapi::jiff::SignedDuration::from_hours(1);
+    // renewTime now, an hour ago and an hour ahead (skewed clocks): none of it matters.
+    let cases = [
+        ("client-go", now),
+        ("client-go-stale", now - hour),
+        ("client-go-future", now + hour),
+    ];
+    let mut names = Vec::new();
+    for (base, renew) in cases {
+        let name = unique(base);
+        let object = LeaseObject {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("client-go-node".into()),
+                acquire_time: Some(MicroTime(renew)),
+                renew_time: Some(MicroTime(renew)),
+                lease_duration_seconds: Some(3),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        admin.create(&PostParams::default(), &object).await.unwrap();
+        names.push(name);
+    }
+    let runs = names.iter().map(|name| {
+        let f = &f;
+        async move {
+            let b = f.lease(no_retries(settings(name, "b"))).await;
+            let mut first: Option<(Instant, Instant)> = None;
+            let mut falses = Vec::new();
+            let acquired_at = loop {
+                let start = Instant::now();
+                let got = b.acquire().await.unwrap();
+                let end = Instant::now();
+                first.get_or_insert((start, end));
+                if got {
+                    break end;
+                }
+                falses.push(start);
+                assert!(end < start + Duration::from_secs(20), "never acquired");
+                sleep(Duration::from_millis(50)).await;
+            };
+            let (first_start, first_end) = first.unwrap();
+            assert!(!falses.is_empty(), "{name}: held at first");
+            assert!(
+                acquired_at >= first_start + Duration::from_secs(3),
+                "{name}: acquired {:?} after first seeing it",
+                acquired_at - first_start
+            );
+            for start in falses {
+                assert!(
+                    start < first_end + Duration::from_secs(3),
+                    "{name}: refused after expiry"
+                );
+            }
+            assert!(acquired_at <= first_end + Duration::from_secs(3) + SLACK);
+            assert_eq!(
+                b.fencing_token().unwrap().value(),
+                1,
+                "leaseTransitions 0 + 1"
+            );
+            let object = read(name).await;
+            assert_eq!(spec(&object).holder_identity.as_deref(), Some("b"));
+            assert_eq!(spec(&object).lease_transitions, Some(1));
+            assert!(b.release().await.unwrap());
+        }
+    });
+    futures_util::future::join_all(runs).await;
+}
+
+/// A user without the Role gets a permanent, typed error naming verb, resource and namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_rbac_names_verb_resource_and_namespace() {
+    let f = KubeFixture::new().await;
+    let name = unique("forbidden");
+    let lease = f
+        .lease_with_token(settings(&name, "norole"), &ENV.norole_token)
+        .await;
+    let start = Instant::now();
+    let err = lease.acquire().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "not retried: a missing permission does not heal"
+    );
+    assert!(!err.is_transient(), "{err}");
+    let backend = err
+        .backend_error::<KubernetesError>()
+        .unwrap_or_else(|| panic!("a KubernetesError: {err:?}"));
+    match backend {
+        KubernetesError::Forbidden {
+            verb,
+            resource,
+            namespace,
+            user_message,
+        } => {
+            assert_eq!(*verb, "get");
+            assert_eq!(*resource, "leases.coordination.k8s.io");
+            assert_eq!(namespace, &ENV.namespace);
+            assert!(user_message.contains("no-role"), "{user_message}");
+        }
+        other => panic!("expected Forbidden, got {other:?}"),
+    }
+    let text = backend.to_string();
+    assert!(
+        text.contains("get") && text.contains(&ENV.namespace),
+        "{text}"
+    );
+    assert!(!lease.check_alive());
+    assert!(
+        admin()
+            .get_opt(&object_name(&name))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing was created"
+    );
+}
+
+/// Names that are not valid object names map to distinct valid objects that carry the original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_names_map_to_distinct_valid_objects() {
+    let f = KubeFixture::new().await;
+    let run = &*RUN;
+    let names = [
+        format!("Jobs/Leader {run}"),
+        format!("jobs:leader {run}"),
+        format!("{}-{run}", "x".repeat(300)),
+        format!("{}-{run}", "X".repeat(300)),
+    ];
+    let mut leases = Vec::new();
+    for name in &names {
+        let lease = f.lease(settings(name, "a")).await;
+        assert!(lease.acquire().await.unwrap(), "{name}");
+        leases.push(lease);
+    }
+    let objects: Vec<&str> = leases.iter().map(|l| l.backend().object_name()).collect();
+    for (i, object) in objects.iter().enumerate() {
+        assert!(is_valid_object_name(object), "{object}");
+        assert!(object.len() <= 253);
+        assert_eq!(*object, object_name(&names[i]));
+        for other in &objects[i + 1..] {
+            assert_ne!(object, other);
+        }
+    }
+    assert!(objects[0].starts_with("jobs-leader-") && objects[1].starts_with("jobs-leader-"));
+    let admin = admin();
+    for (name, object) in names.iter().zip(&objects) {
+        let stored = admin.get(object).await.unwrap();
+        assert_eq!(
+            stored
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LEASE_NAME_ANNOTATION)),
+            Some(name)
+        );
+        assert_eq!(spec(&stored).holder_identity.as_deref(), Some("a"));
+    }
+    for lease in &leases {
+        assert!(lease.release().await.unwrap());
+    }
+}
+
+/// Leases from a configuration file, with the token read from a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_builds_leases_from_configuration() {
+    let _f = KubeFixture::new().await;
+    let token_file = std::env::temp_dir().join(format!("actix-coordination-token-{}", *RUN));
+    std::fs::write(&token_file, &ENV.token).unwrap();
+    let config: CoordinationConfig = toml::from_str(&format!(
+        r#"
+        [leases.k8s]
+        backend = "kubernetes"
+        ttl = "3s"
+
+        [leases.k8s.kubernetes]
+        namespace = "{ns}"
+        api-url = "{url}"
+        token-file = "{token}"
+        ca-file = "{ca}"
+        "#,
+        ns = ENV.namespace,
+        url = ENV.url,
+        token = token_file.display(),
+        ca = ENV.ca.display(),
+    ))
+    .unwrap();
+    let provider = LeaseProvider::new(config);
+    let name = unique("provided");
+    let a = provider.get_lease(&name, "k8s", "a").unwrap();
+    let b = provider.get_lease(&name, "k8s", "b").unwrap();
+    assert!(a.acquire().await.unwrap());
+    assert!(!b.acquire().await.unwrap());
+    assert_eq!(spec(&read(&name).await).lease_duration_seconds, Some(3));
+    assert!(a.release().await.unwrap());
+    assert!(b.acquire().await.unwrap());
+    assert!(b.release().await.unwrap());
+    std::fs::remove_file(&token_file).ok();
+}
+
+/// The lease's cost: exactly one request per renewal interval while held, counted by the API
+/// server (its metrics, with this test running alone) and by the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_sends_one_request_per_renewal_interval() {
+    let f = KubeFixture::exclusive().await;
+    let name = unique("cost");
+    let a = f.lease(settings(&name, "a")).await;
+    let interval = a.settings().renewal_interval();
+    assert!(a.acquire().await.unwrap());
+    let admin = client(&ENV.url, &ENV.admin_token);
+    // Start counting just after a renewal, so that the window boundaries sit between renewals.
+    let wait_updates = |target: u64| {
+        let a = &a;
+        async move {
+            timeout(interval * 15, async {
+                while a.backend().stats().updates < target {
+                    sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("renewals go on");
+            sleep(interval / 4).await;
+        }
+    };
+    wait_updates(a.backend().stats().updates + 1).await;
+    let (m0, s0, t0) = (
+        lease_requests(&admin).await,
+        a.backend().stats(),
+        Instant::now(),
+    );
+    wait_updates(s0.updates + 10).await;
+    let (m1, s1, t1) = (
+        lease_requests(&admin).await,
+        a.backend().stats(),
+        Instant::now(),
+    );
+    let elapsed = t1 - t0;
+    assert_eq!(s1.updates - s0.updates, 10);
+    assert_eq!(s1.requests() - s0.requests(), 10, "{s0:?} -> {s1:?}");
+    assert_eq!(s1.watches, s0.watches, "the watch stays open");
+    assert!(
+        elapsed >= interval * 9 && elapsed <= interval * 12,
+        "10 renewals took {elapsed:?} (interval {interval:?})"
+    );
+    let delta: BTreeMap<&str, u64> = m1
+        .iter()
+        .map(|(verb, n)| (verb.as_str(), n - m0.get(verb).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(
+        delta,
+        BTreeMap::from([("PUT", 10)]),
+        "requests on leases seen by the API server in {elapsed:?}"
+    );
+    println!(
+        "{} lease requests in {elapsed:?} ({:.2} per {interval:?} renewal interval)",
+        s1.requests() - s0.requests(),
+        (s1.requests() - s0.requests()) as f64 / (elapsed.as_secs_f64() / interval.as_secs_f64())
+    );
+    assert!(a.release().await.unwrap());
+}
+
+/// `apiserver_request_total{resource="leases"}` by verb, from the API server's metrics.
+async fn lease_requests(admin: &kube::Client) -> BTreeMap<String, u64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(request).await.expect("metrics");
+    let mut by_verb = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        if !labels.contains("resource=\"leases\"") {
+            continue;
+        }
+        let verb = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("verb=\""))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        *by_verb.entry(verb).or_insert(0) += value.trim().parse::<f64>().unwrap() as u64;
+    }
+    by_verb
+}
+
+/// A second kube-apiserver on the test cluster's etcd, killed with SIGKILL when dropped.
+struct SecondApiserver {
+    port: u16,
+    child: Option<std::process::Child>,
+    log: PathBuf,
+}
+
+impl SecondApiserver {
+    fn start(port: u16) -> Self {
+        let log = ENV.dir.join(format!("apiserver-restart-{port}.log"));
+        let mut server = Self {
+            port,
+            child: None,
+            log,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = std::process::Command::new(&ENV.apiserver_bin)
+            .args(&ENV.apiserver_args)
+            .arg(format!("--secure-port={}", self.port))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start a second kube-apiserver");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits until `/readyz` answers `ok`, or panics at `deadline`.
+    async fn ready(&self, deadline: Instant) {
+        let admin = client(&self.url(), &ENV.admin_token);
+        loop {
+            let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            if let Ok(Ok(body)) = timeout(Duration::from_secs(2), admin.request_text(request)).await
+            {
+                if body.trim() == "ok" {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the second kube-apiserver on port {} was not ready in time (log: {})",
+                self.port,
+                self.log.display()
+            );
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for SecondApiserver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The API server a holder talks to is killed and restarted within the TTL: the lease survives
+/// (no loss, same tenure, renewed again once the server is back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_survives_an_apiserver_restart_within_the_ttl() {
+    let f = KubeFixture::new().await;
+    let mut server = SecondApiserver::start(free_port());
+    server.ready(Instant::now() + Duration::from_secs(90)).await;
+    let ttl = Duration::from_secs(30);
+    let name = unique("restart");
+    let a = KubernetesLease::new(
+        LeaseSettings::builder(&name, "a")
+            .ttl(ttl)
+            .renewal_interval(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+        KubernetesSettings::new(&ENV.namespace)
+            .with_api_url(server.url())
+            .with_token(&ENV.token)
+            .with_ca_file(&ENV.ca),
+    )
+    .unwrap();
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    // Kill it right after a renewal: the whole TTL is left for the restart.
+    let before = a.deadline().unwrap();
+    timeout(Duration::from_secs(10), async {
+        while a.deadline().unwrap() == before {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a renewal");
+    let deadline_at_kill = a.deadline().unwrap();
+    server.kill();
+    let killed_at = Instant::now();
+    server.spawn();
+    server
+        .ready(deadline_at_kill - Duration::from_secs(3))
+        .await;
+    let back_after = killed_at.elapsed();
+    // Renewed through the restarted server.
+    timeout(Duration::from_secs(10), async {
+        while a.deadline().is_some_and(|d| d <= deadline_at_kill) {
+            assert!(a.check_alive(), "lost during the restart");
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("renewed after the restart");
+    assert!(a.check_alive());
+    assert_eq!(a.fencing_token(), Some(token), "the same tenure");
+    probe.none(Duration::from_millis(100)).await;
+    // Everyone else still sees it held.
+    let b = f.lease(no_retries(settings(&name, "b"))).await;
+    assert!(!b.acquire().await.unwrap());
+    let object = read(&name).await;
+    assert_eq!(spec(&object).holder_identity.as_deref(), Some("a"));
+    assert_eq!(spec(&object).lease_transitions, Some(token.value() as i32));
+    println!("kube-apiserver back after {back_after:?}; lease kept");
+    assert!(a.release().await.unwrap());
+}
+
+/// An unreachable API server makes acquire fail with a transient error; a refused connection too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_a_transient_error() {
+    let _f = KubeFixture::new().await;
+    let port = free_port();
+    let name = unique("nobody");
+    let lease = KubernetesLease::new(
+        no_retries(settings(&name, "a")),
+        KubernetesSettings::new(&ENV.namespace)
+            .with_api_url(format!("https://127.0.0.1:{port}"))
+            .with_token("t")
+            .with_ca_file(&ENV.ca),
+    )
+    .unwrap();
+    let err = lease.acquire().await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        matches!(
+            err.backend_error::<KubernetesError>(),
+            Some(KubernetesError::Request { verb: "get", .. })
+        ),
+        "{err:?}"
+    );
+    assert!(!matches!(err, LeaseError::Timeout { .. }));
+}
+
+/// A proxy that always forwards requests but can drop every response: the server applies a write
+/// whose answer never arrives.
+struct ResponseDropper {
+    addr: SocketAddr,
+    drop_responses: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ResponseDropper {
+    async fn start(upstream: SocketAddr) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let drop_responses = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&drop_responses);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let flag = Arc::clone(&flag);
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    });
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) if !flag.load(Ordering::SeqCst) => {
+                                if cw.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Ok(_) => {} // dropped
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self {
+            addr,
+            drop_responses,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    fn set_dropping(&self, on: bool) {
+        self.drop_responses.store(on, Ordering::SeqCst);
+    }
+}
+
+impl Drop for ResponseDropper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn resource_version(name: &str) -> String {
+    read(name).await.metadata.resource_version.unwrap()
+}
+
+/// The backend's single steps against the real server, in the situations the contract suite cannot
+/// stage: a renewal whose answer was lost, a third-party edit, a stale tenure's release, a claim
+/// whose answer was lost, a takeover and a deletion seen by a renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_steps_handle_lost_answers_and_conflicts() {
+    let _f = KubeFixture::new().await;
+    let proxy = ResponseDropper::start(ENV.upstream).await;
+    let name = unique("steps");
+    let s = settings(&name, "a");
+    let backend =
+        KubernetesBackend::with_client(&name, client(&proxy.url(), &ENV.token), &ENV.namespace)
+            .unwrap();
+    let AcquireAttempt::Acquired {
+        mut tenure, token, ..
+    } = backend.try_acquire(&s).await.unwrap()
+    else {
+        panic!("a fresh lease is free")
+    };
+
+    // 1. A renewal is applied but its answer is lost (the call times out)...
+    let version = resource_version(&name).await;
+    proxy.set_dropping(true);
+    let started = Instant::now();
+    assert!(
+        timeout(Duration::from_secs(1), backend.renew(&s, &mut tenure))
+            .await
+            .is_err()
+    );
+    let timed_out = Instant::now();
+    timeout(Duration::from_secs(5), async {
+        while resource_version(&name).await == version {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the renewal was applied");
+    proxy.set_dropping(false);
+    // ... so the next one hits 409, reads once, recognises its own write and adopts it, valid from
+    // the start of the lost call.
+    let before = backend.stats();
+    match backend.renew(&s, &mut tenure).await.unwrap() {
+        RenewOutcome::Renewed {
+            valid_from: Some(from),
+        } => assert!(from >= started && from <= timed_out, "valid from {from:?}"),
+        other => panic!("expected the lost renewal to be adopted, got {other:?}"),
+    }
+    let after = backend.stats();
+    assert_eq!(
+        (after.updates - before.updates, after.gets - before.gets),
+        (1, 1)
+    );
+    assert_eq!(
+        backend.renew(&s, &mut tenure).await.unwrap(),
+        RenewOutcome::Renewed { valid_from: None },
+        "back to plain renewals"
+    );
+
+    // 2. Someone edits the object without taking it: that renewal fails transiently (nothing of
+    // ours was renewed), the next one works.
+    let admin = admin();
+    let mut object = read(&name).await;
+    object
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("example.com/note".into(), "edited".into());
+    admin
+        .replace(&object_name(&name), &PostParams::default(), &object)
+        .await
+        .unwrap();
+    let err = backend.renew(&s, &mut tenure).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(matches!(err, KubernetesError::Conflict { .. }), "{err}");
+    assert_eq!(
+        backend.renew(&s, &mut tenure).await.unwrap(),
+        RenewOutcome::Renewed { valid_from: None }
+    );
+
+    // 3. A claim whose answer was lost (the tenure is forgotten) is reused as a new tenure.
+    drop(tenure);
+    let AcquireAttempt::Acquired {
+        tenure,
+        token: token2,
+        ..
+    } = backend.try_acquire(&s).await.unwrap()
+    else {
+        panic!("the owner's own claim is reused")
+    };
+    assert_eq!(token2.value(), token.value() + 1);
+    assert_eq!(
+        spec(&read(&name).await).lease_transitions,
+        Some(token2.value() as i32)
+    );
+
+    // 4. Releasing with a stale resourceVersion still releases (409, read, ours, retry).
+    let stale = tenure.clone();
+    let mut fresh = tenure;
+    backend.renew(&s, &mut fresh).await.unwrap();
+    assert_eq!(
+        backend.release(&s, stale).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let object = read(&name).await;
+    assert_eq!(spec(&object).holder_identity, None);
+    assert_eq!(
+        spec(&object).lease_transitions,
+        Some(token2.value() as i32),
+        "a release keeps the counter"
+    );
+
+    // 5. Taken over: the renewal says by whom, and a release leaves the new holder alone.
+    let AcquireAttempt::Acquired { mut tenure, .. } = backend.try_acquire(&s).await.unwrap() else {
+        panic!("free after the release")
+    };
+    let mut object = read(&name).await;
+    object.spec.as_mut().unwrap().holder_identity = Some("intruder".into());
+    admin
+        .replace(&object_name(&name), &PostParams::default(), &object)
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.renew(&s, &mut tenure.clone()).await.unwrap(),
+        RenewOutcome::Lost(LostReason::TakenOver {
+            holder: Some("intruder".into())
+        })
+    );
+    assert_eq!(
+        backend.release(&s, tenure.clone()).await.unwrap(),
+        ReleaseOutcome::HeldByOther {
+            holder: Some("intruder".into())
+        }
+    );
+
+    // 6. Deleted: the renewal reports it.
+    admin
+        .delete(&object_name(&name), &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.renew(&s, &mut tenure).await.unwrap(),
+        RenewOutcome::Lost(LostReason::Deleted)
+    );
+}
