@@ -53,7 +53,14 @@ struct TestEnv {
     dir: PathBuf,
 }
 
-static ENV: LazyLock<TestEnv> = LazyLock::new(|| {
+/// The test cluster's environment (read once; a missing variable fails every test that needs it
+/// with the same message).
+fn env() -> &'static TestEnv {
+    static ENV: std::sync::OnceLock<TestEnv> = std::sync::OnceLock::new();
+    ENV.get_or_init(read_env)
+}
+
+fn read_env() -> TestEnv {
     let var = |name: &str| {
         std::env::var(name).unwrap_or_else(|_| {
             panic!(
@@ -83,7 +90,7 @@ static ENV: LazyLock<TestEnv> = LazyLock::new(|| {
             .collect(),
         dir: var("ACTIX_COORD_TEST_DIR").into(),
     }
-});
+}
 
 /// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
 static RUN: LazyLock<String> = LazyLock::new(|| {
@@ -118,7 +125,7 @@ fn client(url: &str, token: &str) -> kube::Client {
             name: "test".into(),
             cluster: Some(Cluster {
                 server: Some(url.to_owned()),
-                certificate_authority: Some(ENV.ca.display().to_string()),
+                certificate_authority: Some(env().ca.display().to_string()),
                 ..Cluster::default()
             }),
             ..NamedCluster::default()
@@ -136,7 +143,7 @@ fn client(url: &str, token: &str) -> kube::Client {
             context: Some(Context {
                 cluster: "test".into(),
                 user: Some("test".into()),
-                namespace: Some(ENV.namespace.clone()),
+                namespace: Some(env().namespace.clone()),
                 ..Context::default()
             }),
             ..NamedContext::default()
@@ -152,7 +159,7 @@ fn client(url: &str, token: &str) -> kube::Client {
 }
 
 fn admin() -> Api<LeaseObject> {
-    Api::namespaced(client(&ENV.url, &ENV.admin_token), &ENV.namespace)
+    Api::namespaced(client(&env().url, &env().admin_token), &env().namespace)
 }
 
 fn settings(name: &str, owner: &str) -> LeaseSettings {
@@ -181,7 +188,7 @@ impl KubeFixture {
     }
 
     fn with_gate(gate: Gate) -> Self {
-        let _ = &*ENV;
+        let _ = env();
         Self {
             proxies: Mutex::new(HashMap::new()),
             _gate: gate,
@@ -192,7 +199,7 @@ impl KubeFixture {
         if let Some(p) = self.proxies.lock().unwrap().get(owner) {
             return Arc::clone(p);
         }
-        let proxy = Arc::new(FaultProxy::start(ENV.upstream).await);
+        let proxy = Arc::new(FaultProxy::start(env().upstream).await);
         Arc::clone(
             self.proxies
                 .lock()
@@ -205,7 +212,7 @@ impl KubeFixture {
     async fn lease_with_token(&self, settings: LeaseSettings, token: &str) -> KubernetesLease {
         let proxy = self.proxy(settings.owner()).await;
         let client = client(&format!("https://{}", proxy.addr()), token);
-        KubernetesLease::with_client(settings, client, ENV.namespace.clone()).unwrap()
+        KubernetesLease::with_client(settings, client, env().namespace.clone()).unwrap()
     }
 
     async fn set_mode(&self, owner: &str, mode: ProxyMode) {
@@ -221,7 +228,7 @@ impl Fixture for KubeFixture {
     }
 
     async fn lease(&self, settings: LeaseSettings) -> KubernetesLease {
-        self.lease_with_token(settings, &ENV.token).await
+        self.lease_with_token(settings, &env().token).await
     }
 
     async fn partition(&self, owner: &str) {
@@ -484,8 +491,18 @@ async fn waiting_contender_sees_the_release_at_once() {
     // release: no polling.
     let spent = b.backend().stats();
     assert_eq!(spent.gets - before.gets, 2, "{before:?} -> {spent:?}");
-    assert_eq!(spent.watches - before.watches, 1, "{before:?} -> {spent:?}");
     assert_eq!(spent.updates - before.updates, 1, "{before:?} -> {spent:?}");
+    // The watches: the one that waited, and the new tenure's own (opened by its renewal task,
+    // maybe a moment after acquire returned).
+    timeout(Duration::from_secs(5), async {
+        while b.backend().stats().watches - before.watches < 2 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the tenure watches its object");
+    let spent = b.backend().stats();
+    assert_eq!(spent.watches - before.watches, 2, "{before:?} -> {spent:?}");
     assert!(b.release().await.unwrap());
 }
 
@@ -575,7 +592,7 @@ async fn missing_rbac_names_verb_resource_and_namespace() {
     let f = KubeFixture::new().await;
     let name = unique("forbidden");
     let lease = f
-        .lease_with_token(settings(&name, "norole"), &ENV.norole_token)
+        .lease_with_token(settings(&name, "norole"), &env().norole_token)
         .await;
     let start = Instant::now();
     let err = lease.acquire().await.unwrap_err();
@@ -596,14 +613,14 @@ async fn missing_rbac_names_verb_resource_and_namespace() {
         } => {
             assert_eq!(*verb, "get");
             assert_eq!(*resource, "leases.coordination.k8s.io");
-            assert_eq!(namespace, &ENV.namespace);
+            assert_eq!(namespace, &env().namespace);
             assert!(user_message.contains("no-role"), "{user_message}");
         }
         other => panic!("expected Forbidden, got {other:?}"),
     }
     let text = backend.to_string();
     assert!(
-        text.contains("get") && text.contains(&ENV.namespace),
+        text.contains("get") && text.contains(&env().namespace),
         "{text}"
     );
     assert!(!lease.check_alive());
@@ -667,7 +684,7 @@ async fn invalid_names_map_to_distinct_valid_objects() {
 async fn provider_builds_leases_from_configuration() {
     let _f = KubeFixture::new().await;
     let token_file = std::env::temp_dir().join(format!("actix-coordination-token-{}", *RUN));
-    std::fs::write(&token_file, &ENV.token).unwrap();
+    std::fs::write(&token_file, &env().token).unwrap();
     let config: CoordinationConfig = toml::from_str(&format!(
         r#"
         [leases.k8s]
@@ -680,10 +697,10 @@ async fn provider_builds_leases_from_configuration() {
         token-file = "{token}"
         ca-file = "{ca}"
         "#,
-        ns = ENV.namespace,
-        url = ENV.url,
+        ns = env().namespace,
+        url = env().url,
         token = token_file.display(),
-        ca = ENV.ca.display(),
+        ca = env().ca.display(),
     ))
     .unwrap();
     let provider = LeaseProvider::new(config);
@@ -708,7 +725,7 @@ async fn holder_sends_one_request_per_renewal_interval() {
     let a = f.lease(settings(&name, "a")).await;
     let interval = a.settings().renewal_interval();
     assert!(a.acquire().await.unwrap());
-    let admin = client(&ENV.url, &ENV.admin_token);
+    let admin = client(&env().url, &env().admin_token);
     // Start counting just after a renewal, so that the window boundaries sit between renewals.
     let wait_updates = |target: u64| {
         let a = &a;
@@ -795,7 +812,7 @@ struct SecondApiserver {
 
 impl SecondApiserver {
     fn start(port: u16) -> Self {
-        let log = ENV.dir.join(format!("apiserver-restart-{port}.log"));
+        let log = env().dir.join(format!("apiserver-restart-{port}.log"));
         let mut server = Self {
             port,
             child: None,
@@ -811,8 +828,8 @@ impl SecondApiserver {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = std::process::Command::new(&ENV.apiserver_bin)
-            .args(&ENV.apiserver_args)
+        let child = std::process::Command::new(&env().apiserver_bin)
+            .args(&env().apiserver_args)
             .arg(format!("--secure-port={}", self.port))
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -835,7 +852,7 @@ impl SecondApiserver {
 
     /// Waits until `/readyz` answers `ok`, or panics at `deadline`.
     async fn ready(&self, deadline: Instant) {
-        let admin = client(&self.url(), &ENV.admin_token);
+        let admin = client(&self.url(), &env().admin_token);
         loop {
             let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
             if let Ok(Ok(body)) = timeout(Duration::from_secs(2), admin.request_text(request)).await
@@ -884,10 +901,10 @@ async fn lease_survives_an_apiserver_restart_within_the_ttl() {
             .renewal_interval(Duration::from_secs(2))
             .build()
             .unwrap(),
-        KubernetesSettings::new(&ENV.namespace)
+        KubernetesSettings::new(&env().namespace)
             .with_api_url(server.url())
-            .with_token(&ENV.token)
-            .with_ca_file(&ENV.ca),
+            .with_token(&env().token)
+            .with_ca_file(&env().ca),
     )
     .unwrap();
     let mut probe = LostProbe::new(&a);
@@ -940,10 +957,10 @@ async fn nothing_listening_is_a_transient_error() {
     let name = unique("nobody");
     let lease = KubernetesLease::new(
         no_retries(settings(&name, "a")),
-        KubernetesSettings::new(&ENV.namespace)
+        KubernetesSettings::new(&env().namespace)
             .with_api_url(format!("https://127.0.0.1:{port}"))
             .with_token("t")
-            .with_ca_file(&ENV.ca),
+            .with_ca_file(&env().ca),
     )
     .unwrap();
     let err = lease.acquire().await.unwrap_err();
@@ -1033,11 +1050,11 @@ async fn resource_version(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_steps_handle_lost_answers_and_conflicts() {
     let _f = KubeFixture::new().await;
-    let proxy = ResponseDropper::start(ENV.upstream).await;
+    let proxy = ResponseDropper::start(env().upstream).await;
     let name = unique("steps");
     let s = settings(&name, "a");
     let backend =
-        KubernetesBackend::with_client(&name, client(&proxy.url(), &ENV.token), &ENV.namespace)
+        KubernetesBackend::with_client(&name, client(&proxy.url(), &env().token), &env().namespace)
             .unwrap();
     let AcquireAttempt::Acquired {
         mut tenure, token, ..
