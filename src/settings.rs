@@ -17,6 +17,9 @@ pub const MAX_OWNER_LEN: usize = 512;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Default bound on a single backend call, when it is shorter than the renewal interval.
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// The smallest default clock drift margin: it also covers the scheduling delay of the local
+/// `on_lost` notification on a busy machine.
+pub const MIN_DEFAULT_MARGIN: Duration = Duration::from_millis(100);
 /// Default number of retries of `acquire` while another owner holds the lease.
 pub const DEFAULT_ACQUIRE_RETRIES: u32 = 3;
 /// Default delay between two attempts of `acquire`.
@@ -123,7 +126,7 @@ impl SettingsError {
 /// | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
 /// | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
 /// | `acquire_retry_delay` | 500 ms | long enough not to hammer the backend, short enough to notice a release soon |
-/// | `clock_drift_margin` | `ttl / 50` (600 ms) | see below |
+/// | `clock_drift_margin` | `max(ttl / 50, 100 ms)`, at most `ttl / 4` (600 ms) | see below |
 ///
 /// # The local deadline
 ///
@@ -316,7 +319,8 @@ impl LeaseSettingsBuilder {
         self
     }
 
-    /// How much earlier than the TTL the holder gives up locally (default `ttl / 50`); below
+    /// How much earlier than the TTL the holder gives up locally (default `max(ttl / 50, 100 ms)`,
+    /// at most `ttl / 4`); below
     /// `ttl / 2`.
     pub fn clock_drift_margin(mut self, margin: Duration) -> Self {
         self.timing.clock_drift_margin = Some(margin);
@@ -369,7 +373,9 @@ impl LeaseSettingsBuilder {
             });
         }
         let acquire_retry_delay = t.acquire_retry_delay.unwrap_or(DEFAULT_ACQUIRE_RETRY_DELAY);
-        let clock_drift_margin = t.clock_drift_margin.unwrap_or(ttl / 50);
+        let clock_drift_margin = t
+            .clock_drift_margin
+            .unwrap_or_else(|| (ttl / 50).max(MIN_DEFAULT_MARGIN).min(ttl / 4));
         if clock_drift_margin >= ttl / 2 {
             return Err(SettingsError::ClockDriftMarginTooLong {
                 margin: clock_drift_margin,
@@ -484,6 +490,19 @@ mod tests {
         assert_eq!(s.renewal_interval(), secs(2));
         assert_eq!(s.operation_timeout(), secs(2));
         assert_eq!(s.clock_drift_margin(), Duration::from_millis(120));
+        let short = |ms| {
+            LeaseSettings::builder("lease", "owner")
+                .ttl(Duration::from_millis(ms))
+                .build()
+                .unwrap()
+                .clock_drift_margin()
+        };
+        assert_eq!(short(3000), Duration::from_millis(100), "at least 100 ms");
+        assert_eq!(
+            short(200),
+            Duration::from_millis(50),
+            "at most a quarter of the ttl"
+        );
     }
 
     #[test]
