@@ -1,155 +1,195 @@
-//! Several simulated nodes compete for one lease on the embedded in-memory backend.
+//! Several simulated nodes run a cluster singleton on the embedded in-memory backend.
 //!
-//! Every node tries to acquire the lease; the holder does "leader work" stamped with its fencing
-//! token. The demo then crashes the holder (no release: the others wait for the TTL) and later stops
-//! the next holder gracefully (release: the lease changes hands at once). Watch the fencing token
-//! rise with every change of holder.
+//! Each node runs a `ClusterSingletonManager` with its own lease (same name, its own owner); the node
+//! holding the lease runs the singleton, which works with its fencing token. The demo then
+//!
+//! 1. freezes the node running the singleton (its calls to the store hang, like a paused process or
+//!    a partition): its singleton stops at its local deadline, and another node takes over once the
+//!    TTL has passed;
+//! 2. stops the next one gracefully: its singleton stops, the lease is released, and a waiting node
+//!    takes over within milliseconds;
+//!
+//! and prints a timeline of who ran the singleton, with the fencing token rising at every change.
 //!
 //! ```text
 //! cargo run --example failover
 //! ```
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
-use actix_coordination::prelude::*;
-use tokio::sync::watch;
+use actix::prelude::*;
+use actix_coordination::{
+    ClusterSingletonManager, GetStatus, InMemoryLease, InMemoryStore, LeaseSettings, Shutdown,
+    SingletonInfo, SingletonState,
+};
 use tokio::time::{sleep, Instant};
 
 const NODES: usize = 4;
 const TTL: Duration = Duration::from_secs(3);
+const LEASE: &str = "demo-singleton";
 
-/// How a node stops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    Running,
-    Crash,
-    Graceful,
+/// (node, fencing token, started, stopped)
+type Timeline = Rc<RefCell<Vec<(usize, u64, Duration, Option<Duration>)>>>;
+
+/// The singleton: "works" every 500 ms with its fencing token.
+struct Worker {
+    node: usize,
+    info: SingletonInfo,
+    timeline: Timeline,
+    t0: Instant,
 }
 
-async fn node(
-    id: usize,
-    store: InMemoryStore,
-    mut stop: watch::Receiver<Stop>,
-    started: Instant,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let owner = format!("node-{id}");
-    let settings = LeaseSettings::builder("demo-singleton", owner.clone())
-        .ttl(TTL)
-        .acquire_retry_delay(Duration::from_millis(200))
-        .build()?;
-    let lease = Arc::new(InMemoryLease::new(settings, &store));
-    let t = move || format!("{:>5.2}s", started.elapsed().as_secs_f64());
-    let _lost = lease.on_lost({
-        move |lost| println!("{} {:<7} lost the lease: {}", t(), lost.owner, lost.reason)
-    });
-    loop {
-        match *stop.borrow() {
-            Stop::Running => {}
-            Stop::Crash => {
-                println!(
-                    "{} {owner:<7} CRASHES (no release; the others wait for the TTL)",
-                    t()
-                );
-                return Ok(()); // dropping the lease stops renewal without releasing
-            }
-            Stop::Graceful => {
-                let released = lease.release().await?;
-                println!("{} {owner:<7} stops gracefully, released: {released}", t());
-                return Ok(());
-            }
-        }
-        match lease.acquire().await {
-            Ok(true) => {
-                let token = lease.fencing_token().expect("held");
-                // Leader-only work, as long as the lease is alive.
-                while lease.check_alive() && *stop.borrow() == Stop::Running {
-                    println!(
-                        "{} {owner:<7} is the leader, working with fencing token {token}",
-                        t()
-                    );
-                    tokio::select! {
-                        _ = sleep(Duration::from_millis(700)) => {}
-                        _ = stop.changed() => {}
-                    }
-                }
-            }
-            Ok(false) => {}
-            Err(error) => println!("{} {owner:<7} acquire failed: {error}", t()),
-        }
-        tokio::select! {
-            _ = sleep(Duration::from_millis(100)) => {}
-            _ = stop.changed() => {}
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let at = self.t0.elapsed();
+        let token = self.info.fencing_token.value();
+        println!(
+            "{:>6.2}s  node-{} STARTS the singleton (fencing token {token})",
+            at.as_secs_f64(),
+            self.node
+        );
+        self.timeline
+            .borrow_mut()
+            .push((self.node, token, at, None));
+        ctx.run_interval(Duration::from_millis(500), |act, _| {
+            println!(
+                "{:>6.2}s  node-{} works, fencing token {}",
+                act.t0.elapsed().as_secs_f64(),
+                act.node,
+                act.info.fencing_token
+            );
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        let at = self.t0.elapsed();
+        println!(
+            "{:>6.2}s  node-{} stops the singleton",
+            at.as_secs_f64(),
+            self.node
+        );
+        if let Some(entry) = self
+            .timeline
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|e| e.0 == self.node)
+        {
+            entry.3 = Some(at);
         }
     }
+}
+
+type Manager = Addr<ClusterSingletonManager<Worker, InMemoryLease>>;
+
+async fn runner(managers: &[Manager]) -> Option<usize> {
+    for (i, m) in managers.iter().enumerate() {
+        if matches!(m.send(GetStatus).await, Ok(s) if s.state == SingletonState::Running) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+async fn wait_for_new_runner(managers: &[Manager], not: &[usize]) -> usize {
+    loop {
+        match runner(managers).await {
+            Some(i) if !not.contains(&i) => return i,
+            _ => sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+fn draw(timeline: &Timeline, end: Duration) {
+    const WIDTH: f64 = 60.0;
+    println!(
+        "\nwho ran the singleton (each column = {:.2}s):",
+        end.as_secs_f64() / WIDTH
+    );
+    for node in 0..NODES {
+        let mut row = vec![' '; WIDTH as usize];
+        for &(n, token, start, stop) in timeline.borrow().iter() {
+            if n != node {
+                continue;
+            }
+            let from = (start.as_secs_f64() / end.as_secs_f64() * WIDTH) as usize;
+            let to =
+                (stop.unwrap_or(end).as_secs_f64() / end.as_secs_f64() * WIDTH).ceil() as usize;
+            for cell in row.iter_mut().take(to.min(WIDTH as usize)).skip(from) {
+                *cell = char::from_digit((token % 10) as u32, 10).unwrap_or('#');
+            }
+        }
+        println!("  node-{node} |{}|", row.into_iter().collect::<String>());
+    }
+    println!("  (digits: the fencing token of the tenure)");
 }
 
 #[actix_rt::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() {
     let store = InMemoryStore::new();
-    let started = Instant::now();
-    println!(
-        "{NODES} nodes compete for lease \"demo-singleton\" (ttl {TTL:?}) on the in-memory backend"
-    );
-    let mut stops = Vec::new();
-    let mut tasks = Vec::new();
-    for id in 1..=NODES {
-        let (tx, rx) = watch::channel(Stop::Running);
-        stops.push(tx);
-        tasks.push(actix_rt::spawn(node(id, store.clone(), rx, started)));
-    }
-    let holder_index = |store: &InMemoryStore| {
-        store
-            .holder("demo-singleton")
-            .and_then(|h| {
-                h.strip_prefix("node-")
-                    .and_then(|n| n.parse::<usize>().ok())
+    let timeline = Timeline::default();
+    let t0 = Instant::now();
+    println!("{NODES} nodes run one singleton over lease {LEASE:?} (ttl {TTL:?}) on the in-memory backend\n");
+    let managers: Vec<Manager> = (0..NODES)
+        .map(|node| {
+            let settings = LeaseSettings::builder(LEASE, format!("node-{node}"))
+                .ttl(TTL)
+                .build()
+                .expect("valid settings");
+            let timeline = timeline.clone();
+            ClusterSingletonManager::new(store.lease(settings), move |info: &SingletonInfo, _| {
+                Worker {
+                    node,
+                    info: info.clone(),
+                    timeline: timeline.clone(),
+                    t0,
+                }
             })
-            .map(|n| n - 1)
-    };
+            .start()
+        })
+        .collect();
+
+    let first = wait_for_new_runner(&managers, &[]).await;
+    sleep(Duration::from_secs(2)).await;
+    println!(
+        "{:>6.2}s  -- node-{first} FREEZES (its calls hang: a pause or a partition) --",
+        t0.elapsed().as_secs_f64()
+    );
+    store.pause(&format!("node-{first}"));
+    let frozen_at = Instant::now();
+    let second = wait_for_new_runner(&managers, &[first]).await;
+    println!(
+        "{:>6.2}s  -- node-{second} took over {:.2}s after the freeze (ttl {TTL:?}) --",
+        t0.elapsed().as_secs_f64(),
+        frozen_at.elapsed().as_secs_f64()
+    );
 
     sleep(Duration::from_secs(2)).await;
-    let first = holder_index(&store).expect("someone holds the lease");
-    stops[first].send_replace(Stop::Crash);
-    let crashed_at = Instant::now();
-    let second = loop {
-        match holder_index(&store) {
-            Some(h) if h != first => break h,
-            _ => sleep(Duration::from_millis(20)).await,
+    println!(
+        "{:>6.2}s  -- node-{second} STOPS GRACEFULLY --",
+        t0.elapsed().as_secs_f64()
+    );
+    let stop_at = Instant::now();
+    let released = managers[second].send(Shutdown).await;
+    let third = wait_for_new_runner(&managers, &[first, second]).await;
+    println!(
+        "{:>6.2}s  -- node-{third} took over {:.1}ms after the graceful stop began (released: {released:?}) --",
+        t0.elapsed().as_secs_f64(),
+        stop_at.elapsed().as_secs_f64() * 1000.0
+    );
+
+    sleep(Duration::from_secs(2)).await;
+    store.heal(&format!("node-{first}"));
+    for (i, m) in managers.iter().enumerate() {
+        if i != second {
+            let _ = m.send(Shutdown).await;
         }
-    };
-    println!(
-        "  -> node-{} took over {:.2}s after the crash (ttl {TTL:?})",
-        second + 1,
-        crashed_at.elapsed().as_secs_f64()
-    );
-
-    sleep(Duration::from_secs(2)).await;
-    stops[second].send_replace(Stop::Graceful);
-    let stopped_at = Instant::now();
-    let third = loop {
-        match holder_index(&store) {
-            Some(h) if h != first && h != second => break h,
-            _ => sleep(Duration::from_millis(5)).await,
-        }
-    };
-    println!(
-        "  -> node-{} took over {:.0}ms after the graceful stop",
-        third + 1,
-        stopped_at.elapsed().as_secs_f64() * 1000.0
-    );
-
-    sleep(Duration::from_secs(2)).await;
-    for stop in &stops {
-        stop.send_replace(Stop::Graceful);
     }
-    for task in tasks {
-        task.await??;
-    }
-    let record = store.record("demo-singleton").expect("record");
-    println!(
-        "done: last fencing token {} (one per ownership transition)",
-        record.token
-    );
-    Ok(())
+    draw(&timeline, t0.elapsed());
+    let token = store.record(LEASE).map(|r| r.token.value()).unwrap_or(0);
+    println!("\nlast fencing token: {token} (one per tenure; it never goes back)");
 }

@@ -1,0 +1,188 @@
+//! A lease-gated shard coordinator on the embedded in-memory backend.
+//!
+//! Two nodes each start a `ShardCoordinator`; only the one holding the lease serves. Regions
+//! register by address and shards go to the least-loaded region, fenced with the coordinator's
+//! token. Then the active coordinator is cut off from the lease store: at its local deadline it
+//! rejects its pending allocations with `GateError::LeaseLost` and stops; the standby coordinator
+//! takes over after the TTL, and allocations continue under a higher fencing token.
+//!
+//! ```text
+//! cargo run --example sharding
+//! ```
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_coordination::{
+    AllocateShard, GateError, GateState, GetGateState, HostShard, InMemoryLease, InMemoryStore,
+    LeaseSettings, RegisterRegion, ShardCoordinator,
+};
+use tokio::time::{sleep, Instant};
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// A shard region: hosts what it is told to; acknowledges after `ack_delay`.
+struct Region {
+    name: &'static str,
+    ack_delay: Duration,
+}
+
+impl Actor for Region {
+    type Context = Context<Self>;
+}
+
+impl Handler<HostShard> for Region {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: HostShard, _: &mut Self::Context) -> Self::Result {
+        println!(
+            "    {} hosts {} (fencing token {})",
+            self.name, msg.shard, msg.fencing_token
+        );
+        let delay = self.ack_delay;
+        Box::pin(async move { sleep(delay).await })
+    }
+}
+
+type Coordinator = Addr<ShardCoordinator<InMemoryLease>>;
+
+async fn active(coordinators: &[Coordinator]) -> Option<usize> {
+    for (i, c) in coordinators.iter().enumerate() {
+        if let Ok(GateState::Open(_)) = c.send(GetGateState).await {
+            return Some(i);
+        }
+    }
+    None
+}
+
+#[actix_rt::main]
+async fn main() {
+    let store = InMemoryStore::new();
+    let t0 = Instant::now();
+    let lease = |owner: &str| {
+        store.lease(
+            LeaseSettings::builder("shard-coordinator", owner)
+                .ttl(TTL)
+                .build()
+                .expect("valid settings"),
+        )
+    };
+    let coordinators: Vec<Coordinator> = ["node-a", "node-b"]
+        .iter()
+        .map(|owner| ShardCoordinator::new(lease(owner)).start())
+        .collect();
+    let regions = [
+        Region {
+            name: "region-1",
+            ack_delay: Duration::ZERO,
+        }
+        .start(),
+        Region {
+            name: "region-2",
+            ack_delay: Duration::ZERO,
+        }
+        .start(),
+        // A slow region: its allocations stay pending for a while.
+        Region {
+            name: "region-3",
+            ack_delay: Duration::from_secs(10),
+        }
+        .start(),
+    ];
+
+    let first = loop {
+        if let Some(i) = active(&coordinators).await {
+            break i;
+        }
+        sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "{:>5.2}s coordinator on node-{} holds the lease",
+        t0.elapsed().as_secs_f64(),
+        ["a", "b"][first]
+    );
+    for region in &regions[..2] {
+        coordinators[first]
+            .send(RegisterRegion(region.clone().recipient()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for shard in ["orders", "users", "payments", "search"] {
+        let home = coordinators[first]
+            .send(AllocateShard(shard.into()))
+            .await
+            .unwrap()
+            .unwrap();
+        println!(
+            "{:>5.2}s allocated {shard} (token {})",
+            t0.elapsed().as_secs_f64(),
+            home.fencing_token
+        );
+    }
+
+    // Only the slow region is left with room: new allocations wait for its acknowledgement.
+    coordinators[first]
+        .send(RegisterRegion(regions[2].clone().recipient()))
+        .await
+        .unwrap()
+        .unwrap();
+    let pending: Vec<_> = ["reports", "audit"]
+        .iter()
+        .map(|s| coordinators[first].send(AllocateShard((*s).into())))
+        .collect();
+    sleep(Duration::from_millis(100)).await;
+    println!(
+        "{:>5.2}s -- node-{} is cut off from the lease store, 2 allocations pending --",
+        t0.elapsed().as_secs_f64(),
+        ["a", "b"][first]
+    );
+    store.partition(["node-a", "node-b"][first]);
+    for p in pending {
+        match p.await {
+            Ok(Err(GateError::LeaseLost(reason))) => println!(
+                "{:>5.2}s pending allocation rejected: lease lost ({reason})",
+                t0.elapsed().as_secs_f64()
+            ),
+            other => println!(
+                "{:>5.2}s pending allocation: {other:?}",
+                t0.elapsed().as_secs_f64()
+            ),
+        }
+    }
+    sleep(Duration::from_millis(10)).await;
+    println!(
+        "{:>5.2}s old coordinator stopped: {}",
+        t0.elapsed().as_secs_f64(),
+        !coordinators[first].connected()
+    );
+
+    let second = 1 - first;
+    while active(&coordinators[second..=second]).await.is_none() {
+        sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "{:>5.2}s coordinator on node-{} holds the lease now",
+        t0.elapsed().as_secs_f64(),
+        ["a", "b"][second]
+    );
+    for region in &regions[..2] {
+        coordinators[second]
+            .send(RegisterRegion(region.clone().recipient()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for shard in ["reports", "audit"] {
+        let home = coordinators[second]
+            .send(AllocateShard(shard.into()))
+            .await
+            .unwrap()
+            .unwrap();
+        println!(
+            "{:>5.2}s allocated {shard} (token {})",
+            t0.elapsed().as_secs_f64(),
+            home.fencing_token
+        );
+    }
+}
