@@ -4,9 +4,17 @@
 //!
 //! ```text
 //! cargo bench --bench scale -- memory 100000
-//! cargo bench --all-features --bench scale -- kubernetes 1000   # needs scripts/test-cluster.sh up
-//! cargo bench --all-features --bench scale -- etcd 10000        # and `source target/test-cluster/env`
+//! scripts/test-cluster.sh up target/bench-cluster && . target/bench-cluster/env
+//! cargo bench --all-features --bench scale -- kubernetes 1000
+//! cargo bench --all-features --bench scale -- etcd 10000
+//! SCALE_TTL_SECS=30 SCALE_RENEWAL_SECS=10 cargo bench --all-features --bench scale -- kubernetes 1000
 //! ```
+//!
+//! The TTL and renewal interval default to 6 s and 2 s (`SCALE_TTL_SECS`, `SCALE_RENEWAL_SECS`);
+//! the leases are held for `SCALE_HOLD_RENEWALS` renewal intervals (default 3). The real backends
+//! read the test cluster's environment (`ACTIX_COORD_TEST_*`) and share one client (Kubernetes)
+//! or one session (etcd) between all leases, as one process would; the CPU of the API server and
+//! of etcd while holding is reported too when their pids are in that environment.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,20 +24,47 @@ use actix_coordination::{InMemoryStore, Lease, LeaseSettings, SharedLease};
 use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(6);
-const RENEW: Duration = Duration::from_secs(2);
+fn env_secs(name: &str, default: u64) -> Duration {
+    let secs = match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number of seconds")),
+        Err(_) => default,
+    };
+    Duration::from_secs(secs)
+}
+
+fn ttl() -> Duration {
+    env_secs("SCALE_TTL_SECS", 6)
+}
+
+fn renewal() -> Duration {
+    env_secs("SCALE_RENEWAL_SECS", 2)
+}
+
+fn hold_renewals() -> u32 {
+    std::env::var("SCALE_HOLD_RENEWALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
 
 fn settings(i: usize) -> LeaseSettings {
+    let renewal = renewal();
     LeaseSettings::builder(format!("scale-{i}"), "scale-bench")
-        .ttl(TTL)
-        .renewal_interval(RENEW)
-        .operation_timeout(Duration::from_millis(1500))
+        .ttl(ttl())
+        .renewal_interval(renewal)
+        .operation_timeout(Duration::from_millis(1500).min(renewal))
         .build()
         .expect("valid settings")
 }
 
 fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    proc_rss_bytes("self")
+}
+
+fn proc_rss_bytes(pid: &str) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
     let pages: u64 = statm
         .split_whitespace()
         .nth(1)
@@ -40,7 +75,12 @@ fn rss_bytes() -> u64 {
 
 /// User + system CPU time of this process.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    proc_cpu_time("self")
+}
+
+/// User + system CPU time of process `pid`.
+fn proc_cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which is in parentheses and may contain spaces).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -54,11 +94,158 @@ fn cpu_time() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
-#[allow(unused_variables)]
-fn make_lease(backend: &str, i: usize, store: &InMemoryStore) -> SharedLease {
+/// The value of a variable of the test cluster's environment.
+#[allow(dead_code)]
+fn cluster_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: this backend needs the test cluster. Start it with \
+             `scripts/test-cluster.sh up target/bench-cluster && . target/bench-cluster/env`, or run \
+             `scripts/test-cluster.sh run target/bench-cluster -- cargo bench --all-features --bench scale -- BACKEND COUNT`"
+        )
+    })
+}
+
+/// What the leases of one backend share, as in one process.
+enum Backend {
+    Memory(InMemoryStore),
+    #[cfg(feature = "kubernetes")]
+    Kubernetes {
+        client: kube::Client,
+        namespace: String,
+    },
+    #[cfg(feature = "etcd")]
+    Etcd(actix_coordination::EtcdSession),
+}
+
+impl Backend {
+    fn new(name: &str) -> Self {
+        match name {
+            "memory" => Backend::Memory(InMemoryStore::new()),
+            #[cfg(feature = "kubernetes")]
+            "kubernetes" => {
+                let namespace = cluster_var("ACTIX_COORD_TEST_K8S_NAMESPACE");
+                let client = kube_client(
+                    &cluster_var("ACTIX_COORD_TEST_K8S_URL"),
+                    &cluster_var("ACTIX_COORD_TEST_K8S_CA"),
+                    &cluster_var("ACTIX_COORD_TEST_K8S_TOKEN"),
+                    &namespace,
+                );
+                Backend::Kubernetes { client, namespace }
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            "kubernetes" => panic!(
+                "the kubernetes backend needs the `kubernetes` feature: \
+                 cargo bench --all-features --bench scale -- kubernetes 1000"
+            ),
+            #[cfg(feature = "etcd")]
+            "etcd" => {
+                use actix_coordination::{EtcdSession, EtcdSettings};
+                Backend::Etcd(EtcdSession::new(
+                    EtcdSettings::builder([cluster_var("ACTIX_COORD_TEST_ETCD_ENDPOINT")])
+                        .prefix("/actix-coordination-bench/scale/")
+                        .build()
+                        .expect("valid etcd settings"),
+                ))
+            }
+            #[cfg(not(feature = "etcd"))]
+            "etcd" => panic!(
+                "the etcd backend needs the `etcd` feature: \
+                 cargo bench --all-features --bench scale -- etcd 10000"
+            ),
+            other => panic!("unknown backend {other:?} (memory, kubernetes, etcd)"),
+        }
+    }
+
+    /// The in-memory store, for the memory backend.
+    fn memory_store(&self) -> Option<&InMemoryStore> {
+        match self {
+            Backend::Memory(store) => Some(store),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The pids of the servers this backend talks to, with a label, from the cluster environment.
+    fn server_pids(&self) -> Vec<(&'static str, String)> {
+        #[allow(unused_variables)]
+        let var = |name: &str| std::env::var(name).ok();
+        match self {
+            Backend::Memory(_) => Vec::new(),
+            #[cfg(feature = "kubernetes")]
+            Backend::Kubernetes { .. } => [
+                ("kube-apiserver", var("ACTIX_COORD_TEST_KUBE_APISERVER_PID")),
+                ("its etcd", var("ACTIX_COORD_TEST_KUBE_ETCD_PID")),
+            ]
+            .into_iter()
+            .filter_map(|(l, p)| Some((l, p?)))
+            .collect(),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => var("ACTIX_COORD_TEST_ETCD_PID")
+                .map(|p| vec![("etcd", p)])
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A kube client for the test cluster (one per process: every lease shares it).
+#[cfg(feature = "kubernetes")]
+fn kube_client(url: &str, ca: &str, token: &str, namespace: &str) -> kube::Client {
+    use kube::config::{
+        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    };
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "bench".into(),
+            cluster: Some(Cluster {
+                server: Some(url.to_owned()),
+                certificate_authority: Some(ca.to_owned()),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "bench".into(),
+            auth_info: Some(AuthInfo {
+                token: Some(token.to_owned().into()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "bench".into(),
+            context: Some(Context {
+                cluster: "bench".into(),
+                user: Some("bench".into()),
+                namespace: Some(namespace.to_owned()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some("bench".into()),
+        ..Kubeconfig::default()
+    };
+    let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
+    config.default_retry = false;
+    config.proxy_url = None;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+fn make_lease(backend: &Backend, i: usize) -> SharedLease {
     match backend {
-        "memory" => SharedLease::new(store.lease(settings(i))),
-        other => panic!("unknown backend {other:?} (memory, kubernetes, etcd)"),
+        Backend::Memory(store) => SharedLease::new(store.lease(settings(i))),
+        #[cfg(feature = "kubernetes")]
+        Backend::Kubernetes { client, namespace } => SharedLease::new(
+            actix_coordination::KubernetesLease::with_client(
+                settings(i),
+                client.clone(),
+                namespace.clone(),
+            )
+            .expect("valid namespace"),
+        ),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd(session) => SharedLease::new(session.lease(settings(i))),
     }
 }
 
@@ -81,12 +268,11 @@ fn main() {
     runtime.block_on(run(backend, count));
 }
 
-async fn run(backend: String, count: usize) {
-    let store = InMemoryStore::new();
+async fn run(backend_name: String, count: usize) {
+    let backend = Backend::new(&backend_name);
+    let (ttl, renew) = (ttl(), renewal());
     let rss_before = rss_bytes();
-    let leases: Vec<SharedLease> = (0..count)
-        .map(|i| make_lease(&backend, i, &store))
-        .collect();
+    let leases: Vec<SharedLease> = (0..count).map(|i| make_lease(&backend, i)).collect();
     let lost = Arc::new(AtomicUsize::new(0));
     let subscriptions: Vec<_> = leases
         .iter()
@@ -105,14 +291,19 @@ async fn run(backend: String, count: usize) {
         .count()
         .await;
     let acquire_time = start.elapsed();
-    assert_eq!(acquired, count, "every lease acquired");
+    assert_eq!(
+        acquired, count,
+        "only {acquired} of {count} leases acquired in {acquire_time:.2?}"
+    );
     let rss_held = rss_bytes();
 
-    // Hold for three renewal intervals, sampling the headroom before the deadlines.
+    // Hold for a few renewal intervals, sampling the headroom before the deadlines.
+    let servers = backend.server_pids();
+    let server_cpu_start: Vec<Duration> = servers.iter().map(|(_, p)| proc_cpu_time(p)).collect();
     let cpu_start = cpu_time();
     let hold_start = Instant::now();
-    let hold = RENEW * 3;
-    let mut min_headroom = TTL;
+    let hold = renew * hold_renewals();
+    let mut min_headroom = ttl;
     while hold_start.elapsed() < hold {
         let now = Instant::now();
         for l in &leases {
@@ -124,9 +315,15 @@ async fn run(backend: String, count: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = cpu_time() - cpu_start;
+    let hold_elapsed = hold_start.elapsed();
+    let server_cpu: Vec<Duration> = servers
+        .iter()
+        .zip(&server_cpu_start)
+        .map(|((_, p), start)| proc_cpu_time(p).saturating_sub(*start))
+        .collect();
     let alive = leases.iter().filter(|l| l.check_alive()).count();
     // A renewal that is exactly on time leaves `ttl - margin - renewal interval` of headroom.
-    let on_time_headroom = leases[0].settings().local_validity() - RENEW;
+    let on_time_headroom = leases[0].settings().local_validity() - renew;
     let worst_lateness = on_time_headroom.saturating_sub(min_headroom);
 
     let release_start = Instant::now();
@@ -139,8 +336,8 @@ async fn run(backend: String, count: usize) {
     let release_time = release_start.elapsed();
     drop(subscriptions);
 
-    println!("backend:                 {backend}");
-    println!("leases held:             {count} (ttl {TTL:?}, renewal every {RENEW:?})");
+    println!("backend:                 {backend_name}");
+    println!("leases held:             {count} (ttl {ttl:?}, renewal every {renew:?})");
     println!(
         "acquire all:             {acquire_time:.2?} ({:.0} acquires/s, 64 in flight)",
         count as f64 / acquire_time.as_secs_f64()
@@ -152,17 +349,32 @@ async fn run(backend: String, count: usize) {
         rss_before >> 20,
         rss_held >> 20
     );
+    let renewals = count as f64 * hold_elapsed.as_secs_f64() / renew.as_secs_f64();
     println!(
-        "CPU while holding:       {:.1} % of one core ({:.2} µs per lease per renewal)",
-        100.0 * cpu.as_secs_f64() / hold.as_secs_f64(),
-        cpu.as_secs_f64() * 1e6 / (count as f64 * 3.0)
+        "CPU while holding:       {:.1} % of one core ({:.2} µs per lease per renewal, {:.0} renewals/s)",
+        100.0 * cpu.as_secs_f64() / hold_elapsed.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / renewals,
+        count as f64 / renew.as_secs_f64()
+    );
+    for ((label, pid), cpu) in servers.iter().zip(&server_cpu) {
+        println!(
+            "server CPU while holding: {label} (pid {pid}): {:.1} % of one core, RSS {} MiB",
+            100.0 * cpu.as_secs_f64() / hold_elapsed.as_secs_f64(),
+            proc_rss_bytes(pid) >> 20
+        );
+    }
+    println!(
+        "load average:            {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
     println!(
         "alive after holding:     {alive}/{count}, lost: {}",
         lost.load(Ordering::Relaxed)
     );
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
-    if backend == "memory" {
+    if let Some(store) = backend.memory_store() {
         let stats = store.stats();
         println!(
             "store calls:             {} acquires, {} renewals, {} releases",

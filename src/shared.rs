@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -17,6 +18,7 @@ type BoxHandler = Box<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
 trait DynLease: Send + Sync + 'static {
     fn settings(&self) -> &LeaseSettings;
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn acquire_within(&self, timeout: Duration) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn check_alive(&self) -> bool;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -30,6 +32,9 @@ impl<L: Lease> DynLease for L {
     }
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::acquire(self))
+    }
+    fn acquire_within(&self, timeout: Duration) -> BoxFuture<'_, Result<bool, LeaseError>> {
+        Box::pin(Lease::acquire_within(self, timeout))
     }
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::release(self))
@@ -84,6 +89,13 @@ impl Lease for SharedLease {
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.acquire()
     }
+    // Forwarded, so that the lease's own (watch-based) wait is used, not the trait's polling default.
+    fn acquire_within(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.0.acquire_within(timeout)
+    }
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.release()
     }
@@ -108,6 +120,12 @@ impl<L: Lease> Lease for Arc<L> {
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).acquire()
     }
+    fn acquire_within(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).acquire_within(timeout)
+    }
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).release()
     }
@@ -122,5 +140,52 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn deadline(&self) -> Option<Instant> {
         (**self).deadline()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::SharedLease;
+    use crate::{InMemoryStore, Lease, LeaseSettings};
+
+    /// `acquire_within` through a `SharedLease` (what the provider hands out) and through an
+    /// `Arc` (what the singleton manager holds) is the lease's own watch-based wait: the waiting
+    /// contender makes no periodic attempts and gets the lease as soon as it is released.
+    #[tokio::test(start_paused = true)]
+    async fn acquire_within_is_forwarded_to_the_lease() {
+        let store = InMemoryStore::new();
+        let settings = |owner: &str| LeaseSettings::new("forwarded", owner).unwrap();
+        let holder = store.lease(settings("a"));
+        assert!(holder.acquire().await.unwrap());
+        let shared = SharedLease::new(store.lease(settings("b")));
+        let arc = Arc::new(SharedLease::new(store.lease(settings("c"))));
+        let before = store.stats().acquires;
+        let waited = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.acquire_within(Duration::from_secs(120)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        // The trait's default would have tried every `acquire_retry_delay` (500 ms), each call
+        // with `acquire_retries` more attempts: well over a hundred store calls in 20 s.
+        assert!(store.stats().acquires - before <= 2, "{:?}", store.stats());
+        let released_at = Instant::now();
+        assert!(holder.release().await.unwrap());
+        assert!(waited.await.unwrap().unwrap());
+        assert_eq!(Instant::now(), released_at, "woken by the release itself");
+
+        let before = store.stats().acquires;
+        let waited = tokio::spawn({
+            let arc = Arc::clone(&arc);
+            async move { arc.acquire_within(Duration::from_secs(120)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(store.stats().acquires - before <= 2, "{:?}", store.stats());
+        assert!(shared.release().await.unwrap());
+        assert!(waited.await.unwrap().unwrap());
     }
 }

@@ -4,13 +4,16 @@
 //! and draws the timeline (`target/chaos/<backend>-<pid>/timeline.svg`).
 //!
 //! The test suite runs a short run; `CHAOS_SECONDS=600 cargo test --all-features --test chaos --
-//! --nocapture` runs a long one (see BENCHMARKS.md).
+//! --nocapture --test-threads=1` runs long ones, `CHAOS_SEED` replays a run's choice of faults
+//! (see docs/chaos/RESULTS.md). Each run leaves the nodes' event logs and logs, their
+//! configurations, the server's log (Kubernetes) and `summary.txt` in its directory.
 
 #[allow(unused_macros)]
 #[macro_use]
 mod common;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::chaos::{self, ChaosBackend, ChaosReport};
@@ -33,16 +36,7 @@ fn seed() -> u64 {
 }
 
 fn summarize(report: &ChaosReport) {
-    println!(
-        "{} tenures, {} faults in {:.0?}; timeline: {}",
-        report.tenures.len(),
-        report.faults.len(),
-        report.duration,
-        report.svg.display()
-    );
-    for (fault, after) in &report.takeovers {
-        println!("  {fault:?} of the holder -> another node acted {after:.2?} later");
-    }
+    print!("{}", report.summary());
     assert!(
         report.tenures.len() >= 2,
         "the lease never moved: {:#?}",
@@ -59,6 +53,8 @@ impl ChaosBackend for EtcdChaos {
     fn name(&self) -> &str {
         "etcd"
     }
+
+    async fn prepare(&mut self, _run_dir: &Path) {}
 
     fn upstream(&self) -> SocketAddr {
         common::etcd::socket_addr(&self.etcd.endpoint())
@@ -83,6 +79,79 @@ async fn chaos_etcd() {
     };
     let seed = seed();
     println!("chaos on etcd, seed {seed}");
+    let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
+    summarize(&report);
+}
+
+/// How long a restarted kube-apiserver may take to be ready.
+const APISERVER_READY_WITHIN: Duration = Duration::from_secs(90);
+
+/// The nodes reach a private kube-apiserver on the test cluster's etcd (restarting the cluster's
+/// own would disturb other tests), as the `lease-holder` user of deploy/rbac.yaml.
+struct KubernetesChaos {
+    apiserver: Option<common::k8s::ApiserverProcess>,
+    token_file: PathBuf,
+}
+
+impl KubernetesChaos {
+    fn apiserver(&self) -> &common::k8s::ApiserverProcess {
+        self.apiserver.as_ref().expect("prepared")
+    }
+}
+
+impl ChaosBackend for KubernetesChaos {
+    fn name(&self) -> &str {
+        "kubernetes"
+    }
+
+    async fn prepare(&mut self, run_dir: &Path) {
+        let env = common::k8s::env();
+        self.token_file = run_dir.join("lease-holder.token");
+        std::fs::write(&self.token_file, &env.token).unwrap();
+        let [port] = common::free_loopback_ports();
+        let mut apiserver =
+            common::k8s::ApiserverProcess::start(port, run_dir.join("kube-apiserver.log"));
+        apiserver
+            .ready(tokio::time::Instant::now() + APISERVER_READY_WITHIN)
+            .await;
+        self.apiserver = Some(apiserver);
+    }
+
+    fn upstream(&self) -> SocketAddr {
+        self.apiserver().addr()
+    }
+
+    fn config_toml(&self, proxy: SocketAddr, ttl: Duration) -> String {
+        // The API server's certificate is for 127.0.0.1, so TLS through the proxy verifies.
+        let env = common::k8s::env();
+        format!(
+            "[leases.singleton]\nbackend = \"kubernetes\"\nttl = \"{}ms\"\n\n\
+             [leases.singleton.kubernetes]\nnamespace = \"{}\"\napi-url = \"https://{proxy}\"\n\
+             token-file = \"{}\"\nca-file = \"{}\"\n",
+            ttl.as_millis(),
+            env.namespace,
+            self.token_file.display(),
+            env.ca.display()
+        )
+    }
+
+    async fn restart_server(&mut self) {
+        self.apiserver
+            .as_mut()
+            .expect("prepared")
+            .restart(APISERVER_READY_WITHIN)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kubernetes() {
+    let mut backend = KubernetesChaos {
+        apiserver: None,
+        token_file: PathBuf::new(),
+    };
+    let seed = seed();
+    println!("chaos on kubernetes, seed {seed}");
     let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
     summarize(&report);
 }

@@ -10,7 +10,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -23,13 +22,11 @@ use actix_coordination::{
     KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
 };
 use common::contract::{Fixture, LostProbe};
+use common::k8s::{client, env, ApiserverProcess};
 use common::proxy::{FaultProxy, ProxyMode};
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::config::{
-    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-};
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -38,59 +35,6 @@ use tokio::time::{sleep, timeout, Instant};
 const TTL: Duration = Duration::from_secs(3);
 /// Generous: a noisy 2-core machine runs the API server, etcd and two tests at once.
 const SLACK: Duration = Duration::from_millis(1000);
-
-/// The test cluster, from the environment `scripts/test-cluster.sh up` writes.
-struct TestEnv {
-    url: String,
-    upstream: SocketAddr,
-    ca: PathBuf,
-    token: String,
-    admin_token: String,
-    norole_token: String,
-    namespace: String,
-    apiserver_bin: PathBuf,
-    apiserver_args: Vec<String>,
-    dir: PathBuf,
-}
-
-/// The test cluster's environment (read once; a missing variable fails every test that needs it
-/// with the same message).
-fn env() -> &'static TestEnv {
-    static ENV: std::sync::OnceLock<TestEnv> = std::sync::OnceLock::new();
-    ENV.get_or_init(read_env)
-}
-
-fn read_env() -> TestEnv {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set. The Kubernetes tests need the test cluster: run them with \
-                 `scripts/test-cluster.sh run -- cargo test --features kubernetes --test kubernetes` \
-                 (or `scripts/test-cluster.sh up` and `. target/test-cluster/env` first)"
-            )
-        })
-    };
-    let url = var("ACTIX_COORD_TEST_K8S_URL");
-    let upstream = url
-        .strip_prefix("https://")
-        .and_then(|a| a.trim_end_matches('/').parse().ok())
-        .unwrap_or_else(|| panic!("ACTIX_COORD_TEST_K8S_URL={url} is not https://IP:PORT"));
-    TestEnv {
-        upstream,
-        url,
-        ca: var("ACTIX_COORD_TEST_K8S_CA").into(),
-        token: var("ACTIX_COORD_TEST_K8S_TOKEN"),
-        admin_token: var("ACTIX_COORD_TEST_K8S_ADMIN_TOKEN"),
-        norole_token: var("ACTIX_COORD_TEST_K8S_NOROLE_TOKEN"),
-        namespace: var("ACTIX_COORD_TEST_K8S_NAMESPACE"),
-        apiserver_bin: var("ACTIX_COORD_TEST_KUBE_APISERVER_BIN").into(),
-        apiserver_args: var("ACTIX_COORD_TEST_KUBE_APISERVER_ARGS")
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect(),
-        dir: var("ACTIX_COORD_TEST_DIR").into(),
-    }
-}
 
 /// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
 static RUN: LazyLock<String> = LazyLock::new(|| {
@@ -116,46 +60,6 @@ static GATE: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new((
 enum Gate {
     Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
     Exclusive(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
-}
-
-/// A kube client for `url` authenticated with `token`, trusting the test cluster's CA.
-fn client(url: &str, token: &str) -> kube::Client {
-    let kubeconfig = Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: "test".into(),
-            cluster: Some(Cluster {
-                server: Some(url.to_owned()),
-                certificate_authority: Some(env().ca.display().to_string()),
-                ..Cluster::default()
-            }),
-            ..NamedCluster::default()
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: "test".into(),
-            auth_info: Some(AuthInfo {
-                token: Some(token.to_owned().into()),
-                ..AuthInfo::default()
-            }),
-            ..NamedAuthInfo::default()
-        }],
-        contexts: vec![NamedContext {
-            name: "test".into(),
-            context: Some(Context {
-                cluster: "test".into(),
-                user: Some("test".into()),
-                namespace: Some(env().namespace.clone()),
-                ..Context::default()
-            }),
-            ..NamedContext::default()
-        }],
-        current_context: Some("test".into()),
-        ..Kubeconfig::default()
-    };
-    let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
-    config.default_retry = false;
-    config.proxy_url = None;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).expect("kube client")
 }
 
 fn admin() -> Api<LeaseObject> {
@@ -803,95 +707,14 @@ async fn lease_requests(admin: &kube::Client) -> BTreeMap<String, u64> {
     by_verb
 }
 
-/// A second kube-apiserver on the test cluster's etcd, killed with SIGKILL when dropped.
-struct SecondApiserver {
-    port: u16,
-    child: Option<std::process::Child>,
-    log: PathBuf,
-}
-
-impl SecondApiserver {
-    fn start(port: u16) -> Self {
-        let log = env().dir.join(format!("apiserver-restart-{port}.log"));
-        let mut server = Self {
-            port,
-            child: None,
-            log,
-        };
-        server.spawn();
-        server
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = std::process::Command::new(&env().apiserver_bin)
-            .args(&env().apiserver_args)
-            .arg(format!("--secure-port={}", self.port))
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start a second kube-apiserver");
-        self.child = Some(child);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
-    }
-
-    /// Waits until `/readyz` answers `ok`, or panics at `deadline`.
-    async fn ready(&self, deadline: Instant) {
-        let admin = client(&self.url(), &env().admin_token);
-        loop {
-            let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
-            if let Ok(Ok(body)) = timeout(Duration::from_secs(2), admin.request_text(request)).await
-            {
-                if body.trim() == "ok" {
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the second kube-apiserver on port {} was not ready in time (log: {})",
-                self.port,
-                self.log.display()
-            );
-            sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for SecondApiserver {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The API server a holder talks to is killed and restarted within the TTL: the lease survives
 /// (no loss, same tenure, renewed again once the server is back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_survives_an_apiserver_restart_within_the_ttl() {
     let f = KubeFixture::new().await;
-    let mut server = SecondApiserver::start(free_port());
+    let [port] = common::free_loopback_ports();
+    let log = env().dir.join(format!("apiserver-restart-{port}.log"));
+    let mut server = ApiserverProcess::start(port, log);
     server.ready(Instant::now() + Duration::from_secs(90)).await;
     let ttl = Duration::from_secs(30);
     let name = unique("restart");
@@ -953,7 +776,7 @@ async fn lease_survives_an_apiserver_restart_within_the_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_listening_is_a_transient_error() {
     let _f = KubeFixture::new().await;
-    let port = free_port();
+    let [port] = common::free_loopback_ports();
     let name = unique("nobody");
     let lease = KubernetesLease::new(
         no_retries(settings(&name, "a")),

@@ -809,11 +809,13 @@ impl LeaseBackend for KubernetesBackend {
         token: FencingToken,
     ) -> Result<LostReason, KubernetesError> {
         match self.watch_tenure(settings, token).await {
-            // Without the `watch` verb, retrying would only add a refused request per renewal
-            // interval: rely on the renewals for this tenure.
+            // A freshly started API server answers 403 for a moment, until its RBAC caches are
+            // synced (seen in the chaos runs), so a refused watch is retried: ManagedLease backs
+            // off up to one renewal interval. Without the `watch` verb that costs one refused
+            // request per renewal interval; renewals still notice a loss meanwhile.
             Err(error @ KubernetesError::Forbidden { .. }) => {
-                tracing::warn!(%error, object = %self.object, "cannot watch the lease object; losses are noticed by renewals only (grant `watch` and `list`, see deploy/rbac.yaml)");
-                std::future::pending().await
+                tracing::warn!(%error, object = %self.object, "cannot watch the lease object, retrying; until then losses are noticed by renewals (grant `watch` and `list`, see deploy/rbac.yaml)");
+                Err(error)
             }
             other => other,
         }

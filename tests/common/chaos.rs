@@ -20,6 +20,9 @@ use super::proxy::{FaultProxy, ProxyMode};
 pub trait ChaosBackend {
     /// The backend's name (used for file names).
     fn name(&self) -> &str;
+    /// Called once before the nodes start, with the run's directory (for the server's log, files
+    /// the nodes' configurations name, ...).
+    fn prepare(&mut self, run_dir: &Path) -> impl std::future::Future<Output = ()>;
     /// Where the nodes' proxies forward to.
     fn upstream(&self) -> SocketAddr;
     /// The `CoordinationConfig` TOML of a node whose traffic goes through `proxy`.
@@ -68,10 +71,17 @@ pub struct Tenure {
 /// What a run found.
 #[derive(Debug)]
 pub struct ChaosReport {
+    pub backend: String,
+    pub seed: u64,
+    pub ttl: Duration,
     pub tenures: Vec<Tenure>,
     pub faults: Vec<FaultRecord>,
-    /// Per fault that hit the acting holder: how long until another owner acted.
+    /// Per fault that hit the acting holder (for a server restart: whoever was acting): how long
+    /// from the start of the fault until a new tenure acted.
     pub takeovers: Vec<(Fault, Duration)>,
+    /// The faults whose holder went on acting under the same tenure after the fault (a server
+    /// restart shorter than the TTL).
+    pub kept: Vec<Fault>,
     pub svg: PathBuf,
     pub duration: Duration,
 }
@@ -81,6 +91,17 @@ struct Node {
     child: Child,
     proxy: FaultProxy,
     events: PathBuf,
+}
+
+impl Drop for Node {
+    /// A node left running by a panicking harness would compete for the lease forever.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            signal(self.child.id(), "CONT");
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 pub fn now_ns() -> u128 {
@@ -218,6 +239,7 @@ async fn spawn_node<B: ChaosBackend>(
         ])
         .args(["--events", events.to_str().unwrap()])
         .env("RUST_LOG", "actix_coordination=debug")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -247,6 +269,7 @@ pub async fn run<B: ChaosBackend>(
         .join(format!("{}-{}", backend.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    backend.prepare(&dir).await;
     let lease = format!("chaos-{}-{}", backend.name(), std::process::id());
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut generation = 0usize;
@@ -339,10 +362,37 @@ pub async fn run<B: ChaosBackend>(
     let end_ns = now_ns();
     let events = read_events(&all_events);
     let tenures = tenures(&events);
+    let fault_log: String = faults
+        .iter()
+        .map(|f| {
+            format!(
+                "{{\"fault\":\"{:?}\",\"owner\":{},\"start_ns\":{},\"end_ns\":{}}}\n",
+                f.fault,
+                f.owner
+                    .as_ref()
+                    .map_or("null".to_owned(), |o| format!("\"{o}\"")),
+                f.start_ns,
+                f.end_ns
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("faults.jsonl"), fault_log).unwrap();
     let svg = dir.join("timeline.svg");
     std::fs::write(
         &svg,
-        draw_svg(backend.name(), &tenures, &faults, start_ns, end_ns, ttl),
+        draw_svg(
+            &format!(
+                "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults)",
+                backend.name(),
+                tenures.len(),
+                faults.len()
+            ),
+            nodes,
+            &tenures,
+            &faults,
+            start_ns,
+            end_ns,
+        ),
     )
     .unwrap();
     assert_no_overlap(&tenures);
@@ -364,122 +414,326 @@ pub async fn run<B: ChaosBackend>(
             );
         }
     }
-    let takeovers = faults
-        .iter()
-        .filter_map(|f| {
-            let owner = f.owner.as_deref()?;
-            let acting = events.iter().any(|e| {
-                e.owner == owner
-                    && e.event == "act"
-                    && e.t_ns < f.start_ns
-                    && e.t_ns + 300_000_000 > f.start_ns
-            });
-            if !acting {
-                return None;
-            }
-            let next = events
-                .iter()
-                .find(|e| e.event == "act" && e.owner != owner && e.t_ns > f.start_ns)?;
-            Some((
-                f.fault,
-                Duration::from_nanos((next.t_ns - f.start_ns) as u64),
-            ))
-        })
-        .collect();
-    ChaosReport {
+    let (takeovers, kept) = fault_outcomes(&faults, &events);
+    let report = ChaosReport {
+        backend: backend.name().to_owned(),
+        seed,
+        ttl,
         tenures,
         faults,
         takeovers,
+        kept,
         svg,
         duration: started.elapsed(),
+    };
+    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    report
+}
+
+/// For every fault that hit the node acting just before it (for a server restart: whoever was
+/// acting), either how long until a new tenure acted, or that the tenure went on after the fault.
+fn fault_outcomes(
+    faults: &[FaultRecord],
+    events: &[NodeEvent],
+) -> (Vec<(Fault, Duration)>, Vec<Fault>) {
+    let acts: Vec<&NodeEvent> = events.iter().filter(|e| e.event == "act").collect();
+    let (mut takeovers, mut kept) = (Vec::new(), Vec::new());
+    for f in faults {
+        let Some(holder) = acts.iter().rev().find(|e| {
+            e.t_ns < f.start_ns
+                && e.t_ns + 300_000_000 > f.start_ns
+                && f.owner.as_ref().is_none_or(|o| *o == e.owner)
+        }) else {
+            continue;
+        };
+        let same = |e: &NodeEvent| e.owner == holder.owner && e.token == holder.token;
+        let next = acts.iter().find(|e| e.t_ns > f.start_ns && !same(e));
+        let survived = acts
+            .iter()
+            .any(|e| same(e) && e.t_ns >= f.end_ns && next.is_none_or(|n| e.t_ns < n.t_ns));
+        if survived {
+            kept.push(f.fault);
+        } else if let Some(next) = next {
+            takeovers.push((
+                f.fault,
+                Duration::from_nanos((next.t_ns - f.start_ns) as u64),
+            ));
+        }
+    }
+    (takeovers, kept)
+}
+
+impl ChaosReport {
+    /// The run in figures: faults by kind, tenures, takeover times by fault kind.
+    pub fn summary(&self) -> String {
+        const KINDS: [Fault; 4] = [
+            Fault::Kill,
+            Fault::Pause,
+            Fault::Blackhole,
+            Fault::ServerRestart,
+        ];
+        let mut out = format!(
+            "{} chaos run: seed {}, ttl {:?}, {:.0?}, {} faults, {} tenures (tokens {}..={}); timeline: {}\n",
+            self.backend,
+            self.seed,
+            self.ttl,
+            self.duration,
+            self.faults.len(),
+            self.tenures.len(),
+            self.tenures.iter().map(|t| t.token).min().unwrap_or_default(),
+            self.tenures.iter().map(|t| t.token).max().unwrap_or_default(),
+            self.svg.display()
+        );
+        // How close the run came to an overlap: the shortest time between one tenure's last step
+        // and the next tenure's first.
+        if let Some((a, b)) = self
+            .tenures
+            .windows(2)
+            .map(|p| (&p[0], &p[1]))
+            .min_by_key(|(a, b)| b.first_ns.saturating_sub(a.last_ns))
+        {
+            let _ = writeln!(
+                out,
+                "closest handover: {:.3}s from {}'s last step (token {}) to {}'s first (token {})",
+                b.first_ns.saturating_sub(a.last_ns) as f64 / 1e9,
+                a.owner,
+                a.token,
+                b.owner,
+                b.token
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<14} {:>6} {:>9} {:>5} {:>9} {:>9} {:>9}",
+            "fault", "faults", "takeovers", "kept", "min", "median", "max"
+        );
+        for kind in KINDS {
+            let mut times: Vec<Duration> = self
+                .takeovers
+                .iter()
+                .filter(|(f, _)| *f == kind)
+                .map(|(_, d)| *d)
+                .collect();
+            times.sort();
+            let show = |d: Option<Duration>| {
+                d.map_or("-".to_owned(), |d| format!("{:.2}s", d.as_secs_f64()))
+            };
+            let n = times.len();
+            let median = (n > 0).then(|| (times[(n - 1) / 2] + times[n / 2]) / 2);
+            let _ = writeln!(
+                out,
+                "{:<14} {:>6} {:>9} {:>5} {:>9} {:>9} {:>9}",
+                format!("{kind:?}"),
+                self.faults.iter().filter(|f| f.fault == kind).count(),
+                times.len(),
+                self.kept.iter().filter(|f| **f == kind).count(),
+                show(times.first().copied()),
+                show(median),
+                show(times.last().copied()),
+            );
+        }
+        out
     }
 }
 
-/// The timeline: one row per owner, a bar per tenure (labelled with its token), faults below.
+/// Which of the harness's nodes (`node-<slot>.<generation>`) an owner is.
+fn slot(owner: &str) -> usize {
+    owner
+        .strip_prefix("node-")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Colour and legend of each kind of fault in the timeline.
+fn fault_style(fault: Fault) -> (&'static str, &'static str) {
+    match fault {
+        Fault::Kill => ("#b00020", "kill -9 (new process)"),
+        Fault::Pause => ("#f08c00", "SIGSTOP..SIGCONT"),
+        Fault::Blackhole => ("#7b3fbf", "traffic blackholed"),
+        Fault::ServerRestart => ("#888888", "server kill -9..ready"),
+    }
+}
+
+/// The timeline as an SVG: one row per node slot (a killed node's replacement takes its row), a
+/// bar per tenure labelled with its fencing token, each fault as a band under the node it hit
+/// (server restarts across every row), and any overlap of tenures in red. Long runs wrap into
+/// panels of two minutes.
 pub fn draw_svg(
-    backend: &str,
+    title: &str,
+    nodes: usize,
     tenures: &[Tenure],
     faults: &[FaultRecord],
     start_ns: u128,
     end_ns: u128,
-    ttl: Duration,
 ) -> String {
-    let mut owners: Vec<&str> = Vec::new();
-    for t in tenures {
-        if !owners.contains(&t.owner.as_str()) {
-            owners.push(&t.owner);
-        }
-    }
-    for f in faults {
-        if let Some(o) = f.owner.as_deref() {
-            if !owners.contains(&o) {
-                owners.push(o);
-            }
-        }
-    }
-    let (left, width, row) = (110.0, 1100.0, 26.0);
-    let span = (end_ns - start_ns).max(1) as f64;
-    let x = |t: u128| left + width * (t.saturating_sub(start_ns)) as f64 / span;
-    let height = 70.0 + row * owners.len() as f64 + 40.0;
+    const SECOND: u128 = 1_000_000_000;
+    let (left, width, row, bar) = (64.0, 1100.0, 24.0, 15.0);
+    let rows = nodes
+        .max(
+            tenures
+                .iter()
+                .map(|t| slot(&t.owner) + 1)
+                .max()
+                .unwrap_or(0),
+        )
+        .max(1);
+    let total_s = end_ns.saturating_sub(start_ns).div_ceil(SECOND).max(1);
+    let panel_s: u128 = if total_s <= 150 {
+        total_s.div_ceil(10) * 10
+    } else {
+        120
+    };
+    let panels = total_s.div_ceil(panel_s) as usize;
+    let panel_h = 14.0 + row * rows as f64 + 22.0;
+    let top = 58.0;
+    let height = top + panel_h * panels as f64 + 4.0;
+    let px_per_ns = width / (panel_s * SECOND) as f64;
+    let overlaps: Vec<(u128, u128)> = tenures
+        .windows(2)
+        .filter(|p| p[1].first_ns <= p[0].last_ns)
+        .map(|p| (p[1].first_ns, p[0].last_ns.min(p[1].last_ns)))
+        .collect();
+
     let mut svg = String::new();
-    let _ = write!(
+    let _ = writeln!(
         svg,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">
-<rect width="100%" height="100%" fill="white"/>
-<text x="10" y="18" font-size="14">{backend}: who acted under the lease (ttl {ttl:?}); red = fault on that node</text>
-"##,
-        left + width + 20.0
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"##,
+        left + width + 16.0
     );
-    let seconds = (span / 1e9) as u64;
-    let step = if seconds > 120 { 30 } else { 5 };
-    for s in (0..=seconds).step_by(step as usize) {
-        let xs = x(start_ns + u128::from(s) * 1_000_000_000);
+    let _ = writeln!(svg, r##"<rect width="100%" height="100%" fill="white"/>"##);
+    let _ = writeln!(svg, r##"<text x="8" y="18" font-size="14">{title}</text>"##);
+    // Legend.
+    let mut legend: Vec<(String, String)> = vec![(
+        "hsl(200,60%,62%)".into(),
+        "tenure, labelled with its fencing token".into(),
+    )];
+    for kind in [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Blackhole,
+        Fault::ServerRestart,
+    ] {
+        let (colour, what) = fault_style(kind);
+        legend.push((colour.into(), format!("{kind:?}: {what}")));
+    }
+    legend.push(("red".into(), "overlap (a violation)".into()));
+    let mut lx = 8.0;
+    for (colour, text) in legend {
         let _ = writeln!(
             svg,
-            r##"<line x1="{xs:.1}" y1="30" x2="{xs:.1}" y2="{:.1}" stroke="#eee"/><text x="{xs:.1}" y="{:.1}" fill="#888">{s}s</text>"##,
-            height - 30.0,
-            height - 15.0
+            r##"<rect x="{lx:.0}" y="31" width="18" height="10" fill="{colour}"/><text x="{:.0}" y="40" font-size="10">{text}</text>"##,
+            lx + 22.0
         );
+        lx += 34.0 + 5.3 * text.len() as f64;
     }
-    for (i, owner) in owners.iter().enumerate() {
-        let y = 40.0 + row * i as f64;
-        let _ = writeln!(svg, r##"<text x="10" y="{:.1}">{owner}</text>"##, y + 15.0);
-        for f in faults.iter().filter(|f| f.owner.as_deref() == Some(owner)) {
+
+    for p in 0..panels {
+        let p0 = start_ns + p as u128 * panel_s * SECOND;
+        let p1 = (p0 + panel_s * SECOND).min(end_ns.max(start_ns + 1));
+        let y0 = top + panel_h * p as f64;
+        let rows_bottom = y0 + 14.0 + row * rows as f64;
+        let x = |t: u128| left + (t.clamp(p0, p1) - p0) as f64 * px_per_ns;
+        let visible = |a: u128, b: u128| b >= p0 && a <= p1;
+        // Grid and axis.
+        let tick = if panel_s > 60 { 10 } else { 5 };
+        let mut s = 0;
+        while s <= panel_s {
+            let t = p0 + s * SECOND;
+            if t > p1 {
+                break;
+            }
+            let xs = x(t);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{xs:.1}" y1="{:.1}" x2="{xs:.1}" y2="{rows_bottom:.1}" stroke="#e4e4e4"/><text x="{xs:.1}" y="{:.1}" fill="#777" font-size="10" text-anchor="middle">{}s</text>"##,
+                y0 + 10.0,
+                rows_bottom + 12.0,
+                (t - start_ns) / SECOND
+            );
+            s += tick;
+        }
+        for r in 0..rows {
+            let y = y0 + 14.0 + row * r as f64;
+            let _ = writeln!(svg, r##"<text x="8" y="{:.1}">node-{r}</text>"##, y + 12.0);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#ccc"/>"##,
+                y + row - 2.0,
+                x(p1),
+                y + row - 2.0
+            );
+        }
+        // Server restarts: a band over every row.
+        for f in faults
+            .iter()
+            .filter(|f| f.owner.is_none() && visible(f.start_ns, f.end_ns))
+        {
+            let (colour, what) = fault_style(f.fault);
+            let (x0, x1) = (x(f.start_ns), x(f.end_ns).max(x(f.start_ns) + 1.5));
+            let _ = writeln!(
+                svg,
+                r##"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{colour}" fill-opacity="0.25"><title>{:?}: {what}, {:.1}s</title></rect>"##,
+                y0 + 12.0,
+                x1 - x0,
+                rows_bottom - y0 - 12.0,
+                f.fault,
+                (f.end_ns - f.start_ns) as f64 / 1e9
+            );
+        }
+        // Tenures.
+        for t in tenures.iter().filter(|t| visible(t.first_ns, t.last_ns)) {
+            let y = y0 + 14.0 + row * slot(&t.owner) as f64;
+            let (x0, x1) = (x(t.first_ns), x(t.last_ns).max(x(t.first_ns) + 1.0));
+            let hue = (t.token * 67) % 360;
+            let _ = write!(
+                svg,
+                r##"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{bar}" fill="hsl({hue},60%,62%)"><title>{} token {}: {:.1}s..{:.1}s, {} steps</title></rect>"##,
+                x1 - x0,
+                t.owner,
+                t.token,
+                (t.first_ns - start_ns) as f64 / 1e9,
+                (t.last_ns - start_ns) as f64 / 1e9,
+                t.steps
+            );
+            let label = t.token.to_string();
+            if x1 - x0 >= 6.0 * label.len() as f64 + 3.0 {
+                let _ = write!(
+                    svg,
+                    r##"<text x="{:.1}" y="{:.1}" font-size="10">{label}</text>"##,
+                    x0 + 2.0,
+                    y + 11.5
+                );
+            }
+            svg.push('\n');
+        }
+        // Faults on one node: a band under its row.
+        for f in faults.iter().filter(|f| visible(f.start_ns, f.end_ns)) {
+            let Some(owner) = f.owner.as_deref() else {
+                continue;
+            };
+            let (colour, what) = fault_style(f.fault);
+            let y = y0 + 14.0 + row * slot(owner) as f64;
             let (x0, x1) = (x(f.start_ns), x(f.end_ns).max(x(f.start_ns) + 2.0));
             let _ = writeln!(
                 svg,
-                r##"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="4" fill="#d33"><title>{:?}</title></rect><text x="{x0:.1}" y="{:.1}" fill="#d33" font-size="9">{:?}</text>"##,
-                y + 19.0,
+                r##"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="5" fill="{colour}"><title>{:?} of {owner}: {what}, {:.1}s</title></rect>"##,
+                y + bar + 1.0,
                 x1 - x0,
                 f.fault,
-                y + 28.0,
-                f.fault
+                (f.end_ns - f.start_ns) as f64 / 1e9
             );
         }
-        for t in tenures.iter().filter(|t| t.owner == *owner) {
-            let (x0, x1) = (x(t.first_ns), x(t.last_ns).max(x(t.first_ns) + 1.0));
-            let hue = (t.token * 67) % 360;
+        for &(a, b) in overlaps.iter().filter(|(a, b)| visible(*a, *b)) {
+            let (x0, x1) = (x(a), x(b).max(x(a) + 2.0));
             let _ = writeln!(
                 svg,
-                r##"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="18" fill="hsl({hue},60%,60%)"><title>{owner} token {} ({} steps)</title></rect><text x="{:.1}" y="{:.1}" font-size="9">{}</text>"##,
+                r##"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="red" fill-opacity="0.6"><title>overlap</title></rect>"##,
+                y0 + 12.0,
                 x1 - x0,
-                t.token,
-                t.steps,
-                x0 + 2.0,
-                y + 13.0,
-                t.token
+                rows_bottom - y0 - 12.0
             );
         }
-    }
-    for f in faults.iter().filter(|f| f.owner.is_none()) {
-        let x0 = x(f.start_ns);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x0:.1}" y1="30" x2="{x0:.1}" y2="{:.1}" stroke="#d33" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="#d33" font-size="9">server restart</text>"##,
-            height - 30.0,
-            x0 + 2.0,
-            height - 32.0
-        );
     }
     svg.push_str("</svg>\n");
     svg

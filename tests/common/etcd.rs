@@ -2,7 +2,7 @@
 //! admin client, and private etcd processes that tests may stop, kill and restart.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,7 +187,7 @@ impl EtcdProcess {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create etcd dir");
-        let (client_port, peer_port) = free_ports();
+        let [client_port, peer_port] = super::free_loopback_ports();
         let mut etcd = Self {
             bin,
             dir,
@@ -264,11 +264,7 @@ impl EtcdProcess {
     async fn wait_ready(&mut self, within: Duration) {
         let give_up = Instant::now() + within;
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if let Some(status) = super::exit_status(&mut self.child) {
                 panic!(
                     "etcd exited with {status} before it was ready; log: {}",
                     self.log_tail()
@@ -317,33 +313,4 @@ impl Drop for EtcdProcess {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Two free loopback ports below the kernel's ephemeral range, so that outgoing connections
-/// cannot take them while a test's etcd is down.
-fn free_ports() -> (u16, u16) {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let span = u64::from(low.saturating_sub(20000).max(1000));
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
-        ^ u64::from(std::process::id()).wrapping_mul(7919);
-    let mut ports = Vec::new();
-    for i in 0..span {
-        let port = 20000 + ((seed + i * 7) % span) as u16;
-        if port >= low || ports.contains(&port) {
-            continue;
-        }
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            ports.push(port);
-            if ports.len() == 2 {
-                return (ports[0], ports[1]);
-            }
-        }
-    }
-    panic!("no free loopback ports below {low}");
 }

@@ -1,0 +1,1252 @@
+//! Fast handoff, measured: graceful handoff latency, crash failover beyond the TTL, backend
+//! requests per held lease and per waiting contender, and how long a frozen holder acts after it
+//! is resumed. The figures are recorded in BENCHMARKS.md.
+//!
+//! ```text
+//! cargo bench --bench handoff -- memory                     # in-memory: handoff + failover
+//! scripts/test-cluster.sh up target/bench-cluster && . target/bench-cluster/env
+//! cargo bench --all-features --bench handoff -- kubernetes all
+//! cargo bench --all-features --bench handoff -- etcd all
+//! # or, starting and stopping the servers around one run:
+//! scripts/test-cluster.sh run target/bench-cluster -- cargo bench --all-features --bench handoff -- kubernetes all
+//! ```
+//!
+//! Arguments: `BACKEND [MEASUREMENT...]`, BACKEND one of `memory` (default), `kubernetes`, `etcd`;
+//! MEASUREMENT any of
+//!
+//! * `handoff`: holder A holds, contender B waits in `acquire_within`, A releases; the latency is
+//!   from the start of A's `release()` to B's `acquire_within` resolving `Ok(true)`.
+//! * `failover`: A holds, B waits, A is dropped without releasing (its renewal stops as in a crash);
+//!   reports how long after `A's last successful renewal start + ttl` B got the lease.
+//! * `kill`: the same with A a real `singleton_node` process killed with SIGKILL (real servers).
+//! * `requests`: backend requests per minute of a holder alone and of a waiting contender, from the
+//!   server's own metrics (kube-apiserver `/metrics`, etcd `/metrics`; real servers).
+//! * `pause`: a `singleton_node` holder is frozen with SIGSTOP for 20 s while B takes over, then
+//!   resumed; reports how long it went on acting after SIGCONT (real servers).
+//! * `all`: every measurement that applies to the backend.
+//!
+//! Without a measurement: `handoff failover`. Environment: `BENCH_HANDOFF_ROUNDS` (100),
+//! `BENCH_FAILOVER_ROUNDS` (30), `BENCH_KILL_ROUNDS` (20), `BENCH_PAUSE_ROUNDS` (3),
+//! `BENCH_PAUSE_SECS` (20), `BENCH_WINDOW_SECS` (60, the request-count window; 10 for a quick run).
+//! The real backends read the test cluster's environment (`ACTIX_COORD_TEST_*`, written by
+//! `scripts/test-cluster.sh up DIR` to `DIR/env`) and fail with a message saying so when it is
+//! missing, or when the bench was built without the backend's feature.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix_coordination::{InMemoryLease, InMemoryStore, Lease, LeaseSettings};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Client-go's figures, from the issue, for the tables.
+const CLIENT_GO_HANDOFF: &str = "1.8 s median";
+const CLIENT_GO_FAILOVER: &str = "1.8 s after the TTL";
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
+        Err(_) => default,
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos()
+}
+
+/// A name no earlier run used (Kubernetes lease objects are never deleted).
+fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        format!(
+            "{:08x}",
+            (now_ns() as u64 ^ u64::from(std::process::id())) & 0xffff_ffff
+        )
+    })
+}
+
+fn unique(base: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{base}-{}-{}",
+        run_id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+/// min / median / p99 / max of a sample, in milliseconds (p99 by nearest rank: with fewer than
+/// 100 samples it is the maximum).
+struct Summary {
+    n: usize,
+    min: f64,
+    median: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn summarize(values: &[f64]) -> Summary {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    assert!(n > 0, "no samples");
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
+    Summary {
+        n,
+        min: v[0],
+        median,
+        p99: v[rank - 1],
+        max: v[n - 1],
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "n={} min={:.2} ms median={:.2} ms p99={:.2} ms max={:.2} ms",
+            self.n, self.min, self.median, self.p99, self.max
+        )
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// `a - b` in milliseconds, negative when `a` is earlier.
+fn signed_ms(a: Instant, b: Instant) -> f64 {
+    if a >= b {
+        ms(a - b)
+    } else {
+        -ms(b - a)
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends
+
+/// Server-side request counters, by method (`GET`, `PUT`, ... or etcd's gRPC methods).
+type Counters = BTreeMap<String, f64>;
+
+/// What a measurement needs from a backend. Every lease made is a separate "process" (its own
+/// client or session), as two nodes would be.
+trait Maker {
+    type L: Lease;
+
+    fn backend(&self) -> &'static str;
+
+    /// A lease for `settings` with its own connection to the server.
+    fn lease(&self, settings: LeaseSettings) -> Self::L;
+
+    /// The lease's own request counters, where the backend keeps them.
+    fn client_counters(&self, lease: &Self::L) -> Counters {
+        let _ = lease;
+        Counters::new()
+    }
+
+    /// The server's request counters for lease traffic; empty when the server has none.
+    async fn server_counters(&self) -> Counters {
+        Counters::new()
+    }
+
+    /// Gauges of the server worth printing with the counters (open watches).
+    async fn server_gauges(&self) -> Counters {
+        Counters::new()
+    }
+
+    /// The `CoordinationConfig` TOML of a `singleton_node` process (config key `singleton`), or
+    /// `None` when the backend cannot be shared between processes.
+    fn node_config(&self, ttl: Duration, renewal: Duration) -> Option<String> {
+        let _ = (ttl, renewal);
+        None
+    }
+
+    /// The wall-clock instant (ns since the epoch) the holder of lease `name` wrote as its last
+    /// renewal, where the backend records one.
+    async fn renew_time_ns(&self, name: &str) -> Option<u128> {
+        let _ = name;
+        None
+    }
+}
+
+struct MemoryMaker {
+    store: InMemoryStore,
+}
+
+impl Maker for MemoryMaker {
+    type L = InMemoryLease;
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn lease(&self, settings: LeaseSettings) -> InMemoryLease {
+        self.store.lease(settings)
+    }
+}
+
+/// The value of a variable of the test cluster's environment.
+#[allow(dead_code)]
+fn cluster_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: this benchmark needs the test cluster. Start it with \
+             `scripts/test-cluster.sh up target/bench-cluster && . target/bench-cluster/env`, or run \
+             `scripts/test-cluster.sh run target/bench-cluster -- cargo bench --all-features --bench handoff -- BACKEND all`"
+        )
+    })
+}
+
+/// Parses Prometheus text: the sum of `metric` over the series whose labels contain every one
+/// of `must`, grouped by the value of label `by`.
+#[allow(dead_code)]
+fn prometheus(text: &str, metric: &str, must: &[&str], by: &str) -> Counters {
+    let mut out = Counters::new();
+    let prefix = format!("{metric}{{");
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if !must.iter().all(|m| labels.contains(m)) {
+            continue;
+        }
+        let key = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix(&format!("{by}=\"")))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        *out.entry(key).or_insert(0.0) += value;
+    }
+    out
+}
+
+#[cfg(feature = "kubernetes")]
+mod kubernetes {
+    use super::*;
+    use actix_coordination::{KubernetesLease, KubernetesSettings};
+    use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+    use kube::api::Api;
+    use kube::config::{
+        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    };
+
+    pub struct KubeMaker {
+        url: String,
+        ca: String,
+        token: String,
+        namespace: String,
+        admin: kube::Client,
+    }
+
+    /// A kube client for the test cluster authenticated with `token`.
+    fn client(url: &str, ca: &str, token: &str, namespace: &str) -> kube::Client {
+        let kubeconfig = Kubeconfig {
+            clusters: vec![NamedCluster {
+                name: "bench".into(),
+                cluster: Some(Cluster {
+                    server: Some(url.to_owned()),
+                    certificate_authority: Some(ca.to_owned()),
+                    ..Cluster::default()
+                }),
+                ..NamedCluster::default()
+            }],
+            auth_infos: vec![NamedAuthInfo {
+                name: "bench".into(),
+                auth_info: Some(AuthInfo {
+                    token: Some(token.to_owned().into()),
+                    ..AuthInfo::default()
+                }),
+                ..NamedAuthInfo::default()
+            }],
+            contexts: vec![NamedContext {
+                name: "bench".into(),
+                context: Some(Context {
+                    cluster: "bench".into(),
+                    user: Some("bench".into()),
+                    namespace: Some(namespace.to_owned()),
+                    ..Context::default()
+                }),
+                ..NamedContext::default()
+            }],
+            current_context: Some("bench".into()),
+            ..Kubeconfig::default()
+        };
+        let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
+        config.default_retry = false;
+        config.proxy_url = None;
+        kube::Client::try_from(config).expect("kube client")
+    }
+
+    impl KubeMaker {
+        pub fn from_env() -> Self {
+            let url = cluster_var("ACTIX_COORD_TEST_K8S_URL");
+            let ca = cluster_var("ACTIX_COORD_TEST_K8S_CA");
+            let namespace = cluster_var("ACTIX_COORD_TEST_K8S_NAMESPACE");
+            let admin = client(
+                &url,
+                &ca,
+                &cluster_var("ACTIX_COORD_TEST_K8S_ADMIN_TOKEN"),
+                &namespace,
+            );
+            Self {
+                token: cluster_var("ACTIX_COORD_TEST_K8S_TOKEN"),
+                url,
+                ca,
+                namespace,
+                admin,
+            }
+        }
+
+        async fn metrics(&self) -> String {
+            let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+            self.admin
+                .request_text(request)
+                .await
+                .expect("GET /metrics of the kube-apiserver")
+        }
+    }
+
+    impl Maker for KubeMaker {
+        type L = KubernetesLease;
+
+        fn backend(&self) -> &'static str {
+            "kubernetes"
+        }
+
+        fn lease(&self, settings: LeaseSettings) -> KubernetesLease {
+            let k8s = KubernetesSettings::new(&self.namespace)
+                .with_api_url(&self.url)
+                .with_token(&self.token)
+                .with_ca_file(&self.ca);
+            KubernetesLease::new(settings, k8s).expect("valid kubernetes settings")
+        }
+
+        fn client_counters(&self, lease: &KubernetesLease) -> Counters {
+            let s = lease.backend().stats();
+            Counters::from([
+                ("GET".into(), s.gets as f64),
+                ("CREATE".into(), s.creates as f64),
+                ("PUT".into(), s.updates as f64),
+                ("WATCH opened".into(), s.watches as f64),
+            ])
+        }
+
+        async fn server_counters(&self) -> Counters {
+            prometheus(
+                &self.metrics().await,
+                "apiserver_request_total",
+                &["resource=\"leases\""],
+                "verb",
+            )
+        }
+
+        async fn server_gauges(&self) -> Counters {
+            prometheus(
+                &self.metrics().await,
+                "apiserver_longrunning_gauge",
+                &["resource=\"leases\""],
+                "verb",
+            )
+            .into_iter()
+            .map(|(verb, n)| (format!("open {verb}"), n))
+            .collect()
+        }
+
+        fn node_config(&self, ttl: Duration, renewal: Duration) -> Option<String> {
+            Some(format!(
+                "[leases.singleton]\nbackend = \"kubernetes\"\nttl = \"{}ms\"\nrenewal-interval = \"{}ms\"\n\n\
+                 [leases.singleton.kubernetes]\nnamespace = \"{}\"\napi-url = \"{}\"\ntoken = \"{}\"\nca-file = \"{}\"\n",
+                ttl.as_millis(),
+                renewal.as_millis(),
+                self.namespace,
+                self.url,
+                self.token,
+                self.ca
+            ))
+        }
+
+        async fn renew_time_ns(&self, name: &str) -> Option<u128> {
+            let api: Api<LeaseObject> = Api::namespaced(self.admin.clone(), &self.namespace);
+            let lease = api
+                .get(&actix_coordination::kubernetes_object_name(name))
+                .await
+                .ok()?;
+            let renew = lease.spec?.renew_time?;
+            u128::try_from(renew.0.as_nanosecond()).ok()
+        }
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+    use actix_coordination::{EtcdLease, EtcdSession, EtcdSettings};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    pub struct EtcdMaker {
+        endpoint: String,
+        prefix: String,
+    }
+
+    impl EtcdMaker {
+        pub fn from_env() -> Self {
+            Self {
+                endpoint: cluster_var("ACTIX_COORD_TEST_ETCD_ENDPOINT"),
+                prefix: format!("/actix-coordination-bench/{}/", run_id()),
+            }
+        }
+
+        /// `GET /metrics` on etcd's client URL (plain HTTP/1.0, no client library needed).
+        async fn metrics(&self) -> String {
+            let authority = self
+                .endpoint
+                .trim_start_matches("http://")
+                .trim_end_matches('/');
+            let mut stream = tokio::net::TcpStream::connect(authority)
+                .await
+                .expect("connect to etcd for /metrics");
+            stream
+                .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes())
+                .await
+                .expect("request /metrics");
+            let mut body = String::new();
+            stream
+                .read_to_string(&mut body)
+                .await
+                .expect("read /metrics");
+            body
+        }
+    }
+
+    impl Maker for EtcdMaker {
+        type L = EtcdLease;
+
+        fn backend(&self) -> &'static str {
+            "etcd"
+        }
+
+        fn lease(&self, settings: LeaseSettings) -> EtcdLease {
+            // One session per lease: every owner is its own process with its own connection.
+            // The lease keeps the session; dropping the lease drops it.
+            let session = EtcdSession::new(
+                EtcdSettings::builder([self.endpoint.as_str()])
+                    .prefix(&self.prefix)
+                    .build()
+                    .expect("valid etcd settings"),
+            );
+            EtcdLease::new(settings, &session)
+        }
+
+        async fn server_counters(&self) -> Counters {
+            let text = self.metrics().await;
+            // Every request message: unary calls and each message on a stream (a keep-alive, a
+            // watch create or cancel).
+            let mut out: Counters =
+                prometheus(&text, "grpc_server_msg_received_total", &[], "grpc_method");
+            // Streams opened (a keep-alive stream, a watch stream) are counted apart.
+            for (method, n) in prometheus(
+                &text,
+                "grpc_server_started_total",
+                &["grpc_type=\"bidi_stream\""],
+                "grpc_method",
+            ) {
+                out.insert(format!("{method} streams opened"), n);
+            }
+            out
+        }
+
+        fn node_config(&self, ttl: Duration, renewal: Duration) -> Option<String> {
+            Some(format!(
+                "[leases.singleton]\nbackend = \"etcd\"\nttl = \"{}ms\"\nrenewal-interval = \"{}ms\"\n\n\
+                 [leases.singleton.etcd]\nendpoints = [\"{}\"]\nprefix = \"{}\"\n",
+                ttl.as_millis(),
+                renewal.as_millis(),
+                self.endpoint,
+                self.prefix
+            ))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Graceful handoff
+
+fn handoff_settings(name: &str, owner: &str) -> LeaseSettings {
+    // A long TTL: the handoff must not depend on it.
+    LeaseSettings::builder(name, owner)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid settings")
+}
+
+async fn handoff<M: Maker>(maker: &M) {
+    let rounds = env_number("BENCH_HANDOFF_ROUNDS", 100) as usize;
+    let name = unique("handoff");
+    let a = Arc::new(maker.lease(handoff_settings(&name, "a")));
+    let b = Arc::new(maker.lease(handoff_settings(&name, "b")));
+    let mut latency = Vec::new();
+    let mut release = Vec::new();
+    // Round 0 warms up both connections and is not counted.
+    for round in 0..=rounds {
+        let (holder, contender) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        assert!(
+            holder.acquire().await.expect("acquire"),
+            "the holder acquires"
+        );
+        let waiter = {
+            let contender = Arc::clone(contender);
+            tokio::spawn(async move {
+                // Through the lease type itself (not the `Arc`), so its own `acquire_within` runs.
+                let got = Lease::acquire_within(&*contender, Duration::from_secs(60)).await;
+                (got, Instant::now())
+            })
+        };
+        // Let the contender make its first attempt and settle in its wait; a random delay
+        // samples every phase of a contender that retries periodically.
+        sleep(Duration::from_millis(fastrand::u64(300..1300))).await;
+        assert!(
+            !waiter.is_finished(),
+            "the contender got the lease while it was held"
+        );
+        let start = Instant::now();
+        assert!(holder.release().await.expect("release"), "released");
+        let released = Instant::now();
+        let (got, at) = timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("the contender gets the lease within 30 s")
+            .expect("waiter task");
+        assert!(got.expect("acquire_within"), "the contender got the lease");
+        if round > 0 {
+            latency.push(ms(at - start));
+            release.push(ms(released - start));
+        }
+        assert!(contender.release().await.expect("release"));
+    }
+    let summary = summarize(&latency);
+    println!(
+        "handoff/{}: release() start -> contender holds: {summary}",
+        maker.backend()
+    );
+    println!(
+        "handoff/{}: release() call itself:               {}",
+        maker.backend(),
+        summarize(&release)
+    );
+    println!(
+        "| {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {} |",
+        maker.backend(),
+        summary.min,
+        summary.median,
+        summary.p99,
+        summary.max,
+        summary.n,
+        CLIENT_GO_HANDOFF
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Crash failover
+
+const FAILOVER_TTL: Duration = Duration::from_secs(2);
+
+fn failover_settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(FAILOVER_TTL)
+        .build()
+        .expect("valid settings")
+}
+
+/// Waits until `lease`'s deadline moves (a renewal succeeded); returns the new deadline.
+async fn next_renewal(lease: &impl Lease) -> Instant {
+    let before = lease.deadline().expect("held");
+    let give_up = Instant::now() + lease.settings().ttl();
+    loop {
+        let now = lease.deadline().expect("still held");
+        if now != before {
+            return now;
+        }
+        assert!(Instant::now() < give_up, "no renewal within the ttl");
+        sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn failover<M: Maker>(maker: &M) {
+    let rounds = env_number("BENCH_FAILOVER_ROUNDS", 30) as usize;
+    let mut beyond = Vec::new();
+    let mut holder_margin = Vec::new();
+    for _ in 0..rounds {
+        let name = unique("failover");
+        let a = maker.lease(failover_settings(&name, "a"));
+        let b = Arc::new(maker.lease(failover_settings(&name, "b")));
+        assert!(a.acquire().await.expect("acquire"));
+        let waiter = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move {
+                let got = Lease::acquire_within(&*b, FAILOVER_TTL * 10).await;
+                (got, Instant::now())
+            })
+        };
+        // Let A renew twice (the contender sees renewals, not only the claim), then crash it at a
+        // random point of its renewal cycle while no renewal is in flight.
+        next_renewal(&a).await;
+        next_renewal(&a).await;
+        let interval = a.settings().renewal_interval();
+        sleep(Duration::from_millis(fastrand::u64(
+            0..(interval.as_millis() as u64 / 2),
+        )))
+        .await;
+        let deadline = a.deadline().expect("held");
+        let last_renewal_start = deadline - a.settings().local_validity();
+        drop(a);
+        let (got, at) = timeout(FAILOVER_TTL * 10, waiter)
+            .await
+            .expect("the contender gets the lease")
+            .expect("waiter task");
+        assert!(got.expect("acquire_within"), "the contender got the lease");
+        assert!(
+            at > deadline,
+            "SAFETY: the contender held the lease before the crashed holder's deadline"
+        );
+        beyond.push(signed_ms(at, last_renewal_start + FAILOVER_TTL));
+        holder_margin.push(ms(at - deadline));
+        assert!(b.release().await.expect("release"));
+    }
+    let summary = summarize(&beyond);
+    println!(
+        "failover/{}: contender holds, after last renewal start + ttl ({FAILOVER_TTL:?}): {summary}",
+        maker.backend()
+    );
+    println!(
+        "failover/{}: contender holds, after the dead holder's own deadline:  {}",
+        maker.backend(),
+        summarize(&holder_margin)
+    );
+    println!(
+        "| {} (in-process drop) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
+        maker.backend(),
+        summary.min,
+        summary.median,
+        summary.p99,
+        summary.max,
+        summary.n,
+        CLIENT_GO_FAILOVER
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real processes: `examples/singleton_node.rs`
+
+/// The `singleton_node` example, built in release with every feature (cheap when up to date).
+fn node_binary() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--all-features",
+            "--example",
+            "singleton_node",
+        ])
+        .current_dir(manifest)
+        .status()
+        .expect("run cargo build");
+    assert!(
+        status.success(),
+        "building the singleton_node example failed"
+    );
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(manifest).join("target"));
+    let bin = target
+        .join("release")
+        .join("examples")
+        .join("singleton_node");
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// One event line of a node (see examples/singleton_node.rs).
+struct NodeEvent {
+    event: String,
+    token: u64,
+    t_ns: u128,
+}
+
+fn read_events(path: &Path) -> Vec<NodeEvent> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|v| NodeEvent {
+            event: v["event"].as_str().unwrap_or_default().to_owned(),
+            token: v["token"].as_u64().unwrap_or_default(),
+            t_ns: v["t_ns"].as_u64().map(u128::from).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// A `singleton_node` process; killed when dropped.
+struct Node {
+    child: Child,
+    events: PathBuf,
+    /// When the node logged each successful renewal (its stderr, read as it is written).
+    renewals: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Node {
+    fn spawn(bin: &Path, dir: &Path, config: &str, lease: &str, owner: &str) -> Node {
+        let config_path = dir.join(format!("{owner}.toml"));
+        std::fs::write(&config_path, config).expect("write node config");
+        let events = dir.join(format!("{owner}.jsonl"));
+        let _ = std::fs::remove_file(&events);
+        let mut child = Command::new(bin)
+            .args(["--config", config_path.to_str().unwrap()])
+            .args(["--lease", lease, "--owner", owner])
+            .args(["--events", events.to_str().unwrap()])
+            .env("RUST_LOG", "actix_coordination=trace")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start singleton_node");
+        let renewals = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        {
+            let renewals = Arc::clone(&renewals);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains("lease renewed") {
+                        renewals.lock().unwrap().push(Instant::now());
+                    }
+                }
+            });
+        }
+        Node {
+            child,
+            events,
+            renewals,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn renewal_count(&self) -> usize {
+        self.renewals.lock().unwrap().len()
+    }
+
+    fn last_renewal(&self) -> Option<Instant> {
+        self.renewals.lock().unwrap().last().copied()
+    }
+
+    /// Waits until the node's singleton acts; returns its fencing token.
+    async fn wait_acting(&self, within: Duration) -> u64 {
+        let give_up = Instant::now() + within;
+        loop {
+            if let Some(e) = read_events(&self.events).iter().find(|e| e.event == "act") {
+                return e.token;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the node did not start acting within {within:?}"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the node logs one more renewal than `seen`.
+    async fn wait_renewal(&self, seen: usize, within: Duration) -> Instant {
+        let give_up = Instant::now() + within;
+        loop {
+            if self.renewal_count() > seen {
+                return self.last_renewal().unwrap();
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the node did not renew within {within:?}"
+            );
+            // 1 ms: the kill follows the renewal closely.
+            sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn node_dir(backend: &str) -> PathBuf {
+    let base = std::env::var("ACTIX_COORD_TEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let dir = base.join(format!("bench-nodes-{backend}-{}", run_id()));
+    std::fs::create_dir_all(&dir).expect("create the nodes' directory");
+    dir
+}
+
+/// 2b. Crash failover with the holder a real process killed with SIGKILL.
+async fn kill<M: Maker>(maker: &M) {
+    let rounds = env_number("BENCH_KILL_ROUNDS", 20) as usize;
+    let Some(config) = maker.node_config(FAILOVER_TTL, FAILOVER_TTL / 3) else {
+        panic!("`kill` needs a backend shared between processes (kubernetes, etcd)");
+    };
+    let bin = node_binary();
+    let dir = node_dir(maker.backend());
+    let mut beyond_log = Vec::new();
+    let mut beyond_renew_time = Vec::new();
+    for round in 0..rounds {
+        let name = unique("kill");
+        let mut node = Node::spawn(&bin, &dir, &config, &name, &format!("node-{round}"));
+        node.wait_acting(Duration::from_secs(30)).await;
+        let b = Arc::new(maker.lease(failover_settings(&name, "b")));
+        let waiter = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move {
+                let got = Lease::acquire_within(&*b, FAILOVER_TTL * 10).await;
+                (got, Instant::now(), now_ns())
+            })
+        };
+        let seen = node.renewal_count();
+        node.wait_renewal(seen, FAILOVER_TTL).await;
+        let seen = node.renewal_count();
+        // SIGKILL at once after a renewal was logged: the logged renewal is the last one.
+        let renewed = node.wait_renewal(seen, FAILOVER_TTL).await;
+        node.child.kill().expect("SIGKILL");
+        let killed = Instant::now();
+        let _ = node.child.wait();
+        let renew_time = maker.renew_time_ns(&name).await;
+        let (got, at, at_ns) = timeout(FAILOVER_TTL * 10, waiter)
+            .await
+            .expect("the contender gets the lease")
+            .expect("waiter task");
+        assert!(got.expect("acquire_within"), "the contender got the lease");
+        beyond_log.push(signed_ms(at, renewed + FAILOVER_TTL));
+        if let Some(renew_ns) = renew_time {
+            beyond_renew_time.push((at_ns as f64 - renew_ns as f64) / 1e6 - ms(FAILOVER_TTL));
+        }
+        println!(
+            "kill/{} round {round}: killed {:.1} ms after the logged renewal; contender holds {:.1} ms after logged renewal + ttl",
+            maker.backend(),
+            ms(killed - renewed),
+            signed_ms(at, renewed + FAILOVER_TTL)
+        );
+        assert!(b.release().await.expect("release"));
+    }
+    let summary = summarize(&beyond_log);
+    println!(
+        "kill/{}: contender holds, after the node's last logged renewal + ttl ({FAILOVER_TTL:?}): {summary}",
+        maker.backend()
+    );
+    if !beyond_renew_time.is_empty() {
+        println!(
+            "kill/{}: contender holds, after the object's renewTime + ttl (wall clock):        {}",
+            maker.backend(),
+            summarize(&beyond_renew_time)
+        );
+    }
+    println!(
+        "| {} (SIGKILLed process) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
+        maker.backend(),
+        summary.min,
+        summary.median,
+        summary.p99,
+        summary.max,
+        summary.n,
+        CLIENT_GO_FAILOVER
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A frozen holder after SIGCONT
+
+async fn pause<M: Maker>(maker: &M) {
+    let rounds = env_number("BENCH_PAUSE_ROUNDS", 3) as usize;
+    let frozen = Duration::from_secs(env_number("BENCH_PAUSE_SECS", 20));
+    let (ttl, renewal) = (Duration::from_secs(6), Duration::from_secs(2));
+    let Some(config) = maker.node_config(ttl, renewal) else {
+        panic!("`pause` needs a backend shared between processes (kubernetes, etcd)");
+    };
+    let bin = node_binary();
+    let dir = node_dir(maker.backend());
+    for round in 0..rounds {
+        let name = unique("pause");
+        let node = Node::spawn(&bin, &dir, &config, &name, &format!("frozen-{round}"));
+        let token = node.wait_acting(Duration::from_secs(30)).await;
+        let b = Arc::new(
+            maker.lease(
+                LeaseSettings::builder(&name, "b")
+                    .ttl(ttl)
+                    .renewal_interval(renewal)
+                    .build()
+                    .expect("valid settings"),
+            ),
+        );
+        let waiter = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move {
+                let got = Lease::acquire_within(&*b, Duration::from_secs(120)).await;
+                (got, Instant::now())
+            })
+        };
+        sleep(Duration::from_millis(500)).await;
+        signal(node.pid(), "STOP");
+        let stopped = Instant::now();
+        let stopped_ns = now_ns();
+        let (got, at) = timeout(frozen, waiter)
+            .await
+            .expect("the contender takes over while the holder is frozen")
+            .expect("waiter task");
+        assert!(got.expect("acquire_within"), "the contender got the lease");
+        let new_token = b.fencing_token().expect("held");
+        sleep_until_instant(stopped + frozen).await;
+        let resumed_ns = now_ns();
+        signal(node.pid(), "CONT");
+        // Give the resumed node time to act if it were going to, and to stop its singleton.
+        let give_up = Instant::now() + Duration::from_secs(5);
+        let stop_ns = loop {
+            let events = read_events(&node.events);
+            if let Some(stop) = events
+                .iter()
+                .find(|e| e.event == "stop" && e.t_ns >= resumed_ns)
+            {
+                break Some(stop.t_ns);
+            }
+            if Instant::now() >= give_up {
+                break None;
+            }
+            sleep(Duration::from_millis(10)).await;
+        };
+        sleep(Duration::from_secs(1)).await;
+        let events = read_events(&node.events);
+        let acts_after: Vec<&NodeEvent> = events
+            .iter()
+            .filter(|e| e.event == "act" && e.token == token && e.t_ns >= resumed_ns)
+            .collect();
+        let acted_for = acts_after
+            .iter()
+            .map(|e| (e.t_ns - resumed_ns) as f64 / 1e6)
+            .fold(0.0, f64::max);
+        let last_act_before = events
+            .iter()
+            .filter(|e| e.event == "act" && e.t_ns < resumed_ns)
+            .map(|e| e.t_ns)
+            .max()
+            .unwrap_or(0);
+        println!(
+            "pause/{} round {round}: frozen {frozen:?}; contender held the lease {:.0} ms after SIGSTOP (token {token} -> {new_token}); \
+             after SIGCONT the old holder acted {} times ({acted_for:.1} ms); its singleton stopped {} after SIGCONT; \
+             its last step before was {:.0} ms after SIGSTOP",
+            maker.backend(),
+            ms(at - stopped),
+            acts_after.len(),
+            stop_ns.map_or("never (within 5 s)".to_owned(), |s| format!(
+                "{:.1} ms",
+                (s as f64 - resumed_ns as f64) / 1e6
+            )),
+            (last_act_before as f64 - stopped_ns as f64) / 1e6
+        );
+        drop(node);
+        assert!(b.release().await.expect("release"));
+    }
+}
+
+async fn sleep_until_instant(at: Instant) {
+    tokio::time::sleep_until(at).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Requests per minute
+
+fn delta(after: &Counters, before: &Counters) -> Counters {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
+}
+
+fn per_minute(counters: &Counters, elapsed: Duration) -> String {
+    if counters.is_empty() {
+        return "none".into();
+    }
+    counters
+        .iter()
+        .map(|(k, v)| format!("{k} {:.2}", v * 60.0 / elapsed.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn minus(a: &Counters, b: &Counters) -> Counters {
+    let mut out = a.clone();
+    for (k, v) in b {
+        *out.entry(k.clone()).or_insert(0.0) -= v;
+    }
+    out.retain(|_, v| v.abs() > 1e-9);
+    out
+}
+
+async fn requests<M: Maker>(maker: &M) {
+    let window = Duration::from_secs(env_number("BENCH_WINDOW_SECS", 60));
+    for (ttl, renewal) in [
+        (Duration::from_secs(20), Duration::from_secs(10)),
+        (Duration::from_secs(30), Duration::from_secs(10)),
+    ] {
+        // Let what ran before (an unused etcd lease lingers one renewal interval before it is
+        // revoked; a dropped tenure's key is deleted a TTL later) finish before counting.
+        sleep(renewal + Duration::from_secs(3)).await;
+        println!(
+            "requests/{}: ttl {ttl:?}, renewal {renewal:?}, {window:?} windows (load {})",
+            maker.backend(),
+            load_average()
+        );
+        let settings = |name: &str, owner: &str| {
+            LeaseSettings::builder(name, owner)
+                .ttl(ttl)
+                .renewal_interval(renewal)
+                .build()
+                .expect("valid settings")
+        };
+        let name = unique("requests");
+
+        // Phase 0: nothing held (what the server counts on its own).
+        let (s0, t0) = (maker.server_counters().await, Instant::now());
+        sleep(window).await;
+        let (s1, t1) = (maker.server_counters().await, Instant::now());
+        let idle = delta(&s1, &s0);
+
+        // Phase 1: one holder alone; the window starts just after a renewal.
+        let a = maker.lease(settings(&name, "a"));
+        assert!(a.acquire().await.expect("acquire"));
+        let claim = maker.client_counters(&a);
+        next_renewal(&a).await;
+        sleep(renewal / 4).await;
+        let (s1, c1, t1h) = (
+            maker.server_counters().await,
+            maker.client_counters(&a),
+            Instant::now(),
+        );
+        sleep(window).await;
+        let (s2, c2, t2) = (
+            maker.server_counters().await,
+            maker.client_counters(&a),
+            Instant::now(),
+        );
+        let gauges_holder = maker.server_gauges().await;
+        let holder = minus(&delta(&s2, &s1), &idle);
+
+        // Phase 2: the holder and one contender waiting in `acquire_within`.
+        let b = Arc::new(maker.lease(settings(&name, "b")));
+        let waiter = {
+            let b = Arc::clone(&b);
+            tokio::spawn(async move { Lease::acquire_within(&*b, window * 10).await })
+        };
+        // Two renewal intervals of settling: the contender's first attempt and its one-time
+        // leftovers (an etcd lease granted for the attempt lingers one renewal interval before
+        // it is revoked) fall before the window.
+        next_renewal(&a).await;
+        next_renewal(&a).await;
+        sleep(renewal / 4).await;
+        let b_setup = maker.client_counters(&b);
+        let (s3, c3, b3, t3) = (
+            maker.server_counters().await,
+            maker.client_counters(&a),
+            maker.client_counters(&b),
+            Instant::now(),
+        );
+        sleep(window).await;
+        let (s4, c4, b4, t4) = (
+            maker.server_counters().await,
+            maker.client_counters(&a),
+            maker.client_counters(&b),
+            Instant::now(),
+        );
+        let gauges_both = maker.server_gauges().await;
+        assert!(!waiter.is_finished(), "the contender is still waiting");
+        waiter.abort();
+        let both = minus(&delta(&s4, &s3), &idle);
+        let holder_rate = |c: &Counters, e: Duration| {
+            c.iter()
+                .map(|(k, v)| (k.clone(), v * 60.0 / e.as_secs_f64()))
+                .collect::<Counters>()
+        };
+        let contender = minus(
+            &holder_rate(&both, t4 - t3),
+            &holder_rate(&holder, t2 - t1h),
+        );
+        println!(
+            "  server, nothing held:           {} per minute",
+            per_minute(&idle, t1 - t0)
+        );
+        println!(
+            "  server, holder alone:           {} per minute (idle subtracted)",
+            per_minute(&holder, t2 - t1h)
+        );
+        println!(
+            "  server, holder + contender:     {} per minute (idle subtracted)",
+            per_minute(&both, t4 - t3)
+        );
+        println!(
+            "  server, contender = difference: {} per minute",
+            if contender.is_empty() {
+                "none".to_owned()
+            } else {
+                contender
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+        if !claim.is_empty() {
+            println!("  client, holder's claim:         {claim:?}");
+            println!(
+                "  client, holder alone:           {} per minute",
+                per_minute(&delta(&c2, &c1), t2 - t1h)
+            );
+            println!(
+                "  client, holder (phase 2):       {} per minute",
+                per_minute(&delta(&c4, &c3), t4 - t3)
+            );
+            println!("  client, contender's setup:      {b_setup:?}");
+            println!(
+                "  client, contender waiting:      {} per minute",
+                per_minute(&delta(&b4, &b3), t4 - t3)
+            );
+        }
+        if !gauges_holder.is_empty() || !gauges_both.is_empty() {
+            println!("  server gauges: holder alone {gauges_holder:?}; holder + contender {gauges_both:?}");
+        }
+        drop(b);
+        assert!(a.release().await.expect("release"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async fn run<M: Maker>(maker: M, measurements: &[String]) {
+    println!(
+        "backend {} on {} cores, load average {}",
+        maker.backend(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
+    );
+    for m in measurements {
+        let started = std::time::Instant::now();
+        match m.as_str() {
+            "handoff" => handoff(&maker).await,
+            "failover" => failover(&maker).await,
+            "kill" => kill(&maker).await,
+            "requests" => requests(&maker).await,
+            "pause" => pause(&maker).await,
+            other => panic!(
+                "unknown measurement {other:?} (handoff, failover, kill, requests, pause, all)"
+            ),
+        }
+        println!(
+            "({m} took {:.0?}, load average now {})\n",
+            started.elapsed(),
+            load_average()
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let backend = args.first().cloned().unwrap_or_else(|| "memory".into());
+    let mut measurements: Vec<String> = args.iter().skip(1).cloned().collect();
+    if measurements.is_empty() {
+        measurements = vec!["handoff".into(), "failover".into()];
+    }
+    if measurements.iter().any(|m| m == "all") {
+        measurements = if backend == "memory" {
+            vec!["handoff".into(), "failover".into()]
+        } else {
+            ["handoff", "failover", "kill", "requests", "pause"]
+                .map(String::from)
+                .to_vec()
+        };
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        match backend.as_str() {
+            "memory" => {
+                run(
+                    MemoryMaker {
+                        store: InMemoryStore::new(),
+                    },
+                    &measurements,
+                )
+                .await
+            }
+            "kubernetes" => {
+                #[cfg(feature = "kubernetes")]
+                run(kubernetes::KubeMaker::from_env(), &measurements).await;
+                #[cfg(not(feature = "kubernetes"))]
+                panic!(
+                    "the kubernetes backend needs the `kubernetes` feature: \
+                     cargo bench --all-features --bench handoff -- kubernetes"
+                );
+            }
+            "etcd" => {
+                #[cfg(feature = "etcd")]
+                run(etcd::EtcdMaker::from_env(), &measurements).await;
+                #[cfg(not(feature = "etcd"))]
+                panic!(
+                    "the etcd backend needs the `etcd` feature: \
+                     cargo bench --all-features --bench handoff -- etcd"
+                );
+            }
+            other => panic!("unknown backend {other:?} (memory, kubernetes, etcd)"),
+        }
+    });
+}

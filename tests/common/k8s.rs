@@ -1,0 +1,220 @@
+//! Kubernetes test helpers: the test cluster's environment (written by `scripts/test-cluster.sh
+//! up`), kube clients for it, and private kube-apiserver processes on the cluster's etcd that
+//! tests may kill and restart.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
+use tokio::time::{sleep, timeout, Instant};
+
+/// The test cluster, from the environment `scripts/test-cluster.sh up` writes.
+pub struct TestEnv {
+    /// `https://127.0.0.1:PORT` of the cluster's kube-apiserver.
+    pub url: String,
+    /// The same as a socket address (for proxies).
+    pub upstream: SocketAddr,
+    /// The API server's certificate, to trust as CA.
+    pub ca: PathBuf,
+    /// Bearer token of `lease-holder`, bound only to the Role of deploy/rbac.yaml.
+    pub token: String,
+    /// Bearer token of a `system:masters` user.
+    pub admin_token: String,
+    /// Bearer token of a user without any Role.
+    pub norole_token: String,
+    /// The namespace the Role is bound in.
+    pub namespace: String,
+    /// The kube-apiserver binary, to start private instances.
+    pub apiserver_bin: PathBuf,
+    /// Every flag of the cluster's apiserver but `--secure-port`.
+    pub apiserver_args: Vec<String>,
+    /// The cluster's directory.
+    pub dir: PathBuf,
+}
+
+/// The test cluster's environment (read once; a missing variable fails every test that needs it
+/// with the same message).
+pub fn env() -> &'static TestEnv {
+    static ENV: std::sync::OnceLock<TestEnv> = std::sync::OnceLock::new();
+    ENV.get_or_init(read_env)
+}
+
+fn read_env() -> TestEnv {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set. The Kubernetes tests need the test cluster: run them with \
+                 `scripts/test-cluster.sh run -- cargo test --all-features` \
+                 (or `scripts/test-cluster.sh up` and `. target/test-cluster/env` first)"
+            )
+        })
+    };
+    let url = var("ACTIX_COORD_TEST_K8S_URL");
+    let upstream = url
+        .strip_prefix("https://")
+        .and_then(|a| a.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("ACTIX_COORD_TEST_K8S_URL={url} is not https://IP:PORT"));
+    TestEnv {
+        upstream,
+        url,
+        ca: var("ACTIX_COORD_TEST_K8S_CA").into(),
+        token: var("ACTIX_COORD_TEST_K8S_TOKEN"),
+        admin_token: var("ACTIX_COORD_TEST_K8S_ADMIN_TOKEN"),
+        norole_token: var("ACTIX_COORD_TEST_K8S_NOROLE_TOKEN"),
+        namespace: var("ACTIX_COORD_TEST_K8S_NAMESPACE"),
+        apiserver_bin: var("ACTIX_COORD_TEST_KUBE_APISERVER_BIN").into(),
+        apiserver_args: var("ACTIX_COORD_TEST_KUBE_APISERVER_ARGS")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+        dir: var("ACTIX_COORD_TEST_DIR").into(),
+    }
+}
+
+/// A kube client for `url` authenticated with `token`, trusting the test cluster's CA, without
+/// retries.
+pub fn client(url: &str, token: &str) -> kube::Client {
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "test".into(),
+            cluster: Some(Cluster {
+                server: Some(url.to_owned()),
+                certificate_authority: Some(env().ca.display().to_string()),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "test".into(),
+            auth_info: Some(AuthInfo {
+                token: Some(token.to_owned().into()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "test".into(),
+            context: Some(Context {
+                cluster: "test".into(),
+                user: Some("test".into()),
+                namespace: Some(env().namespace.clone()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some("test".into()),
+        ..Kubeconfig::default()
+    };
+    let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
+    config.default_retry = false;
+    config.proxy_url = None;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+/// A private kube-apiserver on the test cluster's etcd (same certificate, tokens and RBAC), on a
+/// port of its own; killed with SIGKILL when dropped. Its output is appended to `log`.
+pub struct ApiserverProcess {
+    port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl ApiserverProcess {
+    /// Starts the API server on `port` (without waiting: see [`ApiserverProcess::ready`]).
+    pub fn start(port: u16, log: PathBuf) -> Self {
+        let mut server = Self {
+            port,
+            child: None,
+            log,
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts the process (again) on the same port.
+    pub fn spawn(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "the kube-apiserver is already running"
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("kube-apiserver log {}: {e}", self.log.display()));
+        let child = Command::new(&env().apiserver_bin)
+            .args(&env().apiserver_args)
+            .arg(format!("--secure-port={}", self.port))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("kube-apiserver log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", env().apiserver_bin.display()));
+        self.child = Some(child);
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process, starts it again on the same port and waits until it is ready, or panics
+    /// after `within`.
+    pub async fn restart(&mut self, within: Duration) {
+        self.kill();
+        self.spawn();
+        self.ready(Instant::now() + within).await;
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Waits until `/readyz` answers `ok`, or panics at `deadline` or when the process exits.
+    pub async fn ready(&mut self, deadline: Instant) {
+        let admin = client(&self.url(), &env().admin_token);
+        loop {
+            if let Some(status) = super::exit_status(&mut self.child) {
+                panic!(
+                    "the kube-apiserver on port {} exited with {status} (log: {})",
+                    self.port,
+                    self.log.display()
+                );
+            }
+            let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            if let Ok(Ok(body)) = timeout(Duration::from_secs(2), admin.request_text(request)).await
+            {
+                if body.trim() == "ok" {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the kube-apiserver on port {} was not ready in time (log: {})",
+                self.port,
+                self.log.display()
+            );
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for ApiserverProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
