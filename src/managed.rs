@@ -181,7 +181,13 @@ impl<B: LeaseBackend> ManagedLease<B> {
             }
             if attempt < attempts {
                 let not_after = Instant::now() + settings.acquire_retry_delay();
-                shared.backend.wait_for_change(settings, not_after).await;
+                match last {
+                    // Held by another owner: wake early when the backend sees a change.
+                    Ok(false) => shared.backend.wait_for_change(settings, not_after).await,
+                    // An error: back off for the whole delay (the store may look free while
+                    // this owner cannot reach it).
+                    _ => tokio::time::sleep_until(not_after).await,
+                }
             }
         }
         last
@@ -198,16 +204,29 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 _ if Instant::now() >= deadline => return result,
                 _ => {}
             }
-            // Wake on the backend's change notification, at the latest after the retry delay (an
-            // error) or at the deadline.
-            let not_after = match result {
-                Ok(false) if self.shared.backend.notifies_changes() => deadline,
-                _ => deadline.min(Instant::now() + settings.acquire_retry_delay()),
-            };
-            self.shared
-                .backend
-                .wait_for_change(settings, not_after)
-                .await;
+            // Held by another owner: wake on the backend's change notification, at the latest at
+            // the deadline (or after the retry delay if the backend has no notification). An
+            // error: back off for the retry delay (the store may look free while this owner
+            // cannot reach it, and waiting for a change would then spin).
+            match result {
+                Ok(false) => {
+                    let not_after = if self.shared.backend.notifies_changes() {
+                        deadline
+                    } else {
+                        deadline.min(Instant::now() + settings.acquire_retry_delay())
+                    };
+                    self.shared
+                        .backend
+                        .wait_for_change(settings, not_after)
+                        .await;
+                }
+                _ => {
+                    tokio::time::sleep_until(
+                        deadline.min(Instant::now() + settings.acquire_retry_delay()),
+                    )
+                    .await
+                }
+            }
         }
     }
 

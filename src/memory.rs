@@ -73,6 +73,8 @@ pub struct InMemoryStats {
     pub renewals: u64,
     /// Releases.
     pub releases: u64,
+    /// Calls refused by an injected [`InMemoryFault::Unavailable`].
+    pub refused: u64,
 }
 
 /// A process-local lease store; clones share it.
@@ -240,8 +242,12 @@ impl InMemoryStore {
     /// Applies the fault for `owner` before a call; returns whether the response must be lost.
     async fn before_call(&self, owner: &str) -> Result<bool, InMemoryError> {
         let fault = {
-            let state = self.lock();
-            state.owner_faults.get(owner).copied().or(state.fault)
+            let mut state = self.lock();
+            let fault = state.owner_faults.get(owner).copied().or(state.fault);
+            if fault == Some(InMemoryFault::Unavailable) {
+                state.stats.refused += 1;
+            }
+            fault
         };
         match fault {
             None => Ok(false),

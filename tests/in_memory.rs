@@ -185,3 +185,30 @@ async fn acquire_within_wakes_on_release_and_at_expiry_without_polling() {
     assert!(!d.acquire_within(Duration::from_secs(5)).await.unwrap());
     assert!(start.elapsed() >= Duration::from_secs(5));
 }
+
+/// An owner that cannot reach the store backs off for the retry delay between attempts, even
+/// while the store shows the lease free (waiting for a change would return at once and spin).
+#[tokio::test(start_paused = true)]
+async fn unreachable_owner_backs_off_instead_of_spinning() {
+    let f = InMemoryFixture::default();
+    let a = f.lease(f.settings("spin", "a")).await;
+    f.store.partition("a");
+    let start = Instant::now();
+    let result = a.acquire_within(Duration::from_secs(5)).await;
+    assert!(result.is_err(), "{result:?}");
+    assert!(start.elapsed() >= Duration::from_secs(5));
+    // 500 ms apart: about 11 attempts in 5 s, not thousands.
+    let refused = f.store.stats().refused;
+    assert!((9..=13).contains(&refused), "{refused} attempts in 5 s");
+    let before = f.store.stats().refused;
+    assert!(a.acquire().await.is_err());
+    assert_eq!(
+        f.store.stats().refused - before,
+        4,
+        "acquire: 1 + 3 retries"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(5) + Duration::from_millis(1500),
+        "3 delays"
+    );
+}
