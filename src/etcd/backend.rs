@@ -445,11 +445,18 @@ impl LeaseBackend for EtcdBackend {
         }
     }
 
-    async fn wait_for_change(&self, _settings: &LeaseSettings, not_after: Instant) {
+    fn notifies_changes(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
+        // Without a working watch, try again after the retry delay, not only at `not_after`
+        // (which is the caller's whole deadline when it relies on the notification).
+        let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
         // Resume from the revision at which the key was seen held, so that a deletion between
         // that attempt and this watch is not missed.
         let Some(seen) = self.lock_observed().take() else {
-            return sleep_until(not_after).await;
+            return sleep_until(retry_at).await;
         };
         let wait = async {
             let Ok(mut watch) = self
@@ -457,7 +464,7 @@ impl LeaseBackend for EtcdBackend {
                 .watch(self.key.clone(), seen.saturating_add(1), true)
                 .await
             else {
-                return sleep_until(not_after).await;
+                return sleep_until(retry_at).await;
             };
             loop {
                 match watch.next().await {
@@ -469,7 +476,7 @@ impl LeaseBackend for EtcdBackend {
                         compact_revision, ..
                     }) if compact_revision > 0 => return,
                     Some(HubEvent::Canceled { .. } | HubEvent::Broken(_)) | None => {
-                        return sleep_until(not_after).await
+                        return sleep_until(retry_at).await
                     }
                 }
             }

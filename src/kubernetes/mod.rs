@@ -821,6 +821,10 @@ impl LeaseBackend for KubernetesBackend {
         }
     }
 
+    fn notifies_changes(&self) -> bool {
+        true
+    }
+
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
         let owner = settings.owner();
         // When to give up waiting: `not_after`, or when the observed claim expires; `None` when
@@ -831,20 +835,26 @@ impl LeaseBackend for KubernetesBackend {
             Some(_) => Some(observed.expires_at().min(not_after)),
         };
         let Some(observed) = self.observed() else {
-            tokio::time::sleep_until(not_after).await;
+            let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
+            tokio::time::sleep_until(retry_at).await;
             return;
         };
         let Some(mut wake) = wake_at(&observed) else {
             return;
         };
         let mut version = observed.version;
+        // Without a working watch, try again after the retry delay at the latest: the caller
+        // relies on the notification and may have passed its whole deadline as `not_after`.
+        let retry_delay = settings.acquire_retry_delay();
         let api = match self.api() {
             Ok(api) => api,
-            Err(_) => return tokio::time::sleep_until(wake).await,
+            Err(_) => {
+                return tokio::time::sleep_until(wake.min(Instant::now() + retry_delay)).await
+            }
         };
         let give_up = |error: KubernetesError, wake: Instant| {
-            tracing::debug!(%error, object = %self.object, "cannot watch the lease object; waiting without it");
-            tokio::time::sleep_until(wake)
+            tracing::debug!(%error, object = %self.object, "cannot watch the lease object; trying again soon");
+            tokio::time::sleep_until(wake.min(Instant::now() + retry_delay))
         };
         // Watch the object from the version last seen. A renewal by the holder only restarts the
         // expiry clock (no request); a release, a deletion, or a claim by this owner ends the wait.
