@@ -300,7 +300,7 @@ mod kubernetes {
         let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
         config.default_retry = false;
         config.proxy_url = None;
-        kube::Client::try_from(config).expect("kube client")
+        actix_coordination::kubernetes_client(&config).expect("kube client")
     }
 
     impl KubeMaker {

@@ -229,7 +229,7 @@ fn kube_client(url: &str, ca: &str, token: &str, namespace: &str) -> kube::Clien
     config.default_retry = false;
     config.proxy_url = None;
     config.connect_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).expect("kube client")
+    actix_coordination::kubernetes_client(&config).expect("kube client")
 }
 
 fn make_lease(backend: &Backend, i: usize) -> SharedLease {

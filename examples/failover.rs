@@ -192,4 +192,37 @@ async fn main() {
     draw(&timeline, t0.elapsed());
     let token = store.record(LEASE).map(|r| r.token.value()).unwrap_or(0);
     println!("\nlast fencing token: {token} (one per tenure; it never goes back)");
+    if let Err(problem) = check(&timeline) {
+        eprintln!("\nINVARIANT BROKEN: {problem}");
+        std::process::exit(1);
+    }
+    println!("checked: never two singletons at once, fencing tokens strictly rising");
+}
+
+/// The demo's own check (CI runs this example): tenures never overlap and every new tenure has a
+/// higher fencing token than the one before.
+fn check(timeline: &Timeline) -> Result<(), String> {
+    let mut tenures = timeline.borrow().clone();
+    tenures.sort_by_key(|t| t.2);
+    if tenures.len() < 3 {
+        return Err(format!(
+            "expected at least 3 tenures, saw {}",
+            tenures.len()
+        ));
+    }
+    for pair in tenures.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        let a_stop =
+            a.3.ok_or_else(|| format!("node-{} never stopped its singleton", a.0))?;
+        if a_stop > b.2 {
+            return Err(format!(
+                "node-{} started at {:?} while node-{} ran until {:?}",
+                b.0, b.2, a.0, a_stop
+            ));
+        }
+        if b.1 <= a.1 {
+            return Err(format!("fencing token went from {} to {}", a.1, b.1));
+        }
+    }
+    Ok(())
 }

@@ -4,7 +4,8 @@
 //! register by address and shards go to the least-loaded region, fenced with the coordinator's
 //! token. Then the active coordinator is cut off from the lease store: at its local deadline it
 //! rejects its pending allocations with `GateError::LeaseLost` and stops; the standby coordinator
-//! takes over after the TTL, and allocations continue under a higher fencing token.
+//! takes over after the TTL, and allocations continue under a higher fencing token. Finally the
+//! program drops its addresses of the coordinators: the active one stops and releases its lease.
 //!
 //! ```text
 //! cargo run --example sharding
@@ -185,4 +186,23 @@ async fn main() {
             home.fencing_token
         );
     }
+
+    // Nothing but these addresses keeps the coordinators alive: dropping them stops the active
+    // one, which releases its lease (instead of leaving it to expire).
+    drop(coordinators);
+    let released = tokio::time::timeout(TTL, async {
+        while store.holder("shard-coordinator").is_some() {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    println!(
+        "{:>5.2}s coordinators dropped: the lease is {}",
+        t0.elapsed().as_secs_f64(),
+        if released.is_ok() {
+            "released"
+        } else {
+            "still held"
+        }
+    );
 }

@@ -1,4 +1,5 @@
 //! The small trait a storage backend implements; [`ManagedLease`](crate::ManagedLease) turns it
+//! into a full [`Lease`](crate::Lease).
 
 use std::future::Future;
 
@@ -61,9 +62,8 @@ pub trait BackendError: std::error::Error + Send + Sync + 'static {
     fn is_transient(&self) -> bool;
 }
 
-/// A lease store: the small trait a storage backend implements.
-///
-/// into a full [`Lease`](crate::Lease).
+/// A lease store: the small trait a storage backend implements; [`ManagedLease`](crate::ManagedLease)
+/// turns it into a full [`Lease`](crate::Lease).
 ///
 /// A backend only performs single, bounded steps against its store: one attempt to claim the
 /// lease, one renewal, one release, and optionally a watch that reports a loss as soon as the store
@@ -96,12 +96,34 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ///
     /// When this owner already holds the claim in the store (an earlier attempt whose answer was
     /// lost), the backend reuses it and reports `Acquired` with a fresh token.
+    ///
+    /// # Errors
+    ///
+    /// When the outcome is unknown (store unreachable, refused, an unexpected answer); the error's
+    /// [`BackendError::is_transient`] decides whether `ManagedLease` tries again.
+    ///
+    /// # Cancel safety
+    ///
+    /// `ManagedLease` drops the future at the operation timeout. A claim the store applied but
+    /// whose answer was dropped must be recognised by the next attempt (as described above).
     fn try_acquire(
         &self,
         settings: &LeaseSettings,
     ) -> impl Future<Output = Result<AcquireAttempt<Self::Tenure>, Self::Error>> + Send;
 
     /// One renewal of the tenure, as a compare-and-swap against it.
+    ///
+    /// # Errors
+    ///
+    /// When the outcome is unknown; `ManagedLease` retries with a backoff until the local
+    /// deadline. A store that definitely shows another holder or no record answers
+    /// `Ok(RenewOutcome::Lost(_))`, not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// The future may be dropped at the operation timeout or when the local deadline passes; the
+    /// tenure must stay usable for the next renewal and for `release` (update it only from answers
+    /// that arrived).
     fn renew(
         &self,
         settings: &LeaseSettings,
@@ -109,6 +131,15 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<RenewOutcome, Self::Error>> + Send;
 
     /// Gives the tenure up in the store, as a compare-and-swap against it.
+    ///
+    /// # Errors
+    ///
+    /// When the outcome is unknown: `release` then resolves `Err` and the claim expires after its
+    /// TTL at the latest. Another holder in the store is `Ok(ReleaseOutcome::HeldByOther)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped at the operation timeout; the claim then expires by its TTL.
     fn release(
         &self,
         settings: &LeaseSettings,
@@ -116,9 +147,17 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send;
 
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
-    /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the tenure ends. An `Err` means
-    /// the watch broke: `ManagedLease` calls it again after a short backoff (renewals still detect
-    /// losses meanwhile). The default never resolves: losses are then found by renewals only.
+    /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
+    /// tenure ends. The default never resolves: losses are then found by renewals only.
+    ///
+    /// # Errors
+    ///
+    /// When the watch broke: `ManagedLease` calls it again after a short backoff (renewals still
+    /// detect losses meanwhile).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped whenever the tenure ends; it must only observe.
     fn watch_lost(
         &self,
         settings: &LeaseSettings,
@@ -139,6 +178,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// Resolves when the lease may have become free for `settings.owner()` (released, expired,
     /// deleted), or at the latest at `not_after`. Contenders wait on it between attempts instead of
     /// sleeping a fixed delay; the default sleeps until `not_after`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes (a caller's `acquire_within` future may be dropped at any
+    /// time).
     fn wait_for_change(
         &self,
         settings: &LeaseSettings,

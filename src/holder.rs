@@ -53,7 +53,8 @@ where
 #[rtype(result = "SubscriptionId")]
 pub struct SubscribeLeaseLost(pub Recipient<LeaseLost>);
 
-/// Remove a subscription; answers whether it existed.
+/// Remove a subscription; answers whether it existed (`false` also once its subscriber stopped and
+/// the subscription was dropped at a loss).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "bool")]
 pub struct UnsubscribeLeaseLost(pub SubscriptionId);
@@ -88,7 +89,8 @@ impl Subscribers {
 /// The actor owns one lease. Send it [`Acquire`], [`Release`], [`CheckAlive`] and
 /// [`GetFencingToken`]; subscribe other actors to [`LeaseLost`] with [`SubscribeLeaseLost`]. Every
 /// live subscriber receives one `LeaseLost` per loss, straight from the lease's renewal task (it does
-/// not wait behind other messages in this actor's mailbox); subscribers that stopped are dropped.
+/// not wait behind other messages in this actor's mailbox); subscribers that stopped are dropped
+/// at the loss.
 ///
 /// `Acquire` and `Release` run as futures: the actor keeps answering `CheckAlive` while one is in
 /// flight, and the lease itself serialises concurrent acquires and releases, so a `Release` sent

@@ -380,7 +380,7 @@ pub trait Lease: Send + Sync + 'static {
         timeout: Duration,
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         async move {
-            let deadline = Instant::now() + timeout;
+            let deadline = crate::managed::deadline_after(timeout);
             loop {
                 let result = self.acquire().await;
                 match &result {

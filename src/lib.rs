@@ -85,9 +85,10 @@ pub use etcd::{
 mod kubernetes;
 #[cfg(feature = "kubernetes")]
 pub use kubernetes::{
-    is_valid_object_name as is_valid_kubernetes_object_name, object_name as kubernetes_object_name,
-    provider_factory as kubernetes_provider_factory, KubernetesBackend, KubernetesError,
-    KubernetesLease, KubernetesSettings, KubernetesStats, KubernetesTenure, KUBERNETES_BACKEND,
+    is_valid_object_name as is_valid_kubernetes_object_name, kubernetes_client,
+    object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
+    KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSettings, KubernetesStats,
+    KubernetesTenure, KUBERNETES_BACKEND,
     LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
 };
 pub use singleton::{
@@ -114,15 +115,79 @@ mod send_sync {
 
     #[test]
     fn public_types_are_send_and_sync() {
+        // Leases, stores, settings and configuration.
         assert_send_sync::<LeaseSettings>();
+        assert_send_sync::<LeaseSettingsBuilder>();
+        assert_send_sync::<TimingConfig>();
         assert_send_sync::<InMemoryLease>();
+        assert_send_sync::<InMemoryBackend>();
         assert_send_sync::<InMemoryStore>();
+        assert_send_sync::<InMemoryRecord>();
+        assert_send_sync::<InMemoryStats>();
+        assert_send_sync::<InMemoryTenure>();
+        assert_send_sync::<InMemoryFault>();
         assert_send_sync::<SharedLease>();
         assert_send_sync::<LeaseProvider>();
-        assert_send_sync::<LeaseError>();
+        assert_send_sync::<CoordinationConfig>();
+        assert_send_sync::<LeaseConfig>();
+        assert_send_sync::<FencingToken>();
+        assert_send_sync::<LostReason>();
         assert_send_sync::<LeaseLost>();
+        assert_send_sync::<LostHandlers>();
         assert_send_sync::<LostSubscription>();
+        assert_send_sync::<Operation>();
+        assert_send_sync::<AcquireAttempt<InMemoryTenure>>();
+        assert_send_sync::<RenewOutcome>();
+        assert_send_sync::<ReleaseOutcome>();
+        // Errors.
+        assert_send_sync::<LeaseError>();
         assert_send_sync::<ProviderError>();
+        assert_send_sync::<SettingsError>();
+        assert_send_sync::<InMemoryError>();
+        assert_send_sync::<GateError>();
+        #[cfg(feature = "kubernetes")]
+        {
+            assert_send_sync::<KubernetesError>();
+            assert_send_sync::<KubernetesLease>();
+            assert_send_sync::<KubernetesSettings>();
+        }
+        #[cfg(feature = "etcd")]
+        {
+            assert_send_sync::<EtcdError>();
+            assert_send_sync::<EtcdLease>();
+            assert_send_sync::<EtcdSettings>();
+        }
+        // The lease-holding actor and its messages.
+        assert_send_sync::<LeaseActor<InMemoryLease>>();
+        assert_send_sync::<Acquire>();
+        assert_send_sync::<Release>();
+        assert_send_sync::<CheckAlive>();
+        assert_send_sync::<GetFencingToken>();
+        assert_send_sync::<SubscribeLeaseLost>();
+        assert_send_sync::<UnsubscribeLeaseLost>();
+        assert_send_sync::<SubscriptionId>();
+        // The singleton manager's messages and data. The manager itself is not `Send`: it keeps
+        // the singleton's factory in an `Rc` (so that factories need not be `Send`) and runs on one
+        // arbiter like every actix `Context` actor.
+        assert_send_sync::<SingletonInfo>();
+        assert_send_sync::<SingletonSettings>();
+        assert_send_sync::<SingletonState>();
+        assert_send_sync::<SingletonStatus>();
+        assert_send_sync::<Shutdown>();
+        assert_send_sync::<SetEligible>();
+        assert_send_sync::<GetStatus>();
+        assert_send_sync::<GetSingleton<LeaseActor<InMemoryLease>>>();
+        // The sharding gate, the coordinator and its messages.
+        assert_send_sync::<CoordinatorGate<InMemoryLease, String, u32>>();
+        assert_send_sync::<ShardCoordinator<InMemoryLease>>();
+        assert_send_sync::<GateState>();
+        assert_send_sync::<Submission<String, u32>>();
+        assert_send_sync::<Responder<u32>>();
+        assert_send_sync::<AllocateShard>();
+        assert_send_sync::<RegisterRegion>();
+        assert_send_sync::<HostShard>();
+        assert_send_sync::<ShardAllocation>();
+        assert_send_sync::<GetGateState>();
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! [`ManagedLease`]: the one implementation of the lease contract on top of any
+//! [`LeaseBackend`].
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,9 +22,7 @@ const RENEW_BACKOFF_START: Duration = Duration::from_millis(50);
 /// First delay before re-establishing a broken loss watch; doubles up to the renewal interval.
 const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 
-/// A [`Lease`] backed by any [`LeaseBackend`].
-///
-/// [`LeaseBackend`].
+/// A [`Lease`] backed by any [`LeaseBackend`]: the one implementation of the lease contract.
 ///
 /// It owns what every backend shares: the acquire retry loop, the operation timeout on every call,
 /// the renewal task with its backoff, the local monotonic deadline behind `check_alive`, reentrancy,
@@ -195,14 +194,22 @@ impl<B: LeaseBackend> ManagedLease<B> {
 
     async fn acquire_within_inner(&self, timeout: Duration) -> Result<bool, LeaseError> {
         let settings = &self.shared.settings;
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
+        let mut failing = false;
         loop {
             let result = self.acquire_inner(1).await;
             match &result {
                 Ok(true) => return result,
                 Err(error) if !error.is_transient() => return result,
                 _ if Instant::now() >= deadline => return result,
-                _ => {}
+                Err(error) => {
+                    // Once per streak of errors: the waiter keeps retrying every retry delay.
+                    if !failing {
+                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), %error, retry_in = ?settings.acquire_retry_delay(), "acquire attempt failed while waiting for the lease; retrying");
+                    }
+                    failing = true;
+                }
+                Ok(false) => failing = false,
             }
             // Held by another owner: wake on the backend's change notification, at the latest at
             // the deadline (or after the retry delay if the backend has no notification). An
@@ -309,6 +316,14 @@ impl<B: LeaseBackend> ManagedLease<B> {
     }
 }
 
+/// `now + timeout`, or about 30 years from now when that would overflow (`Duration::MAX` means
+/// "no deadline").
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
 /// Stops a renewal task and returns its tenure, or `None` if the tenure was lost.
 async fn stop_renewal<T>(renewal: Renewal<T>) -> Option<T> {
     let _ = renewal.stop.send(());
@@ -320,12 +335,13 @@ impl<B: LeaseBackend> Shared<B> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Ends tenure `generation` as lost and notifies the handlers, once.
-    fn lose(&self, generation: u64, reason: LostReason) {
+    /// Ends tenure `generation` as lost and notifies the handlers, once. Returns `false` when the
+    /// tenure had already ended (released, or lost before).
+    fn lose(&self, generation: u64, reason: LostReason) -> bool {
         let token = {
             let mut local = self.lock_local();
             if !(local.held && local.generation == generation) {
-                return;
+                return false;
             }
             local.held = false;
             local.deadline = None;
@@ -338,6 +354,7 @@ impl<B: LeaseBackend> Shared<B> {
             reason,
             fencing_token: token,
         });
+        true
     }
 
     /// Moves the deadline of tenure `generation` to `deadline`, if it is still the current tenure
@@ -354,6 +371,16 @@ impl<B: LeaseBackend> Shared<B> {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The end of a renewal task: `None` if tenure `generation` is lost now (and `on_lost` fired),
+    /// or the tenure back if it had already ended by a `release`, which then tells the backend.
+    fn lost_or_released<T>(&self, generation: u64, reason: LostReason, tenure: T) -> Option<T> {
+        if self.lose(generation, reason) {
+            None
+        } else {
+            Some(tenure)
         }
     }
 
@@ -391,12 +418,10 @@ async fn renewal_loop<B: LeaseBackend>(
             biased;
             _ = &mut stop => return Some(tenure),
             _ = sleep_until(deadline) => {
-                shared.lose(generation, LostReason::Expired { last_error });
-                return None;
+                return shared.lost_or_released(generation, LostReason::Expired { last_error }, tenure);
             }
             reason = &mut watch => {
-                shared.lose(generation, reason);
-                return None;
+                return shared.lost_or_released(generation, reason, tenure);
             }
             _ = sleep_until(next) => {}
         }
@@ -404,12 +429,10 @@ async fn renewal_loop<B: LeaseBackend>(
         let outcome = tokio::select! {
             biased;
             _ = sleep_until(deadline) => {
-                shared.lose(generation, LostReason::Expired { last_error });
-                return None;
+                return shared.lost_or_released(generation, LostReason::Expired { last_error }, tenure);
             }
             reason = &mut watch => {
-                shared.lose(generation, reason);
-                return None;
+                return shared.lost_or_released(generation, reason, tenure);
             }
             outcome = timeout(settings.operation_timeout(), shared.backend.renew(settings, &mut tenure)) => outcome,
         };
@@ -417,8 +440,14 @@ async fn renewal_loop<B: LeaseBackend>(
             Ok(Ok(RenewOutcome::Renewed { valid_from })) => {
                 let from = valid_from.map_or(start, |v| v.min(start));
                 if !shared.extend(generation, from + settings.local_validity()) {
-                    shared.lose(generation, LostReason::Expired { last_error });
-                    return None;
+                    // Either the deadline passed while the renewal was in flight (lost), or a
+                    // `release` began meanwhile: then hand the tenure back, so that the release
+                    // still tells the backend (the record was just renewed).
+                    return shared.lost_or_released(
+                        generation,
+                        LostReason::Expired { last_error },
+                        tenure,
+                    );
                 }
                 tracing::trace!("lease renewed");
                 last_error = None;
@@ -426,8 +455,7 @@ async fn renewal_loop<B: LeaseBackend>(
                 next = start + interval;
             }
             Ok(Ok(RenewOutcome::Lost(reason))) => {
-                shared.lose(generation, reason);
-                return None;
+                return shared.lost_or_released(generation, reason, tenure);
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, transient = error.is_transient(), "lease renewal failed, retrying until the deadline");
@@ -516,5 +544,71 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     fn deadline(&self) -> Option<Instant> {
         let local = self.shared.lock_local();
         local.held.then_some(local.deadline).flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{sleep, Instant};
+
+    use crate::{InMemoryFault, InMemoryStore, Lease, LeaseSettings};
+
+    fn settings(owner: &str) -> LeaseSettings {
+        LeaseSettings::builder("race", owner)
+            .ttl(Duration::from_secs(9))
+            .build()
+            .unwrap()
+    }
+
+    /// A renewal in flight when `release` starts must not swallow the release: the renewal lands
+    /// (the record is fresh again), so the backend must still be told, or the next owner waits a
+    /// whole TTL.
+    #[tokio::test(start_paused = true)]
+    async fn release_during_an_in_flight_renewal_still_releases_on_the_backend() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        assert!(a.acquire().await.unwrap());
+        let renewals = store.stats().renewals;
+        // From now on every call of `a` is applied one second late: the renewal due at 3 s is
+        // in flight until 4 s.
+        store.set_owner_fault("a", Some(InMemoryFault::Delay(Duration::from_secs(1))));
+        sleep(Duration::from_millis(3500)).await;
+        let released = a.release().await.unwrap();
+        assert_eq!(
+            store.stats().renewals,
+            renewals + 1,
+            "the renewal was in flight during the release and landed"
+        );
+        assert!(released);
+        assert!(!a.check_alive());
+        assert_eq!(store.holder("race"), None, "the store was told");
+        let b = store.lease(settings("b"));
+        let start = Instant::now();
+        assert!(b.acquire().await.unwrap());
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "the next owner got it at once"
+        );
+    }
+
+    /// `acquire_within(Duration::MAX)` means "no deadline", not a panic.
+    #[tokio::test(start_paused = true)]
+    async fn acquire_within_an_unbounded_timeout_does_not_overflow() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        assert!(a.acquire_within(Duration::MAX).await.unwrap());
+        let b = store.lease(settings("b"));
+        let waiter = tokio::spawn(async move {
+            let got = b.acquire_within(Duration::MAX).await;
+            (got, b)
+        });
+        sleep(Duration::from_secs(1)).await;
+        assert!(a.release().await.unwrap());
+        let (got, b) = waiter.await.unwrap();
+        assert!(got.unwrap());
+        assert!(b.check_alive());
     }
 }

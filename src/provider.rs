@@ -321,17 +321,134 @@ mod tests {
 
     #[test]
     fn timing_comes_from_the_config() {
-        let p =
-            provider(r#"{"leases":{"a":{"backend":"in-memory","ttl":"12s","acquire-retries":7}}}"#);
-        // Settings are observable through the deadline only; check them via a fresh build.
-        let cfg = &p.config.leases["a"];
-        let s = LeaseSettings::builder("n", "o")
-            .timing(&cfg.timing)
-            .build()
-            .unwrap();
+        let p = provider(
+            r#"{"leases":{
+                "a":{"backend":"in-memory","ttl":"12s","acquire-retries":7,
+                     "acquire-retry-delay":"250ms","clock-drift-margin":"300ms"},
+                "defaults":{"backend":"in-memory"}
+            }}"#,
+        );
+        // The settings of the lease the provider built, not a rebuild of the config.
+        let lease = p.get_lease("n", "a", "o").unwrap();
+        let s = lease.settings();
+        assert_eq!((s.name(), s.owner()), ("n", "o"));
         assert_eq!(s.ttl(), Duration::from_secs(12));
-        assert_eq!(s.renewal_interval(), Duration::from_secs(4));
+        assert_eq!(s.renewal_interval(), Duration::from_secs(4), "ttl / 3");
+        assert_eq!(s.operation_timeout(), Duration::from_secs(4));
         assert_eq!(s.acquire_retries(), 7);
+        assert_eq!(s.acquire_retry_delay(), Duration::from_millis(250));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(300));
+        // A config key without timing gets the documented defaults.
+        let lease = p.get_lease("n", "defaults", "o").unwrap();
+        assert_eq!(
+            lease.settings(),
+            &LeaseSettings::new("n", "o").unwrap(),
+            "defaults"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn toml_configuration_is_read() {
+        let config: CoordinationConfig = toml::from_str(
+            r#"
+            [leases.singleton]
+            backend = "in-memory"
+            ttl = "15s"
+            renewal-interval = "5s"
+            operation-timeout = "1500ms"
+            acquire-retries = 2
+            acquire-retry-delay = "1m 30s"
+            clock-drift-margin = "200ms"
+
+            [leases.custom]
+            backend = "mine"
+
+            [leases.custom.mine]
+            flavour = "strict"
+            replicas = 3
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.leases.keys().collect::<Vec<_>>(),
+            ["custom", "singleton"]
+        );
+        let p = LeaseProvider::new(config);
+        let seen = Arc::new(Mutex::new(None));
+        let seen2 = seen.clone();
+        let store = p.in_memory_store().clone();
+        p.register_backend(
+            "mine",
+            move |s: LeaseSettings, section: Option<&serde_json::Value>| {
+                *lock(&seen2) = section.cloned();
+                Ok(SharedLease::new(store.lease(s)))
+            },
+        );
+        let lease = p.get_lease("jobs", "singleton", "node-1").unwrap();
+        let s = lease.settings();
+        assert_eq!(s.ttl(), Duration::from_secs(15));
+        assert_eq!(s.renewal_interval(), Duration::from_secs(5));
+        assert_eq!(s.operation_timeout(), Duration::from_millis(1500));
+        assert_eq!(s.acquire_retries(), 2);
+        assert_eq!(s.acquire_retry_delay(), Duration::from_secs(90));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(200));
+        assert!(lease.acquire().await.unwrap());
+        assert_eq!(
+            p.in_memory_store().holder("jobs").as_deref(),
+            Some("node-1")
+        );
+        p.get_lease("other", "custom", "node-1").unwrap();
+        assert_eq!(
+            lock(&seen).clone(),
+            Some(serde_json::json!({"flavour": "strict", "replicas": 3})),
+            "the backend's own table"
+        );
+        // Mistakes in a TOML file are reported, not ignored.
+        let err = toml::from_str::<CoordinationConfig>("[lease.a]\nbackend = \"in-memory\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("lease"), "{err}");
+        let err = toml::from_str::<CoordinationConfig>(
+            "[leases.a]\nbackend = \"in-memory\"\nttl = \"soon\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("soon") || err.to_string().contains("ttl"),
+            "{err}"
+        );
+        let p = LeaseProvider::new(
+            toml::from_str("[leases.a]\nbackend = \"in-memory\"\nttl = \"2days\"\n").unwrap(),
+        );
+        let e = p.get_lease("n", "a", "o").unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::InvalidSettings { source, .. } if source.field() == "ttl"),
+            "{e}"
+        );
+    }
+
+    /// Environment-driven layers (the `config` crate, `APP_LEASES__A__ACQUIRE_RETRIES=7`) hand
+    /// every value over as a string, numbers included.
+    #[test]
+    fn environment_style_string_values_are_read() {
+        let p = provider(
+            r#"{"leases":{"a":{"backend":"in-memory","ttl":"12s","renewal-interval":"3s",
+                "acquire-retries":"7","acquire-retry-delay":"250ms"}}}"#,
+        );
+        let lease = p.get_lease("n", "a", "o").unwrap();
+        let s = lease.settings();
+        assert_eq!(s.ttl(), Duration::from_secs(12));
+        assert_eq!(s.renewal_interval(), Duration::from_secs(3));
+        assert_eq!(s.acquire_retries(), 7);
+        assert_eq!(s.acquire_retry_delay(), Duration::from_millis(250));
+        for bad in [r#""seven""#, r#""-1""#, r#""4294967296""#, "-1", "1.5"] {
+            let json = format!(
+                r#"{{"leases":{{"a":{{"backend":"in-memory","acquire-retries":{bad}}}}}}}"#
+            );
+            let err = serde_json::from_str::<CoordinationConfig>(&json).unwrap_err();
+            assert!(
+                err.to_string().contains("non-negative integer"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -82,6 +82,18 @@ pub enum SettingsError {
         /// The TTL.
         ttl: Duration,
     },
+    /// A duration is longer than [`LeaseSettings::MAX_DURATION`] (one day): such a value is
+    /// almost certainly a unit mistake, and instants that far ahead could overflow the clock.
+    #[error("invalid `{field}`: {value:?} is longer than the maximum of {max:?}")]
+    DurationTooLong {
+        /// `ttl`, `renewal-interval`, `operation-timeout`, `acquire-retry-delay` or
+        /// `clock-drift-margin`.
+        field: &'static str,
+        /// The duration given.
+        value: Duration,
+        /// The maximum, [`LeaseSettings::MAX_DURATION`].
+        max: Duration,
+    },
     /// The clock drift margin is not shorter than half the TTL.
     #[error(
         "invalid `clock-drift-margin`: {margin:?} must be shorter than half the ttl ({ttl:?})"
@@ -101,7 +113,8 @@ impl SettingsError {
             SettingsError::Empty { field }
             | SettingsError::TooLong { field, .. }
             | SettingsError::ControlCharacter { field, .. }
-            | SettingsError::Zero { field } => field,
+            | SettingsError::Zero { field }
+            | SettingsError::DurationTooLong { field, .. } => field,
             SettingsError::RenewalIntervalTooLong { .. } => "renewal-interval",
             SettingsError::OperationTimeoutTooLong { .. } => "operation-timeout",
             SettingsError::ClockDriftMarginTooLong { .. } => "clock-drift-margin",
@@ -121,12 +134,16 @@ impl SettingsError {
 ///
 /// | setting | default | why |
 /// |---|---|---|
-/// | `ttl` | 30 s | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
+/// | `ttl` | 30 s (at most 1 day) | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
 /// | `renewal_interval` | `ttl / 3` (10 s) | one failed renewal never loses the lease: two more attempts fit before the deadline |
 /// | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
 /// | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
-/// | `acquire_retry_delay` | 500 ms | long enough not to hammer the backend, short enough to notice a release soon |
+/// | `acquire_retry_delay` | 500 ms (at most 1 day) | long enough not to hammer the backend, short enough to notice a release soon |
 /// | `clock_drift_margin` | `max(ttl / 50, 100 ms)`, at most `ttl / 4` (600 ms) | see below |
+///
+/// No duration may exceed [`LeaseSettings::MAX_DURATION`] (one day); the other durations are
+/// bounded by the TTL anyway. Longer values are rejected with [`SettingsError::DurationTooLong`]
+/// instead of overflowing the clock later.
 ///
 /// # The local deadline
 ///
@@ -169,6 +186,11 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
+    /// The longest duration accepted for any timing setting (`ttl`, `acquire_retry_delay`, and
+    /// the settings bounded by the TTL): one day. A lease meant to be held longer is renewed, it
+    /// does not need a longer TTL; a larger value is almost certainly a unit mistake.
+    pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
     /// Settings with every default, for lease `name` held by `owner`.
     ///
     /// # Errors
@@ -289,7 +311,7 @@ impl LeaseSettingsBuilder {
         self
     }
 
-    /// The time to live (default 30 s).
+    /// The time to live (default 30 s); at most [`LeaseSettings::MAX_DURATION`] (1 day).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.timing.ttl = Some(ttl);
         self
@@ -313,7 +335,8 @@ impl LeaseSettingsBuilder {
         self
     }
 
-    /// Delay between attempts of `acquire` (default 500 ms).
+    /// Delay between attempts of `acquire` (default 500 ms); at most
+    /// [`LeaseSettings::MAX_DURATION`] (1 day).
     pub fn acquire_retry_delay(mut self, delay: Duration) -> Self {
         self.timing.acquire_retry_delay = Some(delay);
         self
@@ -342,6 +365,15 @@ impl LeaseSettingsBuilder {
         check_identifier("name", &self.name, MAX_NAME_LEN)?;
         check_identifier("owner", &self.owner, MAX_OWNER_LEN)?;
         let t = &self.timing;
+        for (field, value) in [
+            ("ttl", t.ttl),
+            ("renewal-interval", t.renewal_interval),
+            ("operation-timeout", t.operation_timeout),
+            ("acquire-retry-delay", t.acquire_retry_delay),
+            ("clock-drift-margin", t.clock_drift_margin),
+        ] {
+            check_max_duration(field, value)?;
+        }
         let ttl = t.ttl.unwrap_or(DEFAULT_TTL);
         if ttl.is_zero() {
             return Err(SettingsError::Zero { field: "ttl" });
@@ -419,8 +451,9 @@ pub struct TimingConfig {
     /// See [`LeaseSettingsBuilder::operation_timeout`].
     #[serde(default, with = "humantime_serde")]
     pub operation_timeout: Option<Duration>,
-    /// See [`LeaseSettingsBuilder::acquire_retries`].
-    #[serde(default)]
+    /// See [`LeaseSettingsBuilder::acquire_retries`]. A number, or a string holding one (as
+    /// environment-driven configuration layers deliver it).
+    #[serde(default, deserialize_with = "u32_or_string")]
     pub acquire_retries: Option<u32>,
     /// See [`LeaseSettingsBuilder::acquire_retry_delay`].
     #[serde(default, with = "humantime_serde")]
@@ -441,6 +474,63 @@ impl TimingConfig {
             acquire_retry_delay: top.acquire_retry_delay.or(self.acquire_retry_delay),
             clock_drift_margin: top.clock_drift_margin.or(self.clock_drift_margin),
         }
+    }
+}
+
+/// Reads an optional `u32` written as a number (`3`) or as a string holding one (`"3"`).
+fn u32_or_string<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<u32>, D::Error> {
+    struct U32OrString;
+
+    impl<'de> serde::de::Visitor<'de> for U32OrString {
+        type Value = Option<u32>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a non-negative integer (at most 4294967295), or a string holding one")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            u32::try_from(v)
+                .map(Some)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u32::try_from(v)
+                .map(Some)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            v.trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self))
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+            de.deserialize_any(self)
+        }
+    }
+
+    de.deserialize_any(U32OrString)
+}
+
+fn check_max_duration(field: &'static str, value: Option<Duration>) -> Result<(), SettingsError> {
+    match value {
+        Some(value) if value > LeaseSettings::MAX_DURATION => Err(SettingsError::DurationTooLong {
+            field,
+            value,
+            max: LeaseSettings::MAX_DURATION,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -559,6 +649,71 @@ mod tests {
     }
 
     #[test]
+    fn durations_longer_than_a_day_are_rejected_by_field() {
+        let over = LeaseSettings::MAX_DURATION + Duration::from_nanos(1);
+        let b = || LeaseSettings::builder("lease", "owner");
+        let cases: Vec<(LeaseSettingsBuilder, &str)> = vec![
+            (b().ttl(over), "ttl"),
+            (b().ttl(Duration::MAX), "ttl"),
+            (b().renewal_interval(Duration::MAX), "renewal-interval"),
+            (b().operation_timeout(Duration::MAX), "operation-timeout"),
+            (b().acquire_retry_delay(over), "acquire-retry-delay"),
+            (
+                b().acquire_retry_delay(Duration::MAX),
+                "acquire-retry-delay",
+            ),
+            (b().clock_drift_margin(Duration::MAX), "clock-drift-margin"),
+            // A huge ttl is named even when the fields derived from it would be fine.
+            (b().ttl(Duration::MAX).renewal_interval(secs(1)), "ttl"),
+        ];
+        for (builder, field) in cases {
+            let err = builder.build().expect_err(field);
+            assert_eq!(err.field(), field, "{err}");
+            assert!(
+                matches!(err, SettingsError::DurationTooLong { max, .. } if max == secs(86_400)),
+                "{err:?}"
+            );
+            let message = err.to_string();
+            assert!(message.contains(field), "{message}");
+            assert!(message.contains("86400s"), "names the maximum: {message}");
+        }
+        // Through a configuration file, too.
+        let timing: TimingConfig =
+            serde_json::from_str(r#"{"ttl":"100years","acquire-retry-delay":"1s"}"#).unwrap();
+        let err = b().timing(&timing).build().unwrap_err();
+        assert_eq!(err.field(), "ttl");
+    }
+
+    #[test]
+    fn durations_up_to_a_day_are_accepted_and_usable() {
+        let day = LeaseSettings::MAX_DURATION;
+        assert_eq!(day, secs(24 * 60 * 60));
+        let s = LeaseSettings::builder("lease", "owner")
+            .ttl(day)
+            .acquire_retry_delay(day)
+            .build()
+            .unwrap();
+        assert_eq!(s.ttl(), day);
+        assert_eq!(s.acquire_retry_delay(), day);
+        assert_eq!(s.renewal_interval(), secs(28_800));
+        assert_eq!(s.clock_drift_margin(), Duration::from_millis(1_728_000));
+        // What the leases and the singleton compute from the settings does not overflow.
+        let now = tokio::time::Instant::now();
+        assert!(now + s.local_validity() > now);
+        assert!(now + s.acquire_retry_delay() > now);
+        assert_eq!(s.ttl() * 2, secs(2 * 86_400));
+        // Every bounded field at the maximum the relations allow.
+        let s = LeaseSettings::builder("lease", "owner")
+            .ttl(day)
+            .renewal_interval(day / 2)
+            .operation_timeout(day - Duration::from_nanos(1))
+            .clock_drift_margin(day / 2 - Duration::from_nanos(1))
+            .build()
+            .unwrap();
+        assert_eq!(s.renewal_interval(), day / 2);
+    }
+
+    #[test]
     fn with_owner_validates() {
         let s = LeaseSettings::new("lease", "a").unwrap();
         assert_eq!(s.with_owner("b").unwrap().owner(), "b");
@@ -579,6 +734,20 @@ mod tests {
         assert_eq!(s.acquire_retries(), 2);
         assert_eq!(s.acquire_retry_delay(), Duration::from_millis(250));
         assert_eq!(s.clock_drift_margin(), Duration::from_millis(100));
+        // Numbers may come as strings (environment variables), or be null (unset).
+        let t: TimingConfig =
+            serde_json::from_str(r#"{"acquire-retries":" 4294967295 "}"#).unwrap();
+        assert_eq!(t.acquire_retries, Some(u32::MAX));
+        let t: TimingConfig = serde_json::from_str(r#"{"acquire-retries":null}"#).unwrap();
+        assert_eq!(t.acquire_retries, None);
+        for bad in [r#""3x""#, r#""-1""#, "-1", "4294967296", "2.5", "true"] {
+            let json = format!(r#"{{"acquire-retries":{bad}}}"#);
+            let err = serde_json::from_str::<TimingConfig>(&json).unwrap_err();
+            assert!(
+                err.to_string().contains("non-negative integer"),
+                "{bad}: {err}"
+            );
+        }
         let err = serde_json::from_str::<TimingConfig>(r#"{"tll":"15s"}"#).unwrap_err();
         assert!(err.to_string().contains("tll"), "{err}");
         let err = serde_json::from_str::<TimingConfig>(r#"{"ttl":"15 parsecs"}"#).unwrap_err();

@@ -1,4 +1,5 @@
 //! Gating a sharding coordinator on a lease: [`CoordinatorGate`] and the reference
+//! [`ShardCoordinator`] built on it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -64,8 +65,6 @@ pub enum Submission<Req, Res> {
 }
 
 /// The lease gate of a coordinator actor.
-///
-/// [`ShardCoordinator`].
 ///
 /// During a network partition two sides of a cluster can each elect a coordinator; if both allocate
 /// shards, one shard ends up hosted twice. A coordinator that holds a lease cannot have a twin:
@@ -237,14 +236,18 @@ struct Acquired(Result<bool, crate::lease::LeaseError>);
 /// The reference shard coordinator, built on [`CoordinatorGate`] (see there for the pattern).
 ///
 /// An allocation completes when the chosen region has acknowledged [`HostShard`]; until then it
-/// is *pending*, and a lease loss rejects it. The coordinator stops after losing its lease; on a
-/// graceful stop it releases the lease.
+/// is *pending*, and a lease loss rejects it. The coordinator stops after losing its lease. It also
+/// stops when it is stopped from a handler or when its last address is dropped (it holds no address
+/// to itself); it then rejects what is pending with [`GateError::Stopped`] and releases the lease.
 pub struct ShardCoordinator<L: Lease> {
     gate: CoordinatorGate<L, Request, Answer>,
     regions: Vec<Recipient<HostShard>>,
     shards: BTreeMap<ShardId, Recipient<HostShard>>,
     awaiting_ack: BTreeMap<u64, Responder<Answer>>,
     next_allocation: u64,
+    /// The acquire in flight: a task outside this actor's context (it must not keep the
+    /// coordinator alive once every address is gone).
+    acquiring: Option<tokio::task::JoinHandle<()>>,
     _lost: Option<LostSubscription>,
 }
 
@@ -262,20 +265,30 @@ impl<L: Lease> ShardCoordinator<L> {
             shards: BTreeMap::new(),
             awaiting_ack: BTreeMap::new(),
             next_allocation: 0,
+            acquiring: None,
             _lost: None,
         }
     }
 
     fn acquire(&mut self, ctx: &mut Context<Self>) {
         let lease = Arc::clone(self.gate.lease());
-        let me = ctx.address();
+        let me = ctx.address().downgrade();
         let wait = lease.settings().ttl() * 2;
-        ctx.spawn(
-            async move {
-                me.do_send(Acquired(lease.acquire_within(wait).await));
+        if let Some(task) = self.acquiring.take() {
+            task.abort();
+        }
+        self.acquiring = Some(actix_rt::spawn(async move {
+            let result = lease.acquire_within(wait).await;
+            match me.upgrade() {
+                Some(me) => me.do_send(Acquired(result)),
+                // The coordinator is gone: do not keep a lease nobody uses.
+                None => {
+                    if matches!(result, Ok(true)) {
+                        let _ = lease.release().await;
+                    }
+                }
             }
-            .into_actor(self),
-        );
+        }));
     }
 
     /// Processes an admitted request; answers now or once the region acknowledged.
@@ -390,16 +403,20 @@ impl<L: Lease> Actor for ShardCoordinator<L> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let me = ctx.address();
-        self._lost = Some(
-            self.gate
-                .lease()
-                .on_lost(move |lost| me.do_send(lost.clone())),
-        );
+        // Weak: the lease's handler table must not keep the coordinator alive.
+        let me = ctx.address().downgrade();
+        self._lost = Some(self.gate.lease().on_lost(move |lost| {
+            if let Some(me) = me.upgrade() {
+                me.do_send(lost.clone());
+            }
+        }));
         self.acquire(ctx);
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(task) = self.acquiring.take() {
+            task.abort();
+        }
         self.gate.close(GateError::Stopped);
         for (_, responder) in std::mem::take(&mut self.awaiting_ack) {
             responder.send(Err(GateError::Stopped));
@@ -419,6 +436,7 @@ impl<L: Lease> Handler<Acquired> for ShardCoordinator<L> {
     type Result = ();
 
     fn handle(&mut self, Acquired(result): Acquired, ctx: &mut Self::Context) {
+        self.acquiring = None;
         let retry = self.gate.lease().settings().acquire_retry_delay();
         match result {
             Ok(true) => match self.gate.open() {

@@ -27,12 +27,32 @@ pub struct SingletonInfo {
 }
 
 /// Settings of a [`ClusterSingletonManager`]; plain data with documented defaults.
+///
+/// # How a node competes for the lease
+///
+/// While another node holds the lease, the manager waits for it in *rounds* of
+/// [`Lease::acquire_within`]`(2 × ttl)` (at least `retry_delay`): each round tries once, then waits
+/// on the backend's change notification (a watch, on every backend of this crate) and tries again
+/// as soon as the lease is released or expires. So a waiting node takes over within a round trip
+/// of a graceful release and right at the expiry of a crashed holder's claim, and costs the backend
+/// next to nothing while it waits (on Kubernetes: two `GET`s and one watch per round, about three
+/// requests a minute with a 30 s TTL, where client-go's leader election polls 20 times). The
+/// round's first attempt is a single one: an error goes straight to the backoff below. A round
+/// that ends with the lease still held elsewhere is followed by the next one after `retry_delay`
+/// ±20 % of jitter, so that nodes do not retry in lockstep. (The acquire-layer's own retries
+/// inside a round, every `acquire_retry_delay` on a transient error, are logged by the lease.)
+///
+/// After an error the manager logs it (`warn`) and backs off exponentially: single attempts,
+/// `max(retry_delay, 100 ms)` apart, doubling after every further error, capped at
+/// `max_error_backoff` (each pause is 80–100 % of its nominal value, never more than the cap). The
+/// first answer from the backend (held elsewhere, or acquired) ends the backoff.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SingletonSettings {
-    /// The base of the pauses between attempts (default: the lease's `acquire_retry_delay`): a
-    /// tenth of it, ±20 %, after waiting in vain; the start of the error backoff.
+    /// The pause between two acquire rounds while the lease is held elsewhere, ±20 % (default: the
+    /// lease's `acquire_retry_delay`; at least 10 ms), and the first pause of the error backoff
+    /// (at least 100 ms).
     pub retry_delay: Option<Duration>,
-    /// The cap of the exponential backoff after acquire errors (default 10 s).
+    /// The cap of the exponential backoff after acquire errors (default 10 s; at least 100 ms).
     pub max_error_backoff: Duration,
     /// Restarts of a singleton that stopped on its own, within `restart_window` (default 3).
     pub max_restarts: u32,
@@ -42,6 +62,8 @@ pub struct SingletonSettings {
     /// (default 5 s).
     pub give_up_pause: Duration,
     /// Shut down gracefully on SIGTERM and ctrl-c, then stop the actix `System` (default `false`).
+    /// The manager then keeps running when its last address is dropped, until a signal or
+    /// [`Shutdown`].
     pub handle_signals: bool,
 }
 
@@ -60,6 +82,10 @@ impl Default for SingletonSettings {
 
 /// Stop the singleton, wait until it stopped, release the lease, then stop the manager. Answers
 /// whether the release succeeded (`Ok(true)` also when the lease was not held).
+///
+/// This is the way to shut a node down gracefully: await it before `System::stop` (which drops
+/// actors without running their `stopping` hooks, so the lease would only expire after its TTL).
+/// Sending it again, or to a manager that shut down already, answers the same result.
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "Result<bool, LeaseError>")]
 pub struct Shutdown;
@@ -96,9 +122,10 @@ impl<A: Actor> fmt::Debug for GetSingleton<A> {
 /// What the manager is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SingletonState {
-    /// Not competing (ineligible), or waiting before the next attempt.
+    /// Not competing (ineligible).
     Idle,
-    /// An `acquire` is in flight.
+    /// Competing for the lease: a round is in flight, or the next attempt is scheduled (after an
+    /// error, or after giving up on a failing singleton).
     Acquiring,
     /// The singleton runs on this node.
     Running,
@@ -130,6 +157,43 @@ pub struct GetStatus;
 #[derive(Message)]
 #[rtype(result = "()")]
 struct SingletonStopped(u64);
+
+/// Internal: the acquire round `round` ended with `result`.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct RoundDone {
+    round: u64,
+    result: Result<bool, LeaseError>,
+}
+
+/// Lives in the singleton's context: when the context is dropped (the singleton stopped or
+/// panicked), tells the manager, if it still exists. Holds the manager weakly, so that the
+/// singleton does not keep its manager alive.
+struct GoneGuard<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    manager: actix::WeakAddr<ClusterSingletonManager<A, L>>,
+    instance: u64,
+}
+
+impl<A, L> Drop for GoneGuard<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    fn drop(&mut self) {
+        if let Some(manager) = self.manager.upgrade() {
+            manager.do_send(SingletonStopped(self.instance));
+        }
+    }
+}
+
+/// The shortest acquire round.
+const MIN_ROUND: Duration = Duration::from_millis(10);
+/// The shortest pause after an acquire error.
+const MIN_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What to do once the singleton has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,12 +232,12 @@ type Factory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A;
 ///
 /// # The lifecycle on one node
 ///
-/// 1. **Acquire.** The manager waits for the lease with [`Lease::acquire_within`] (watch-based on
-///    backends that support it, so a release elsewhere is noticed within a round trip). `Ok(true)`
-///    starts the singleton, telling it its [`FencingToken`] through [`SingletonInfo`]. `Ok(false)`
-///    (still held elsewhere after waiting two TTLs) competes again after a short jittered pause. An
-///    error retries with an exponential backoff capped at [`SingletonSettings::max_error_backoff`]
-///    and is logged.
+/// 1. **Acquire.** The manager competes in rounds of [`Lease::acquire_within`], one every
+///    [`SingletonSettings::retry_delay`] (±20 % jitter) while another node holds the lease; within a
+///    round it waits on the backend's watch, so a release elsewhere is noticed within a round trip.
+///    `Ok(true)` starts the singleton, telling it its [`FencingToken`] through [`SingletonInfo`].
+///    An error is logged (`warn`) and retried with an exponential backoff capped at
+///    [`SingletonSettings::max_error_backoff`]. See [`SingletonSettings`] for the details.
 /// 2. **Lease lost.** The singleton is stopped at once; only when it *has* stopped does the manager
 ///    try to acquire again, so this node never runs two instances, and the instance of a node that
 ///    lost its lease stops at the holder's local deadline, before any other node can acquire.
@@ -181,11 +245,20 @@ type Factory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A;
 ///    [`SingletonSettings::max_restarts`] times within [`SingletonSettings::restart_window`]; past that
 ///    the manager releases the lease, lets another node try, and competes again after
 ///    [`SingletonSettings::give_up_pause`].
-/// 4. **Graceful shutdown** ([`Shutdown`], the manager being stopped, or SIGTERM / ctrl-c with
-///    [`SingletonSettings::handle_signals`]): the singleton is stopped, the manager waits until it
-///    has stopped, then releases the lease, so another node takes over at once instead of after the
-///    TTL. `System::stop` alone does not give actors time to finish: send [`Shutdown`] (or use
-///    `handle_signals`) first.
+/// 4. **Graceful shutdown**: the singleton is stopped, the manager waits until it has stopped,
+///    then releases the lease, so another node takes over at once instead of after the TTL. It
+///    happens on
+///    * [`Shutdown`] (its answer comes after the release);
+///    * the manager being stopped: `ctx.stop()` from one of its handlers, or the last address of
+///      the manager being dropped (keep its [`Addr`] for as long as the node should compete);
+///    * SIGTERM or ctrl-c when [`SingletonSettings::handle_signals`] is set; the manager then stops
+///      the actix `System` once the lease is released. With `handle_signals` the manager also keeps
+///      running when its last address is dropped, until a signal or [`Shutdown`].
+///
+///    `System::stop` cannot be intercepted: it ends the arbiters and drops every actor without
+///    running its `stopping` hook, so the singleton is dropped (not stopped first) and the lease is
+///    not released: it expires after its TTL, as after a crash. To stop a process gracefully,
+///    `manager.send(Shutdown).await` before `System::stop`, or use `handle_signals`.
 /// 5. **Eligibility.** [`SetEligible(false)`](SetEligible) (for example on a membership component's
 ///    leader-changed event) stops the singleton, releases the lease and stops competing;
 ///    `SetEligible(true)` competes again. Every node is eligible by default.
@@ -221,8 +294,10 @@ where
     shutting_down: bool,
     shutdown_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
     release_result: Option<Result<bool, LeaseError>>,
-    retry: Option<SpawnHandle>,
-    acquiring: Option<SpawnHandle>,
+    /// The acquire round in flight (or scheduled): a task outside this actor's context, so that
+    /// it does not keep the manager alive once every address is gone.
+    round: Option<tokio::task::JoinHandle<()>>,
+    rounds: u64,
     errors: u32,
     instances: u64,
     restarts: VecDeque<Instant>,
@@ -254,8 +329,8 @@ where
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             release_result: None,
-            retry: None,
-            acquiring: None,
+            round: None,
+            rounds: 0,
             errors: 0,
             instances: 0,
             restarts: VecDeque::new(),
@@ -297,44 +372,65 @@ where
         self.eligible && !self.shutting_down
     }
 
+    /// Starts an acquire round after `delay`: after an error a single attempt, otherwise a round
+    /// of `2 × ttl` (at least `retry_delay`) that waits on the backend's watch (see
+    /// [`SingletonSettings`]).
     fn schedule_acquire(&mut self, delay: Duration, ctx: &mut Context<Self>) {
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.retry = Some(ctx.run_later(delay, |act, ctx| {
-            act.retry = None;
-            if matches!(act.phase, Phase::Idle) && act.competing() {
-                act.try_acquire(ctx);
+        self.cancel_acquire();
+        self.rounds += 1;
+        let round = self.rounds;
+        let window = if self.errors > 0 {
+            Duration::ZERO
+        } else {
+            (self.lease.settings().ttl().saturating_mul(2)).max(self.retry_delay().max(MIN_ROUND))
+        };
+        let lease = Arc::clone(&self.lease);
+        let manager = ctx.address().downgrade();
+        self.phase = Phase::Acquiring;
+        self.round = Some(actix_rt::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            // One attempt first: an error goes straight to the manager's backoff; only a lease
+            // held elsewhere starts the watch-based wait.
+            let result = match lease.acquire_within(Duration::ZERO).await {
+                Ok(false) if !window.is_zero() => lease.acquire_within(window).await,
+                result => result,
+            };
+            match manager.upgrade() {
+                Some(manager) => manager.do_send(RoundDone { round, result }),
+                // The manager is gone: do not keep a lease nobody uses.
+                None => {
+                    if matches!(result, Ok(true)) {
+                        let _ = lease.release().await;
+                    }
+                }
             }
         }));
     }
 
     fn try_acquire(&mut self, ctx: &mut Context<Self>) {
-        self.phase = Phase::Acquiring;
-        let lease = Arc::clone(&self.lease);
-        // Wait for the lease (watch-based on backends that support it): a release elsewhere is
-        // noticed within a round trip, an expiry at its instant.
-        let wait = lease.settings().ttl() * 2;
-        self.acquiring = Some(
-            ctx.spawn(
-                async move { lease.acquire_within(wait).await }
-                    .into_actor(self)
-                    .map(|result, act, ctx| {
-                        act.acquiring = None;
-                        act.acquired(result, ctx)
-                    }),
-            ),
-        );
+        self.schedule_acquire(Duration::ZERO, ctx);
     }
 
-    /// Abandons an acquire that is waiting for the lease (shutdown, not eligible).
-    fn cancel_acquire(&mut self, ctx: &mut Context<Self>) {
-        if let Some(handle) = self.acquiring.take() {
-            ctx.cancel_future(handle);
-            if matches!(self.phase, Phase::Acquiring) {
-                self.phase = Phase::Idle;
-            }
+    /// Abandons the acquire round in flight or scheduled (shutdown, not eligible).
+    fn cancel_acquire(&mut self) {
+        if let Some(task) = self.round.take() {
+            task.abort();
         }
+        if matches!(self.phase, Phase::Acquiring) {
+            self.phase = Phase::Idle;
+        }
+    }
+
+    /// The pause after the `errors`-th error in a row.
+    fn error_backoff(&self) -> Duration {
+        let base = self.retry_delay().max(MIN_ERROR_BACKOFF);
+        let cap = self.settings.max_error_backoff.max(MIN_ERROR_BACKOFF);
+        let doublings = self.errors.saturating_sub(1).min(30);
+        let nominal = base.saturating_mul(1u32 << doublings).min(cap);
+        // 80-100 %: spreads the nodes out, never beyond the cap.
+        nominal.mul_f64(0.8 + 0.2 * fastrand::f64())
     }
 
     fn acquired(&mut self, result: Result<bool, LeaseError>, ctx: &mut Context<Self>) {
@@ -351,7 +447,7 @@ where
         }
         match result {
             Ok(true) => {
-                self.errors = 0;
+                self.recovered();
                 match self.lease.fencing_token() {
                     Some(token) => {
                         self.restarts.clear();
@@ -363,22 +459,25 @@ where
                 }
             }
             Ok(false) => {
-                // Waited a while already: compete again after a short, jittered pause.
-                self.errors = 0;
-                let delay = jitter(self.retry_delay()) / 10;
-                self.schedule_acquire(delay, ctx);
+                // Held elsewhere for a whole round (which waited on the watch): the next round
+                // after the retry delay, with jitter.
+                self.recovered();
+                self.schedule_acquire(jitter(self.retry_delay().max(MIN_ROUND)), ctx);
             }
             Err(error) => {
                 self.errors = self.errors.saturating_add(1);
-                let base = self.retry_delay().max(Duration::from_millis(100));
-                let factor = 1u32 << self.errors.min(16);
-                let delay = jitter(
-                    base.saturating_mul(factor)
-                        .min(self.settings.max_error_backoff),
-                );
-                tracing::warn!(%error, lease = %self.lease.name(), owner = %self.lease.owner(), retry_in = ?delay, "singleton lease acquire failed");
+                let delay = self.error_backoff();
+                tracing::warn!(%error, lease = %self.lease.name(), owner = %self.lease.owner(), errors = self.errors, retry_in = ?delay, "singleton lease acquire failed");
                 self.schedule_acquire(delay, ctx);
             }
+        }
+    }
+
+    /// The backend answered: ends the error backoff.
+    fn recovered(&mut self) {
+        if self.errors > 0 {
+            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), errors = self.errors, "singleton lease store reachable again");
+            self.errors = 0;
         }
     }
 
@@ -386,7 +485,10 @@ where
         self.instances += 1;
         let instance = self.instances;
         let (stop, stop_rx) = oneshot::channel::<()>();
-        let (gone, gone_rx) = oneshot::channel::<()>();
+        let gone = GoneGuard {
+            manager: ctx.address().downgrade(),
+            instance,
+        };
         let info = SingletonInfo {
             lease_name: self.lease.name().to_owned(),
             owner: self.lease.owner().to_owned(),
@@ -403,7 +505,8 @@ where
                 .into_actor_any()
                 .map(|(), _, sctx: &mut Context<A>| sctx.stop()),
             );
-            // Dropped with the singleton's context, whether it stopped or panicked.
+            // Dropped with the singleton's context, whether it stopped or panicked; then tells
+            // the manager.
             sctx.spawn(
                 async move {
                     let _gone = gone;
@@ -414,14 +517,6 @@ where
             factory(&info, sctx)
         });
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), fencing_token = %token, instance, "singleton started");
-        let manager = ctx.address();
-        ctx.spawn(
-            async move {
-                let _ = gone_rx.await;
-                manager.do_send(SingletonStopped(instance));
-            }
-            .into_actor(self),
-        );
         self.phase = Phase::Running {
             instance,
             addr,
@@ -511,10 +606,7 @@ where
             return;
         }
         self.shutting_down = true;
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.cancel_acquire(ctx);
+        self.cancel_acquire();
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
         self.stop_singleton(AfterStop::Shutdown, ctx);
     }
@@ -569,11 +661,13 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let manager = ctx.address();
-        self._lost = Some(
-            self.lease
-                .on_lost(move |lost| manager.do_send(lost.clone())),
-        );
+        // Weak: the lease's handler table must not keep the manager alive.
+        let manager = ctx.address().downgrade();
+        self._lost = Some(self.lease.on_lost(move |lost| {
+            if let Some(manager) = manager.upgrade() {
+                manager.do_send(lost.clone());
+            }
+        }));
         if self.settings.handle_signals {
             ctx.spawn(shutdown_signal().into_actor(self).map(|(), act, ctx| {
                 tracing::info!("termination signal received");
@@ -589,13 +683,24 @@ where
         if matches!(self.phase, Phase::ShutDown) {
             return Running::Stop;
         }
-        // Stopped from outside: shut down gracefully first.
+        // Stopped (`ctx.stop()`, or the last address dropped): shut down gracefully first.
         self.begin_shutdown(ctx);
         if matches!(self.phase, Phase::ShutDown) {
             Running::Stop
         } else {
             Running::Continue
         }
+    }
+}
+
+impl<A, L> Drop for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    fn drop(&mut self) {
+        // Dropped without a graceful shutdown (`System::stop`, a panic): end the acquire round.
+        self.cancel_acquire();
     }
 }
 
@@ -643,6 +748,24 @@ where
             }
             _ => {}
         }
+    }
+}
+
+impl<A, L> Handler<RoundDone> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, RoundDone { round, result }: RoundDone, ctx: &mut Self::Context) {
+        // A round that was cancelled after it finished is stale; whatever it acquired is released
+        // by the shutdown or eligibility change that cancelled it.
+        if round != self.rounds || !matches!(self.phase, Phase::Acquiring) {
+            return;
+        }
+        self.round = None;
+        self.acquired(result, ctx);
     }
 }
 
@@ -735,10 +858,7 @@ where
                 self.schedule_acquire(Duration::ZERO, ctx);
             }
         } else {
-            if let Some(handle) = self.retry.take() {
-                ctx.cancel_future(handle);
-            }
-            self.cancel_acquire(ctx);
+            self.cancel_acquire();
             tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
             self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
         }

@@ -9,14 +9,17 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use actix::prelude::*;
 use actix_coordination::{
-    Acquire, AllocateShard, CheckAlive, GateError, GateState, GetFencingToken, GetGateState,
-    HostShard, InMemoryStore, LeaseActor, LeaseLost, LeaseSettings, LostReason, RegisterRegion,
-    Release, ShardCoordinator, SubscribeLeaseLost, UnsubscribeLeaseLost,
+    Acquire, AllocateShard, CheckAlive, CoordinatorGate, GateError, GateState, GetFencingToken,
+    GetGateState, HostShard, InMemoryStore, Lease, LeaseActor, LeaseLost, LeaseSettings,
+    LostReason, RegisterRegion, Release, ShardCoordinator, Submission, SubscribeLeaseLost,
+    UnsubscribeLeaseLost,
 };
 use common::run_paused;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
 const TTL: Duration = Duration::from_secs(9);
 
@@ -97,7 +100,7 @@ fn subscribers_get_exactly_one_lease_lost_per_loss() {
         let l1 = Listener(Rc::clone(&seen1)).start();
         let l2 = Listener(Rc::clone(&seen2)).start();
         let l3 = Listener(Rc::clone(&seen3)).start();
-        lease
+        let id1 = lease
             .send(SubscribeLeaseLost(l1.clone().recipient()))
             .await
             .unwrap();
@@ -105,7 +108,7 @@ fn subscribers_get_exactly_one_lease_lost_per_loss() {
             .send(SubscribeLeaseLost(l2.clone().recipient()))
             .await
             .unwrap();
-        lease
+        let id3 = lease
             .send(SubscribeLeaseLost(l3.clone().recipient()))
             .await
             .unwrap();
@@ -135,6 +138,15 @@ fn subscribers_get_exactly_one_lease_lost_per_loss() {
             matches!(seen1.borrow()[1].reason, LostReason::TakenOver { ref holder } if holder.as_deref() == Some("intruder"))
         );
         assert_eq!(seen3.borrow().len(), 1);
+        // The stopped subscriber's subscription is gone (dropped at the loss), the live one's not.
+        assert!(
+            !lease.send(UnsubscribeLeaseLost(id3)).await.unwrap(),
+            "the stopped subscriber was dropped"
+        );
+        assert!(
+            lease.send(UnsubscribeLeaseLost(id1)).await.unwrap(),
+            "the live subscriber is still subscribed"
+        );
     });
 }
 
@@ -268,7 +280,6 @@ fn requests_wait_while_the_coordinator_acquires() {
         let store = InMemoryStore::new();
         // Another coordinator holds the lease: ours must wait, not allocate.
         let other = store.lease(settings("coord", "other"));
-        use actix_coordination::Lease;
         assert!(other.acquire().await.unwrap());
         let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
         let (r1, hosted) = region(Duration::ZERO);
@@ -334,12 +345,47 @@ fn lease_loss_rejects_pending_allocations_and_stops_the_coordinator() {
     });
 }
 
+/// The gate's own check before each allocation: past the lease's local deadline `admit` refuses
+/// with `NotHeld`, even though no `LeaseLost` reached the gate (a bare gate has no subscription).
 #[test]
-fn coordinator_refuses_when_the_lease_is_not_alive_before_the_loss_is_noticed() {
+fn gate_refuses_past_the_lease_deadline_without_a_loss_notification() {
     run_paused(async {
         let store = InMemoryStore::new();
-        let lease = std::sync::Arc::new(store.lease(settings("coord", "c1")));
-        let coordinator = ShardCoordinator::from_arc(std::sync::Arc::clone(&lease)).start();
+        let lease = Arc::new(store.lease(settings("coord", "c1")));
+        let mut gate = CoordinatorGate::<_, u32, ()>::new(Arc::clone(&lease));
+        assert_eq!(
+            gate.admit(),
+            Err(GateError::NotHeld),
+            "a gate that never opened refuses"
+        );
+        assert!(lease.acquire().await.unwrap());
+        let (token, queued) = gate.open().expect("held");
+        assert!(queued.is_empty());
+        assert_eq!(gate.admit(), Ok(token));
+        // Renewals hang from now on.
+        store.pause("c1");
+        let deadline = lease.deadline().unwrap();
+        sleep_until(deadline - Duration::from_millis(1)).await;
+        assert_eq!(gate.admit(), Ok(token), "alive until the deadline");
+        sleep_until(deadline).await;
+        assert_eq!(gate.state(), &GateState::Open(token), "nobody closed it");
+        assert_eq!(gate.admit(), Err(GateError::NotHeld));
+        assert!(matches!(
+            gate.submit(7),
+            Submission::Refused(GateError::NotHeld)
+        ));
+    });
+}
+
+/// The coordinator checks the lease before each allocation, not only on `LeaseLost`: when the
+/// lease is no longer held without a loss (released by another user of the shared lease), it
+/// refuses with `NotHeld` and allocates nothing.
+#[test]
+fn coordinator_checks_the_lease_before_each_allocation() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = Arc::new(store.lease(settings("coord", "c1")));
+        let coordinator = ShardCoordinator::from_arc(Arc::clone(&lease)).start();
         let (r1, hosted) = region(Duration::ZERO);
         assert_eq!(
             coordinator
@@ -348,31 +394,64 @@ fn coordinator_refuses_when_the_lease_is_not_alive_before_the_loss_is_noticed() 
                 .unwrap(),
             Ok(1)
         );
-        // The gate checks check_alive() itself: past the deadline it refuses even if no LeaseLost
-        // message was processed yet.
-        let gate =
-            actix_coordination::CoordinatorGate::<_, (), ()>::new(std::sync::Arc::clone(&lease));
+        assert!(coordinator
+            .send(AllocateShard("s1".into()))
+            .await
+            .unwrap()
+            .is_ok());
+        // A voluntary release is not a loss: no LeaseLost, the gate stays open.
+        assert!(lease.release().await.unwrap());
+        let token = store.record("coord").unwrap().token;
         assert_eq!(
-            gate.admit(),
-            Err(GateError::NotHeld),
-            "a gate that never opened refuses"
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Open(token)
         );
-        store.pause("c1");
-        use actix_coordination::Lease;
-        let deadline = lease.deadline().unwrap();
-        tokio::time::sleep_until(deadline).await;
-        assert!(!lease.check_alive());
-        let result = coordinator.send(AllocateShard("late".into())).await;
-        assert!(
-            matches!(
-                result,
-                Ok(Err(GateError::NotHeld)) | Ok(Err(GateError::LeaseLost(_))) | Err(_)
-            ),
-            "{result:?}"
+        assert_eq!(
+            coordinator.send(AllocateShard("s2".into())).await.unwrap(),
+            Err(GateError::NotHeld)
         );
-        assert!(
-            hosted.borrow().is_empty(),
-            "nothing allocated after the deadline"
+        assert_eq!(hosted.borrow().len(), 1, "s2 was not allocated");
+    });
+}
+
+/// Nothing but the user's addresses keeps a coordinator alive: dropping them stops it, and it
+/// releases its lease, or stops waiting for it.
+#[test]
+fn dropping_every_address_stops_the_coordinator() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        // Holding the lease.
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
+        let (r1, _hosted) = region(Duration::ZERO);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r1.recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        assert_eq!(store.holder("coord").as_deref(), Some("c1"));
+        drop(coordinator);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(store.holder("coord"), None, "released");
+
+        // Waiting for the lease.
+        let other = store.lease(settings("coord", "other"));
+        assert!(other.acquire().await.unwrap());
+        let waiting = ShardCoordinator::new(store.lease(settings("coord", "c2"))).start();
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            waiting.send(GetGateState).await.unwrap(),
+            GateState::Acquiring
+        );
+        drop(waiting);
+        sleep(Duration::from_millis(10)).await;
+        assert!(other.release().await.unwrap());
+        sleep(TTL * 3).await;
+        assert_eq!(
+            store.holder("coord"),
+            None,
+            "the dropped coordinator stopped waiting"
         );
     });
 }

@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_coordination::{
-    BackendError, CoordinationConfig, EtcdError, EtcdLease, EtcdSession, EtcdSettings,
-    FencingToken, Lease, LeaseProvider, LeaseSettings, LostReason,
+    AcquireAttempt, BackendError, CoordinationConfig, EtcdBackend, EtcdError, EtcdLease,
+    EtcdSession, EtcdSettings, FencingToken, Lease, LeaseBackend, LeaseProvider, LeaseSettings,
+    LostReason, ReleaseOutcome,
 };
 use common::contract::LostProbe;
 use common::etcd::{
     admin_client, endpoint, etcd_settings, unique_prefix, EtcdFixture, EtcdProcess,
 };
 use futures_util::future::join_all;
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 contract_suite!(
     fixture = EtcdFixture::new(),
@@ -49,6 +50,23 @@ async fn acquire_within(lease: &impl Lease, within: Duration) -> Instant {
         );
         sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until `lease` renews (its deadline moves); returns the new deadline. Panics after
+/// `within`, or if the lease is lost meanwhile.
+async fn next_renewal(lease: &impl Lease, within: Duration) -> Instant {
+    let before = lease.deadline().expect("held");
+    timeout(within, async {
+        loop {
+            match lease.deadline() {
+                Some(deadline) if deadline != before => return deadline,
+                Some(_) => sleep(Duration::from_millis(5)).await,
+                None => panic!("lost while waiting for a renewal"),
+            }
+        }
+    })
+    .await
+    .expect("a renewal within the bound")
 }
 
 /// Polls `condition` every 20 ms until it holds; panics with `what` after `within`.
@@ -191,10 +209,22 @@ async fn waiting_contender_is_woken_by_the_release() {
     let start = Instant::now();
     let ((got, got_at), (released, released_at)) =
         tokio::join!(async { (b.acquire().await, Instant::now()) }, async {
-            sleep(Duration::from_millis(500)).await;
+            // Release once b was refused (it then waits on its watch, not on its retry delay).
+            let b = b.backend();
+            eventually(
+                Duration::from_secs(5),
+                "b tried and was refused",
+                async || b.claims_refused() >= 1,
+            )
+            .await;
             (a.release().await, Instant::now())
         });
     assert!(released.unwrap());
+    assert_eq!(
+        (b.backend().claims_sent(), b.backend().claims_refused()),
+        (2, 1),
+        "one refused claim, then the one after the release: no polling"
+    );
     assert!(got.unwrap(), "b gets the released lease");
     assert!(
         got_at - released_at < Duration::from_secs(1),
@@ -207,6 +237,8 @@ async fn waiting_contender_is_woken_by_the_release() {
 }
 
 /// Two clients race for one lease 100 times: one winner each round, the key says so, tokens grow.
+/// The backends' counters show that each round was decided by etcd: the loser too sent its
+/// claiming transaction, and etcd refused it (its compare found the winner's key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_race_for_100_rounds() {
     let endpoint = endpoint();
@@ -232,6 +264,10 @@ async fn two_clients_race_for_100_rounds() {
     let mut last: Option<FencingToken> = None;
     let mut wins = [0usize; 2];
     for round in 0..100 {
+        let before: Vec<(u64, u64)> = leases
+            .iter()
+            .map(|l| (l.backend().claims_sent(), l.backend().claims_refused()))
+            .collect();
         let results = join_all(leases.iter().map(|l| l.acquire())).await;
         let winners: Vec<usize> = (0..2).filter(|i| matches!(results[*i], Ok(true))).collect();
         assert_eq!(winners.len(), 1, "round {round}: {results:?}");
@@ -241,6 +277,19 @@ async fn two_clients_race_for_100_rounds() {
             "round {round}: {results:?}"
         );
         assert!(leases[w].check_alive() && !leases[l].check_alive());
+        let spent = |i: usize| {
+            let b = leases[i].backend();
+            (
+                b.claims_sent() - before[i].0,
+                b.claims_refused() - before[i].1,
+            )
+        };
+        assert_eq!(spent(w), (1, 0), "round {round}: the winner's one claim");
+        assert_eq!(
+            spent(l),
+            (1, 1),
+            "round {round}: the loser sent its claim too, and etcd refused it"
+        );
         wins[w] += 1;
         let token = leases[w].fencing_token().unwrap();
         assert!(Some(token) > last, "round {round}: {token} after {last:?}");
@@ -314,12 +363,37 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
         "every key on the shared etcd lease"
     );
 
-    // Held across more than a TTL of renewals, all through the one etcd lease.
+    // Held across more than a TTL of renewals, all through the one etcd lease, with about one
+    // keep-alive per renewal interval for all 200 leases together (not one per lease).
+    let interval = leases[0].settings().renewal_interval();
+    let deadlines_before: Vec<Instant> = leases.iter().map(|l| l.deadline().unwrap()).collect();
+    let (keep_alives_before, counted_from) = (session.keep_alives_sent(), Instant::now());
     let held_until = Instant::now() + ttl + Duration::from_secs(1);
     while Instant::now() < held_until {
         assert!(leases.iter().all(|l| l.check_alive()), "all held");
         sleep(Duration::from_millis(250)).await;
     }
+    let keep_alives = session.keep_alives_sent() - keep_alives_before;
+    let intervals = counted_from.elapsed().as_secs_f64() / interval.as_secs_f64();
+    // Every one of the 200 renewed meanwhile.
+    for (i, (lease, before)) in leases.iter().zip(&deadlines_before).enumerate() {
+        let after = lease.deadline().unwrap();
+        assert!(
+            after >= *before + interval,
+            "lease {i} renewed: {:?}",
+            after.checked_duration_since(*before)
+        );
+    }
+    println!("{keep_alives} keep-alives for {N} leases in {intervals:.1} renewal intervals");
+    // A renewal reuses a keep-alive sent less than half an interval before it started, so two
+    // keep-alives are at least half an interval apart: at most two per interval (when the
+    // leases' renewals are spread over more than half an interval), plus one at the window's edge.
+    let bound = (2.0 * intervals).floor() as u64 + 1;
+    assert!(
+        keep_alives >= (intervals.floor() as u64).saturating_sub(1) && keep_alives <= bound,
+        "{keep_alives} keep-alives in {intervals:.1} renewal intervals (at most {bound}): one \
+         heartbeat per interval for the whole session, not one per lease"
+    );
     let attached = admin
         .lease_time_to_live(
             shared,
@@ -358,8 +432,10 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
     println!("{N} leases told within {told_within:?}");
 }
 
-/// etcd frozen while a lease is held: the holder is told at its deadline; after etcd is killed and
-/// restarted, another client gets the lease only after that.
+/// etcd frozen while a lease is held, then killed and restarted soon after the holder's deadline:
+/// the holder is told at its deadline, and a contender that keeps trying from the moment etcd
+/// froze gets the lease only in an attempt that started after that, while the holder's
+/// `check_alive` is false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires() {
     let mut etcd = EtcdProcess::start("stopped").await;
@@ -370,18 +446,12 @@ async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires
     let mut probe = LostProbe::new(&a);
     assert!(a.acquire().await.unwrap());
     let token_a = a.fencing_token().unwrap();
-    sleep(a.settings().renewal_interval() * 3 / 2).await;
-    assert!(a.check_alive());
-
-    etcd.freeze();
-    let deadline = a.deadline().unwrap();
-    let (lost_at, lost) = probe.next(ttl + Duration::from_secs(3)).await;
-    assert!(lost_at >= deadline, "told before its deadline");
-    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
-    assert!(!a.check_alive());
-
-    etcd.restart().await;
-    let session_b = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
+    next_renewal(&a, ttl).await;
+    // b is connected before etcd stops, so that each of its attempts reaches the frozen server
+    // and is bounded by its operation timeout.
+    let session_b = EtcdSession::connect(etcd_settings(&etcd.endpoint(), &prefix))
+        .await
+        .unwrap();
     let b = session_b.lease(
         LeaseSettings::builder("stopped", "b")
             .ttl(ttl)
@@ -389,8 +459,57 @@ async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires
             .build()
             .unwrap(),
     );
-    let acquired_at = acquire_within(&b, Duration::from_secs(20)).await;
-    assert!(acquired_at > lost_at);
+
+    etcd.freeze();
+    // Nothing answers any more: a's deadline cannot move.
+    let deadline = a.deadline().unwrap();
+    let frozen_at = Instant::now();
+    // b tries all along: (when the attempt started, whether it won).
+    let contender = async {
+        let mut attempts: Vec<(Instant, bool)> = Vec::new();
+        loop {
+            let start = Instant::now();
+            let won = matches!(b.acquire().await, Ok(true));
+            let a_alive = a.check_alive();
+            attempts.push((start, won));
+            if won {
+                return (start, a_alive, attempts);
+            }
+            assert!(
+                start < frozen_at + Duration::from_secs(40),
+                "b never got the lease: {attempts:?}"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // etcd comes back soon after a's deadline (and after a's shared etcd lease expired in a's
+    // session, which then never renews it again).
+    let restarter = async {
+        sleep_until(deadline + Duration::from_millis(500)).await;
+        etcd.restart().await;
+        Instant::now()
+    };
+    let ((won_start, a_alive_at_win, attempts), restarted_at) = tokio::join!(contender, restarter);
+
+    let (lost_at, lost) = probe.next(Duration::ZERO).await;
+    assert!(lost_at >= deadline, "told before its deadline");
+    assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
+    assert!(
+        attempts.iter().any(|(start, _)| *start < restarted_at),
+        "b tried while etcd was down: {attempts:?}"
+    );
+    assert!(
+        attempts
+            .iter()
+            .any(|(start, won)| *start >= restarted_at && !won),
+        "b was refused (or failed) after the restart before it won: {attempts:?}"
+    );
+    assert!(
+        won_start >= lost_at,
+        "b's winning attempt started {:?} before a was told",
+        lost_at - won_start
+    );
+    assert!(!a_alive_at_win, "a alive when b won");
     assert!(b.fencing_token().unwrap() > token_a);
     assert!(!a.check_alive());
     assert!(!a.acquire().await.unwrap(), "b holds it now");
@@ -452,6 +571,89 @@ async fn etcd_restarted_within_the_ttl_keeps_the_lease() {
     assert!(b.acquire().await.unwrap());
     assert!(b.fencing_token().unwrap() > token);
     assert!(b.release().await.unwrap());
+}
+
+/// A key that already holds our owner string (an earlier claim whose answer was lost) is claimed
+/// again as a new tenure: a second compare-and-swap on its revision puts it on our etcd lease, and
+/// the token is the key's new revision. Another owner is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_leftover_claim_is_taken_as_a_new_tenure() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("leftover");
+    let mut admin = admin_client(&endpoint).await;
+    let key = format!("{prefix}mine");
+    let put = admin.put(key.as_str(), "a", None).await.unwrap();
+    let put_revision = put.header().unwrap().revision();
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let a = session.lease(settings("mine", "a", Duration::from_secs(6)));
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    assert_eq!(
+        (a.backend().claims_sent(), a.backend().claims_refused()),
+        (2, 1),
+        "the create-only claim was refused, the compare-and-swap over our own value was not"
+    );
+    let got = admin.get(key.as_str(), None).await.unwrap();
+    let kv = got.kvs().first().expect("held");
+    assert_eq!(kv.value(), b"a");
+    assert_eq!(
+        kv.create_revision(),
+        put_revision,
+        "claimed over, not recreated"
+    );
+    assert!(kv.mod_revision() > put_revision);
+    assert_eq!(token, FencingToken::new(kv.mod_revision() as u64));
+    assert_eq!(session.shared_lease_ids().await, vec![kv.lease()]);
+
+    let other = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let b = other.lease(
+        LeaseSettings::builder("mine", "b")
+            .ttl(Duration::from_secs(6))
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    assert!(!b.acquire().await.unwrap());
+    assert!(a.check_alive());
+    assert!(a.release().await.unwrap());
+    assert!(admin
+        .get(key.as_str(), None)
+        .await
+        .unwrap()
+        .kvs()
+        .is_empty());
+}
+
+/// A release that finds the key held by another owner (a takeover it had not heard of yet) leaves
+/// that claim alone and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_that_finds_another_holder_leaves_it_alone() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("release-other");
+    let mut admin = admin_client(&endpoint).await;
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let s = settings("taken", "a", Duration::from_secs(6));
+    let backend = EtcdBackend::new(&session, "taken");
+    let AcquireAttempt::Acquired { tenure, token, .. } = backend.try_acquire(&s).await.unwrap()
+    else {
+        panic!("a fresh key is free")
+    };
+    let key = format!("{prefix}taken");
+    let put = admin.put(key.as_str(), "intruder", None).await.unwrap();
+    assert!(put.header().unwrap().revision() as u64 > token.value());
+    assert_eq!(
+        backend.release(&s, tenure).await.unwrap(),
+        ReleaseOutcome::HeldByOther {
+            holder: Some("intruder".into())
+        }
+    );
+    let got = admin.get(key.as_str(), None).await.unwrap();
+    let kv = got
+        .kvs()
+        .first()
+        .expect("the intruder's claim is still there");
+    assert_eq!(kv.value(), b"intruder");
+    assert_eq!(kv.mod_revision(), put.header().unwrap().revision());
 }
 
 /// The provider builds etcd leases from configuration; leases of one section share a session.
@@ -550,7 +752,7 @@ async fn auth_and_permission_errors_are_not_transient() {
         .unwrap();
     let lease = session.lease(lease_settings());
     assert!(lease.acquire().await.unwrap());
-    sleep(lease.settings().renewal_interval() + Duration::from_millis(500)).await;
+    next_renewal(&lease, Duration::from_secs(6)).await;
     assert!(lease.check_alive(), "renewed with credentials");
     assert!(lease.release().await.unwrap());
 
@@ -601,8 +803,8 @@ async fn dropped_lease_expires_while_its_shared_etcd_lease_lives_on() {
     let y = session.lease(settings("y", "a", ttl));
     assert!(x.acquire().await.unwrap());
     assert!(y.acquire().await.unwrap());
-    sleep(x.settings().renewal_interval() * 3 / 2).await;
-    let renewed_at = x.deadline().unwrap() - x.settings().local_validity();
+    // Dropped right after a renewal: the key must outlive it by the TTL from there.
+    let renewed_at = next_renewal(&x, ttl).await - x.settings().local_validity();
     drop(x);
 
     let other = EtcdSession::new(etcd_settings(&endpoint, &prefix));

@@ -212,3 +212,179 @@ async fn unreachable_owner_backs_off_instead_of_spinning() {
         "3 delays"
     );
 }
+
+/// Against a holder, `acquire` makes exactly `acquire_retries + 1` attempts and resolves `false`.
+/// Nothing changes in between, so the attempts are exactly `acquire_retry_delay` apart; a change in
+/// the store (another takeover) wakes the contender earlier, but never adds an attempt.
+#[tokio::test(start_paused = true)]
+async fn acquire_gives_up_after_retries_plus_one_attempts() {
+    let f = InMemoryFixture::default();
+    let a = f.lease(f.settings("retries", "a")).await;
+    assert!(a.acquire().await.unwrap());
+    let delay = Duration::from_millis(700);
+    for retries in [0, 1, 3, 4] {
+        let b = f
+            .lease(
+                f.settings("retries", "b")
+                    .to_builder()
+                    .acquire_retries(retries)
+                    .acquire_retry_delay(delay)
+                    .build()
+                    .unwrap(),
+            )
+            .await;
+        let before = f.store.stats().acquires;
+        let start = Instant::now();
+        assert!(!b.acquire().await.unwrap(), "{retries} retries");
+        assert_eq!(
+            f.store.stats().acquires - before,
+            u64::from(retries) + 1,
+            "attempts with {retries} retries"
+        );
+        assert_eq!(
+            start.elapsed(),
+            delay * retries,
+            "{retries} full delays: nothing changed in the store"
+        );
+        assert!(!b.check_alive());
+        assert_eq!(b.fencing_token(), None);
+        assert!(a.check_alive(), "the holder is undisturbed");
+    }
+    assert_eq!(f.store.holder("retries").as_deref(), Some("a"));
+
+    // A change in the store wakes the waiting contender early; the attempt count stays the same.
+    let c = f
+        .lease(
+            f.settings("woken", "c")
+                .to_builder()
+                .acquire_retries(4)
+                .acquire_retry_delay(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .await;
+    f.store.force_take("woken", "x", Duration::from_secs(60));
+    let before = f.store.stats().acquires;
+    let start = Instant::now();
+    let (got, ()) = tokio::join!(c.acquire(), async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        f.store.force_take("woken", "y", Duration::from_secs(60));
+    });
+    assert!(!got.unwrap());
+    assert_eq!(f.store.stats().acquires - before, 5, "1 + 4 retries");
+    // Attempts at 0 s, 2 s, 3 s (woken by the takeover), 5 s and 7 s.
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+    assert!(start.elapsed() < Duration::from_secs(2) * 4);
+}
+
+/// `on_lost` reports the end of a tenure an `acquire` established: acquires that fail, time out,
+/// are cancelled or lose their answer never fire it, before or after a real loss.
+#[tokio::test(start_paused = true)]
+async fn failed_acquires_never_fire_on_lost() {
+    use actix_coordination::{InMemoryFault, LeaseError};
+    use tokio::time::timeout;
+
+    let f = InMemoryFixture::default();
+    let a = f
+        .lease(
+            f.settings("no-tenure", "a")
+                .to_builder()
+                .acquire_retries(1)
+                .build()
+                .unwrap(),
+        )
+        .await;
+    let ttl = a.settings().ttl();
+    let mut probe = common::contract::LostProbe::new(&a);
+
+    f.store.partition("a");
+    let result = a.acquire().await;
+    assert!(
+        matches!(
+            result,
+            Err(LeaseError::Backend {
+                transient: true,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    f.store.pause("a");
+    let result = a.acquire().await;
+    assert!(
+        matches!(result, Err(LeaseError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(
+        timeout(Duration::from_millis(100), a.acquire())
+            .await
+            .is_err(),
+        "cancelled while its call hangs"
+    );
+    // The store applies the claim but a never hears of it: a holds nothing it could lose.
+    f.store
+        .set_owner_fault("a", Some(InMemoryFault::ResponseLost));
+    assert!(a.acquire().await.is_err());
+    assert_eq!(f.store.holder("no-tenure").as_deref(), Some("a"));
+    assert!(!a.check_alive());
+    assert_eq!(a.fencing_token(), None);
+    assert_eq!(a.deadline(), None);
+    probe.none(ttl * 3).await;
+    assert_eq!(
+        f.store.holder("no-tenure"),
+        None,
+        "the unanswered claim expired"
+    );
+
+    // A real tenure and its loss: exactly one notification.
+    f.store.heal("a");
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    f.store.partition("a");
+    let (_, lost) = probe.next(ttl).await;
+    assert_eq!(lost.fencing_token, Some(token));
+    // Failing acquires after the loss end nothing more.
+    assert!(a.acquire().await.is_err());
+    f.store.pause("a");
+    assert!(matches!(a.acquire().await, Err(LeaseError::Timeout { .. })));
+    probe.none(ttl * 3).await;
+}
+
+/// `check_alive` reads the local deadline itself: while the holder's renewals hang, it turns
+/// `false` exactly at `deadline()`, even though the store still shows the holder (the clock drift
+/// margin), and the hung renewals never move the deadline.
+#[tokio::test(start_paused = true)]
+async fn check_alive_ends_at_the_local_deadline_while_renewals_hang() {
+    use tokio::time::sleep_until;
+
+    let f = InMemoryFixture::default();
+    let a = f.lease(f.settings("stuck", "a")).await;
+    let mut probe = common::contract::LostProbe::new(&a);
+    let acquired_at = Instant::now();
+    assert!(a.acquire().await.unwrap());
+    f.store.pause("a");
+    let deadline = a.deadline().unwrap();
+    assert_eq!(deadline, acquired_at + a.settings().local_validity());
+    let store_expiry = f.store.record("stuck").unwrap().expires_at.unwrap();
+    assert!(deadline < store_expiry, "the local deadline comes first");
+
+    sleep_until(deadline - Duration::from_millis(1)).await;
+    assert!(a.check_alive(), "alive until the deadline");
+    assert_eq!(a.deadline(), Some(deadline), "hung renewals do not move it");
+    assert_eq!(f.store.stats().renewals, 0, "no renewal got through");
+
+    sleep_until(deadline).await;
+    assert_eq!(Instant::now(), deadline);
+    assert!(!a.check_alive(), "not alive at the deadline");
+    assert_eq!(
+        f.store.holder("stuck").as_deref(),
+        Some("a"),
+        "the store still shows a: check_alive came from the local clock"
+    );
+    let (lost_at, lost) = probe.next(Duration::from_millis(1)).await;
+    assert_eq!(lost_at, deadline, "on_lost at the deadline");
+    assert!(
+        matches!(lost.reason, actix_coordination::LostReason::Expired { .. }),
+        "{lost}"
+    );
+}

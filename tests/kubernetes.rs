@@ -177,11 +177,32 @@ fn spec(lease: &LeaseObject) -> &LeaseSpec {
     lease.spec.as_ref().expect("spec")
 }
 
+/// Waits until `lease` renews (its deadline moves); returns the new deadline. Panics after
+/// `within`.
+async fn next_renewal(lease: &impl Lease, within: Duration) -> Instant {
+    let before = lease.deadline().expect("held");
+    timeout(within, async {
+        loop {
+            match lease.deadline() {
+                Some(deadline) if deadline != before => return deadline,
+                Some(_) => sleep(Duration::from_millis(5)).await,
+                None => panic!("lost while waiting for a renewal"),
+            }
+        }
+    })
+    .await
+    .expect("a renewal within the bound")
+}
+
 /// Two clients racing for a lease nobody created yet: one creates it, the other is told it is held.
+/// The backends' counters show that the rounds really collided: in many rounds the loser also
+/// sent its `create`, and the API server refused it with 409 (the compare-and-swap that decides).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_race_for_fresh_leases() {
+    const ROUNDS: usize = 100;
     let f = KubeFixture::new().await;
-    for round in 0..100 {
+    let mut collisions = 0;
+    for round in 0..ROUNDS {
         let name = unique("fresh");
         let a = f.lease(no_retries(settings(&name, "a"))).await;
         let b = f.lease(no_retries(settings(&name, "b"))).await;
@@ -195,8 +216,26 @@ async fn two_clients_race_for_fresh_leases() {
             spec(&read(&name).await).holder_identity.as_deref(),
             Some(winner.owner())
         );
+        // Fresh backends: their counters are this round's. The winner's one create landed; every
+        // write the loser sent was refused.
+        let (w, l) = (winner.backend().stats(), loser.backend().stats());
+        assert_eq!(
+            (w.creates, w.updates, w.conflicts),
+            (1, 0, 0),
+            "round {round}: {w:?}"
+        );
+        assert_eq!(l.creates + l.updates, l.conflicts, "round {round}: {l:?}");
+        assert!(l.creates <= 1 && l.updates == 0, "round {round}: {l:?}");
+        if l.conflicts > 0 {
+            collisions += 1;
+        }
         assert!(winner.release().await.unwrap());
     }
+    println!("{collisions} of {ROUNDS} rounds collided on the create");
+    assert!(
+        collisions >= ROUNDS / 10,
+        "only {collisions} of {ROUNDS} rounds had both clients write: the race was not exercised"
+    );
 }
 
 /// A crashed holder's lease goes to the contender after the TTL, not before, with the next token.
@@ -209,8 +248,8 @@ async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
     assert!(a.acquire().await.unwrap());
     let token = a.fencing_token().unwrap();
     assert!(!b.acquire().await.unwrap());
-    sleep(Duration::from_millis(1500)).await;
-    let renewed_at = a.deadline().unwrap() - a.settings().local_validity();
+    // Drop it right after a renewal, which contenders must respect for a whole TTL.
+    let renewed_at = next_renewal(&a, TTL).await - a.settings().local_validity();
     drop(a);
     let mut attempts = Vec::new();
     let acquired_at = loop {
@@ -245,7 +284,8 @@ async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
 }
 
 /// A holder whose traffic is blackholed is told (on_lost, check_alive false) before the contender
-/// holds the lease.
+/// holds the lease: b keeps trying from the moment a is cut off, and the attempt that wins started
+/// only after a's deadline had passed and a had been told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholed_holder_is_told_before_the_contender_acquires() {
     let f = KubeFixture::new().await;
@@ -254,38 +294,62 @@ async fn blackholed_holder_is_told_before_the_contender_acquires() {
     let b = f.lease(no_retries(settings(&name, "b"))).await;
     let mut probe = LostProbe::new(&*a);
     assert!(a.acquire().await.unwrap());
-    sleep(Duration::from_millis(500)).await;
+    next_renewal(&*a, TTL).await;
     f.pause("a").await;
-    // Record when a's check_alive turned false, from a separate task.
-    let dead_at = Arc::new(Mutex::new(None::<Instant>));
+    // Nothing a sends is answered from now on: its deadline cannot move any more.
+    let a_deadline = a.deadline().expect("held when cut off");
+    // Record the latest deadline a shows while alive, from a separate task.
+    let last_deadline = Arc::new(Mutex::new(a_deadline));
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (a, dead_at, stop) = (Arc::clone(&a), Arc::clone(&dead_at), Arc::clone(&stop));
+        let (a, last_deadline, stop) = (
+            Arc::clone(&a),
+            Arc::clone(&last_deadline),
+            Arc::clone(&stop),
+        );
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                if !a.check_alive() {
-                    dead_at.lock().unwrap().get_or_insert(Instant::now());
+                if let Some(deadline) = a.deadline().filter(|_| a.check_alive()) {
+                    let mut last = last_deadline.lock().unwrap();
+                    *last = (*last).max(deadline);
                 }
                 sleep(Duration::from_millis(2)).await;
             }
         })
     };
-    let acquired_at = loop {
-        if b.acquire().await.unwrap() {
-            break Instant::now();
+    let give_up = Instant::now() + TTL * 4;
+    let mut refused = 0;
+    let (won_start, a_alive_at_win) = loop {
+        let start = Instant::now();
+        let got = b.acquire().await.unwrap();
+        let end = Instant::now();
+        if got {
+            break (start, a.check_alive());
         }
+        refused += 1;
+        assert!(end < give_up, "b never got the lease");
         sleep(Duration::from_millis(20)).await;
     };
-    assert!(!a.check_alive(), "a alive while b holds the lease");
+    assert!(!a_alive_at_win, "a alive while b holds the lease");
     stop.store(true, Ordering::Relaxed);
     watcher.await.unwrap();
-    let dead_at = dead_at
-        .lock()
-        .unwrap()
-        .expect("a's check_alive turned false");
+    assert!(refused > 0, "b was refused while a's claim was fresh");
+    let last_deadline = *last_deadline.lock().unwrap();
+    assert_eq!(
+        last_deadline, a_deadline,
+        "a's deadline moved while cut off"
+    );
+    assert!(
+        a_deadline <= won_start,
+        "b's winning attempt started {:?} before a's deadline",
+        a_deadline - won_start
+    );
     let (lost_at, lost) = probe.next(SLACK).await;
-    assert!(lost_at < acquired_at, "on_lost came after b held the lease");
-    assert!(dead_at < acquired_at);
+    assert!(
+        lost_at <= won_start,
+        "on_lost came {:?} after b's winning attempt started",
+        lost_at - won_start
+    );
     assert!(matches!(lost.reason, LostReason::Expired { .. }), "{lost}");
     f.heal("a").await;
     assert!(b.release().await.unwrap());
@@ -377,9 +441,14 @@ async fn waiting_contender_sees_the_release_at_once() {
     let renewals_before = a.backend().stats().updates;
     let released_at = Arc::new(Mutex::new(None::<Instant>));
     let (got, _) = tokio::join!(b.acquire(), async {
-        // Long enough for a to renew twice while b waits.
-        sleep(Duration::from_millis(2500)).await;
-        assert!(a.backend().stats().updates >= renewals_before + 2);
+        // a renews twice while b waits.
+        timeout(TTL * 2, async {
+            while a.backend().stats().updates < renewals_before + 2 {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a renews while b waits");
         assert!(a.release().await.unwrap());
         *released_at.lock().unwrap() = Some(Instant::now());
     });
@@ -535,6 +604,140 @@ async fn missing_rbac_names_verb_resource_and_namespace() {
             .unwrap()
             .is_none(),
         "nothing was created"
+    );
+}
+
+/// A token the API server does not accept (401) makes acquire fail at once with a permanent,
+/// typed error naming the verb, the resource and the namespace; never `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bogus_token_is_an_unauthorized_error_naming_the_verb() {
+    let f = KubeFixture::new().await;
+    let name = unique("bogus-token");
+    let lease = f
+        .lease_with_token(settings(&name, "a"), "not-a-token-the-server-knows")
+        .await;
+    let start = Instant::now();
+    let err = lease.acquire().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "not retried: a rejected token does not heal"
+    );
+    assert!(!err.is_transient(), "{err}");
+    let backend = err
+        .backend_error::<KubernetesError>()
+        .unwrap_or_else(|| panic!("a KubernetesError: {err:?}"));
+    match backend {
+        KubernetesError::Unauthorized {
+            verb,
+            resource,
+            namespace,
+            ..
+        } => {
+            assert_eq!(*verb, "get");
+            assert_eq!(*resource, "leases.coordination.k8s.io");
+            assert_eq!(namespace, &env().namespace);
+        }
+        other => panic!("expected Unauthorized, got {other:?}"),
+    }
+    assert!(!backend.is_transient());
+    let text = backend.to_string();
+    assert!(
+        text.contains("unauthorized") && text.contains("`get`") && text.contains(&env().namespace),
+        "{text}"
+    );
+    assert!(
+        !text.contains("not-a-token-the-server-knows"),
+        "the token is never shown: {text}"
+    );
+    assert!(!lease.check_alive());
+    assert!(lease.fencing_token().is_none());
+    assert!(
+        admin()
+            .get_opt(&object_name(&name))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing was created"
+    );
+}
+
+/// Another instance with the same owner identity takes the lease over as a new tenure (it finds
+/// its owner string in the object); the older instance's release then meets a conflict, reads the
+/// object, sees that the tenure there is not its own (other leaseTransitions) and leaves it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_release_leaves_a_newer_tenure_of_the_same_owner_alone() {
+    let _f = KubeFixture::new().await;
+    let name = unique("same-owner");
+    let s = settings(&name, "a");
+    let backend = || {
+        KubernetesBackend::with_client(&name, client(&env().url, &env().token), &env().namespace)
+            .unwrap()
+    };
+    let (first, second) = (backend(), backend());
+    let AcquireAttempt::Acquired {
+        tenure: old,
+        token: old_token,
+        ..
+    } = first.try_acquire(&s).await.unwrap()
+    else {
+        panic!("a fresh lease is free")
+    };
+    let AcquireAttempt::Acquired {
+        tenure: mut new,
+        token: new_token,
+        ..
+    } = second.try_acquire(&s).await.unwrap()
+    else {
+        panic!("the owner's claim is taken over as a new tenure")
+    };
+    assert_eq!(new_token.value(), old_token.value() + 1);
+    let newer_version = resource_version(&name).await;
+    assert_eq!(new.resource_version(), Some(newer_version.as_str()));
+
+    let before = first.stats();
+    assert_eq!(
+        first.release(&s, old).await.unwrap(),
+        ReleaseOutcome::HeldByOther {
+            holder: Some("a".into())
+        },
+        "the newer tenure is not the stale one's to release"
+    );
+    let after = first.stats();
+    assert_eq!(
+        (
+            after.updates - before.updates,
+            after.conflicts - before.conflicts,
+            after.gets - before.gets
+        ),
+        (1, 1, 1),
+        "one refused compare-and-swap, one read, no second write: {before:?} -> {after:?}"
+    );
+    let object = read(&name).await;
+    assert_eq!(spec(&object).holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        spec(&object).lease_transitions,
+        Some(new_token.value() as i32)
+    );
+    assert_eq!(
+        object.metadata.resource_version.as_deref(),
+        Some(newer_version.as_str()),
+        "untouched"
+    );
+
+    // The newer tenure goes on as if nothing happened, and releases normally.
+    assert_eq!(
+        second.renew(&s, &mut new).await.unwrap(),
+        RenewOutcome::Renewed { valid_from: None }
+    );
+    assert_eq!(
+        second.release(&s, new).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let object = read(&name).await;
+    assert_eq!(spec(&object).holder_identity, None);
+    assert_eq!(
+        spec(&object).lease_transitions,
+        Some(new_token.value() as i32)
     );
 }
 

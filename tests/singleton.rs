@@ -1,7 +1,7 @@
 //! ClusterSingletonManager on the in-memory backend under a paused clock: the singleton runs on
 //! exactly one node, moves on loss, restarts within bounds, and hands over at once on a graceful
-//! stop. The randomized test drives many schedules of pauses, partitions, graceful stops and
-//! eligibility changes and checks that two nodes never run the singleton at once.
+//! stop. The randomized test drives many schedules of crashes, pauses, partitions, graceful stops
+//! and eligibility changes and checks that two nodes never run the singleton at once.
 
 #[allow(unused_macros)]
 #[macro_use]
@@ -9,15 +9,17 @@ mod common;
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    ClusterSingletonManager, FencingToken, GetSingleton, GetStatus, InMemoryLease, InMemoryStore,
-    LeaseSettings, SetEligible, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
+    ClusterSingletonManager, FencingToken, GetSingleton, GetStatus, InMemoryFault, InMemoryLease,
+    InMemoryStore, Lease, LeaseSettings, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
+    SingletonState,
 };
 use common::run_paused;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
 const TTL: Duration = Duration::from_secs(9);
 const LEASE: &str = "singleton";
@@ -30,16 +32,24 @@ enum Event {
 
 type Log = Rc<RefCell<Vec<(Instant, Event)>>>;
 
+/// What the lease store said about the lease's holder when a singleton stopped.
+type HolderAtStop = Rc<RefCell<Vec<Option<String>>>>;
+
 /// The singleton under test: logs its life, can be told to stop or panic.
 struct Probe {
     node: usize,
     log: Log,
+    /// When set, `stopped` records the lease's holder in the store at that moment.
+    observe: Option<(InMemoryStore, HolderAtStop)>,
 }
 
 impl Actor for Probe {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some((store, seen)) = &self.observe {
+            seen.borrow_mut().push(store.holder(LEASE));
+        }
         self.log
             .borrow_mut()
             .push((Instant::now(), Event::Stopped { node: self.node }));
@@ -70,6 +80,48 @@ impl Handler<Panic> for Probe {
 
 type Manager = Addr<ClusterSingletonManager<Probe, InMemoryLease>>;
 
+/// Stops the manager actor itself (`ctx.stop()`), as an application's own handler would.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopManager;
+
+impl Handler<StopManager> for ClusterSingletonManager<Probe, InMemoryLease> {
+    type Result = ();
+    fn handle(&mut self, _: StopManager, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+/// Crashes the node: the manager panics, so it and its lease are dropped without any stopping
+/// hook and without a release (the lease expires after its TTL, as after a killed process).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Crash;
+
+impl Handler<Crash> for ClusterSingletonManager<Probe, InMemoryLease> {
+    type Result = ();
+    fn handle(&mut self, _: Crash, _: &mut Self::Context) {
+        panic!("node crash (expected by the test)");
+    }
+}
+
+/// Keeps the panics the tests cause on purpose out of the output.
+fn quiet_expected_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let expected = info
+                .payload()
+                .downcast_ref::<&str>()
+                .is_some_and(|m| m.contains("(expected by the test)"));
+            if !expected {
+                default(info);
+            }
+        }));
+    });
+}
+
 fn settings(owner: &str) -> LeaseSettings {
     LeaseSettings::builder(LEASE, owner)
         .ttl(TTL)
@@ -83,23 +135,34 @@ fn start_node(
     log: &Log,
     singleton: SingletonSettings,
 ) -> Manager {
+    let lease = Arc::new(store.lease(settings(&format!("node-{node}"))));
+    start_node_with(lease, node, log, singleton, None)
+}
+
+/// Like [`start_node`], on a lease the caller keeps too, optionally recording the holder of the
+/// lease in the store whenever the singleton stops.
+fn start_node_with(
+    lease: Arc<InMemoryLease>,
+    node: usize,
+    log: &Log,
+    singleton: SingletonSettings,
+    observe: Option<(InMemoryStore, HolderAtStop)>,
+) -> Manager {
     let log = log.clone();
-    ClusterSingletonManager::new(
-        store.lease(settings(&format!("node-{node}"))),
-        move |info: &SingletonInfo, _| {
-            log.borrow_mut().push((
-                Instant::now(),
-                Event::Started {
-                    node,
-                    token: info.fencing_token,
-                },
-            ));
-            Probe {
+    ClusterSingletonManager::from_arc(lease, move |info: &SingletonInfo, _| {
+        log.borrow_mut().push((
+            Instant::now(),
+            Event::Started {
                 node,
-                log: log.clone(),
-            }
-        },
-    )
+                token: info.fencing_token,
+            },
+        ));
+        Probe {
+            node,
+            log: log.clone(),
+            observe: observe.clone(),
+        }
+    })
     .settings(singleton)
     .start()
 }
@@ -324,28 +387,305 @@ fn ineligible_node_releases_and_eligible_node_competes_again() {
 }
 
 #[test]
-fn stopping_the_manager_stops_the_singleton_then_releases() {
+fn shutdown_stops_the_singleton_then_releases() {
     run_paused(async {
         let store = InMemoryStore::new();
         let log = Log::default();
-        let manager = start_node(&store, 0, &log, Default::default());
+        let seen = HolderAtStop::default();
+        let lease = Arc::new(store.lease(settings("node-0")));
+        let observe = Some((store.clone(), Rc::clone(&seen)));
+        let manager = start_node_with(lease, 0, &log, Default::default(), observe);
         wait_for_runner(std::slice::from_ref(&manager), TTL).await;
         assert!(manager.send(Shutdown).await.unwrap().unwrap());
         assert_eq!(running_count(&log), 0, "singleton stopped");
         assert_eq!(
-            store.holder(LEASE),
-            None,
-            "lease released after the singleton stopped"
+            *seen.borrow(),
+            vec![Some("node-0".to_owned())],
+            "the singleton stopped while the lease was still held: release comes after"
+        );
+        assert_eq!(store.holder(LEASE), None, "then the lease was released");
+        assert!(
+            manager.send(Shutdown).await.unwrap_or(Ok(true)).unwrap(),
+            "a second Shutdown answers the same"
         );
         assert_never_two(&log);
     });
 }
 
+/// The manager actor itself is stopped (`ctx.stop()` in a handler): it stops the singleton, waits
+/// until it has stopped, releases the lease, and only then stops.
+#[test]
+fn stopping_the_manager_actor_stops_the_singleton_then_releases() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let seen = HolderAtStop::default();
+        let lease = Arc::new(store.lease(settings("node-0")));
+        let observe = Some((store.clone(), Rc::clone(&seen)));
+        let manager = start_node_with(Arc::clone(&lease), 0, &log, Default::default(), observe);
+        wait_for_runner(std::slice::from_ref(&manager), TTL).await;
+        let renewals = store.stats().renewals;
+        manager.send(StopManager).await.unwrap();
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(running_count(&log), 0, "singleton stopped");
+        assert_eq!(
+            *seen.borrow(),
+            vec![Some("node-0".to_owned())],
+            "the singleton stopped while the lease was still held"
+        );
+        assert_eq!(store.holder(LEASE), None, "then the lease was released");
+        assert!(!lease.check_alive());
+        assert!(
+            manager.send(GetStatus).await.is_err(),
+            "the manager has stopped"
+        );
+        sleep(TTL * 2).await;
+        assert_eq!(
+            store.stats().renewals,
+            renewals,
+            "no renewals after the stop"
+        );
+        assert_eq!(store.holder(LEASE), None);
+        assert_never_two(&log);
+    });
+}
+
+/// Nothing but the user's addresses keeps a manager alive (the lease's lost-handler and the
+/// singleton only hold it weakly): dropping them shuts it down gracefully, whether it runs the
+/// singleton or only competes.
+#[test]
+fn dropping_every_address_shuts_the_manager_down() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let seen = HolderAtStop::default();
+        let observe = Some((store.clone(), Rc::clone(&seen)));
+        let leases: Vec<_> = (0..2)
+            .map(|i| Arc::new(store.lease(settings(&format!("node-{i}")))))
+            .collect();
+        let mut managers: Vec<Option<Manager>> = (0..2)
+            .map(|i| {
+                Some(start_node_with(
+                    Arc::clone(&leases[i]),
+                    i,
+                    &log,
+                    Default::default(),
+                    observe.clone(),
+                ))
+            })
+            .collect();
+        let runner = {
+            let all: Vec<Manager> = managers.iter().flatten().cloned().collect();
+            wait_for_runner(&all, TTL).await
+        };
+        let other = 1 - runner;
+        // The contender goes first: it must stop competing.
+        drop(managers[other].take());
+        sleep(Duration::from_millis(10)).await;
+        let acquires = store.stats().acquires;
+        sleep(TTL).await;
+        assert_eq!(
+            store.stats().acquires,
+            acquires,
+            "a dropped contender stops competing"
+        );
+        // Then the runner: singleton stopped, then the lease released (not left to expire).
+        let renewals = store.stats().renewals;
+        drop(managers[runner].take());
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(running_count(&log), 0, "the singleton was stopped");
+        assert_eq!(
+            *seen.borrow(),
+            vec![Some(format!("node-{runner}"))],
+            "stopped while still held"
+        );
+        assert_eq!(store.holder(LEASE), None, "released");
+        assert!(!leases[runner].check_alive());
+        sleep(TTL * 2).await;
+        assert_eq!(
+            store.stats().renewals,
+            renewals,
+            "no renewals after the stop"
+        );
+        assert_eq!(
+            store.holder(LEASE),
+            None,
+            "nobody took it: both managers are gone"
+        );
+        assert_eq!(assert_never_two(&log), 1);
+    });
+}
+
+/// On `LeaseLost` the singleton is stopped at once: at the instant of the lease's local deadline.
+#[test]
+fn lost_lease_stops_the_singleton_at_the_deadline() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let lease = Arc::new(store.lease(settings("node-0")));
+        let manager = start_node_with(Arc::clone(&lease), 0, &log, Default::default(), None);
+        wait_for_runner(std::slice::from_ref(&manager), TTL).await;
+        sleep(TTL).await;
+        // Renewals hang from now on: the lease is lost at its current deadline.
+        store.pause("node-0");
+        let deadline = lease.deadline().expect("held");
+        sleep_until(deadline - Duration::from_millis(1)).await;
+        assert_eq!(
+            running_count(&log),
+            1,
+            "still running just before the deadline"
+        );
+        sleep_until(deadline + TTL).await;
+        let stopped_at = log
+            .borrow()
+            .iter()
+            .find(|(_, e)| *e == Event::Stopped { node: 0 })
+            .map(|(at, _)| *at)
+            .expect("stopped");
+        assert!(
+            stopped_at >= deadline && stopped_at <= deadline + Duration::from_micros(100),
+            "stopped {:?} after the deadline",
+            stopped_at.saturating_duration_since(deadline)
+        );
+        assert_never_two(&log);
+    });
+}
+
+/// Acquire errors are retried with an exponential backoff that stops growing at the cap; once
+/// the store answers again the singleton starts within one capped pause.
+#[test]
+fn acquire_errors_back_off_exponentially_up_to_the_cap() {
+    run_paused(async {
+        const CAP: Duration = Duration::from_secs(2);
+        let store = InMemoryStore::new();
+        store.set_fault(Some(InMemoryFault::Unavailable));
+        let log = Log::default();
+        let singleton = SingletonSettings {
+            retry_delay: Some(Duration::from_millis(200)),
+            max_error_backoff: CAP,
+            ..Default::default()
+        };
+        let manager = start_node(&store, 0, &log, singleton);
+        // Every attempt is refused: record when each one happened (to the millisecond).
+        let start = Instant::now();
+        let mut attempts = Vec::new();
+        let mut seen = 0;
+        while start.elapsed() < Duration::from_secs(30) {
+            let refused = store.stats().refused;
+            for _ in seen..refused {
+                attempts.push(Instant::now());
+            }
+            seen = refused;
+            sleep(Duration::from_millis(1)).await;
+        }
+        let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+        let slack = Duration::from_millis(2);
+        assert!(
+            gaps.iter().all(|g| *g <= CAP + slack),
+            "never longer than the cap: {gaps:?}"
+        );
+        // The first gap is the retry within the first round; the backoff starts after it.
+        let at_cap = gaps
+            .iter()
+            .position(|g| *g >= CAP.mul_f64(0.8) - slack)
+            .expect("reaches the cap");
+        assert!(at_cap >= 4, "grows over several steps: {gaps:?}");
+        for i in 2..at_cap {
+            assert!(
+                gaps[i].as_secs_f64() >= 1.5 * gaps[i - 1].as_secs_f64(),
+                "each pause about doubles: {gaps:?}"
+            );
+        }
+        assert!(gaps.len() - at_cap >= 5, "{gaps:?}");
+        assert!(
+            gaps[at_cap..]
+                .iter()
+                .all(|g| *g >= CAP.mul_f64(0.8) - slack),
+            "stays at the cap: {gaps:?}"
+        );
+        assert_eq!(running_count(&log), 0);
+        assert_eq!(
+            manager.send(GetStatus).await.unwrap().state,
+            SingletonState::Acquiring
+        );
+
+        store.set_fault(None);
+        let healed = Instant::now();
+        wait_for_runner(std::slice::from_ref(&manager), CAP * 2).await;
+        assert!(
+            healed.elapsed() <= CAP + slack,
+            "started {:?} after the store healed",
+            healed.elapsed()
+        );
+        assert_eq!(store.holder(LEASE).as_deref(), Some("node-0"));
+    });
+}
+
+/// Restarts are counted within `restart_window` only: a singleton that fails once in a while is
+/// restarted every time; one that fails too often within the window is given up.
+#[test]
+fn restarts_are_counted_within_the_restart_window() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let singleton = SingletonSettings {
+            max_restarts: 1,
+            restart_window: Duration::from_secs(10),
+            give_up_pause: TTL,
+            ..Default::default()
+        };
+        let manager = start_node(&store, 0, &log, singleton);
+        wait_for_runner(std::slice::from_ref(&manager), TTL).await;
+        let token = store.record(LEASE).unwrap().token;
+        let starts = || {
+            log.borrow()
+                .iter()
+                .filter(|(_, e)| matches!(e, Event::Started { .. }))
+                .count()
+        };
+        let stop_singleton = || async {
+            manager
+                .send(GetSingleton::<Probe>::new())
+                .await
+                .unwrap()
+                .expect("runs")
+                .do_send(StopYourself);
+            sleep(Duration::from_millis(10)).await;
+        };
+        stop_singleton().await;
+        assert_eq!(starts(), 2, "restarted");
+        // The first restart falls out of the window: the next failure is restarted again.
+        sleep(Duration::from_secs(11)).await;
+        stop_singleton().await;
+        assert_eq!(
+            starts(),
+            3,
+            "restarted: the earlier restart is out of the window"
+        );
+        assert_eq!(store.record(LEASE).unwrap().token, token, "same tenure");
+        // A second failure within the window: given up, the lease released.
+        stop_singleton().await;
+        assert_eq!(starts(), 3, "given up");
+        assert_ne!(
+            manager.send(GetStatus).await.unwrap().state,
+            SingletonState::Running
+        );
+        assert_eq!(store.holder(LEASE), None, "released for another node");
+        // It competes again after the pause, in a new tenure.
+        wait_for_runner(std::slice::from_ref(&manager), TTL * 2).await;
+        assert_eq!(starts(), 4);
+        assert!(store.record(LEASE).unwrap().token > token);
+        assert_never_two(&log);
+    });
+}
+
 /// Many random schedules of pauses (calls hang), partitions (calls fail), graceful stops with
-/// restarts, and eligibility flips, on three nodes: never two singletons at once, and a singleton
-/// runs again once the faults heal.
+/// restarts, crashes (the manager and its lease dropped without a release) with restarts, and
+/// eligibility flips, on three nodes: never two singletons at once, and a singleton runs again
+/// once the faults heal.
 #[test]
 fn never_two_singletons_over_random_schedules() {
+    quiet_expected_panics();
     for seed in 0..60u64 {
         run_paused(async move {
             let mut rng = fastrand::Rng::with_seed(seed);
@@ -359,7 +699,7 @@ fn never_two_singletons_over_random_schedules() {
                 let node = rng.usize(0..nodes);
                 let owner = format!("node-{node}");
                 let hold = Duration::from_millis(rng.u64(0..2 * TTL.as_millis() as u64));
-                match rng.u8(0..5) {
+                match rng.u8(0..6) {
                     0 => {
                         store.pause(&owner);
                         let store = store.clone();
@@ -380,6 +720,13 @@ fn never_two_singletons_over_random_schedules() {
                         // Graceful stop (may fail to release when faulted), then a fresh start.
                         let _ = managers[node].send(Shutdown).await;
                         sleep(hold / 4).await;
+                        managers[node] = start_node(&store, node, &log, Default::default());
+                    }
+                    4 => {
+                        // Crash: no stopping hook, no release; the node restarts later.
+                        managers[node].do_send(Crash);
+                        sleep(hold / 4).await;
+                        assert!(!managers[node].connected(), "seed {seed}: crashed");
                         managers[node] = start_node(&store, node, &log, Default::default());
                     }
                     3 => {

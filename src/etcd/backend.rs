@@ -1,5 +1,6 @@
 //! [`EtcdBackend`]: the [`LeaseBackend`] of one lease in etcd.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -28,6 +29,10 @@ pub struct EtcdBackend {
     current: Mutex<Option<(FencingToken, Arc<Grant>)>>,
     /// The store revision at which another owner was last seen holding the key.
     observed: Mutex<Option<i64>>,
+    /// Claiming transactions sent.
+    claims_sent: AtomicU64,
+    /// Claiming transactions whose compare failed (the key was there, or changed).
+    claims_refused: AtomicU64,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -123,12 +128,44 @@ impl EtcdBackend {
             session: session.clone(),
             current: Mutex::new(None),
             observed: Mutex::new(None),
+            claims_sent: AtomicU64::new(0),
+            claims_refused: AtomicU64::new(0),
         }
     }
 
     /// The etcd key of this lease.
     pub fn key(&self) -> &[u8] {
         &self.key
+    }
+
+    /// How many claiming transactions (compare-and-swap writes that put the key) this backend
+    /// sent, for tests and cost checks.
+    pub fn claims_sent(&self) -> u64 {
+        self.claims_sent.load(Ordering::Relaxed)
+    }
+
+    /// How many of the claiming transactions etcd refused because their compare failed: the key
+    /// existed (held by someone), or changed since it was read (a lost race).
+    pub fn claims_refused(&self) -> u64 {
+        self.claims_refused.load(Ordering::Relaxed)
+    }
+
+    /// Sends one claiming transaction and counts it.
+    async fn claim_txn(
+        &self,
+        kv: &mut KvClient,
+        txn: Txn,
+        lease_id: i64,
+    ) -> Result<TxnResponse, EtcdError> {
+        self.claims_sent.fetch_add(1, Ordering::Relaxed);
+        let response = kv
+            .txn(txn)
+            .await
+            .map_err(|e| EtcdError::from_client("claim", lease_id, e))?;
+        if !response.succeeded() {
+            self.claims_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(response)
     }
 
     fn inner(&self) -> &Arc<SessionInner> {
@@ -163,10 +200,7 @@ impl EtcdBackend {
             )])
             .and_then([put()])
             .or_else([get()]);
-        let response = kv
-            .txn(txn)
-            .await
-            .map_err(|e| EtcdError::from_client("claim", lease_id, e))?;
+        let response = self.claim_txn(kv, txn, lease_id).await?;
         let revision = header_revision(&response, "claim")?;
         if response.succeeded() {
             return Ok(Claim::Won { revision });
@@ -190,10 +224,7 @@ impl EtcdBackend {
             )])
             .and_then([put()])
             .or_else([get()]);
-        let response = kv
-            .txn(txn)
-            .await
-            .map_err(|e| EtcdError::from_client("claim", lease_id, e))?;
+        let response = self.claim_txn(kv, txn, lease_id).await?;
         let revision = header_revision(&response, "claim")?;
         Ok(if response.succeeded() {
             Claim::Won { revision }

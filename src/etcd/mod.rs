@@ -61,8 +61,9 @@ pub const ETCD_BACKEND: &str = "etcd";
 /// asks the shared keep-alive loop for a keep-alive *sent after the renewal started*, or reuses one
 /// sent less than half a renewal interval before (another lease renewed a moment ago), and reports
 /// the instant that keep-alive was **sent**. A process therefore sends about one keep-alive per
-/// renewal interval however many leases it holds, and a holder reports exactly the keep-alive that
-/// extended its key. etcd extends the lease when it *receives* the request, so the holder's
+/// renewal interval however many leases it holds (at most two: two keep-alives are always at least
+/// half an interval apart; [`EtcdSession::keep_alives_sent`] counts them), and a holder reports
+/// exactly the keep-alive that extended its key. etcd extends the lease when it *receives* the request, so the holder's
 /// deadline (`sent + ttl - margin`, see [`ManagedLease`](crate::ManagedLease)) passes before etcd
 /// can expire the key.
 ///

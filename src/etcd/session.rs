@@ -66,6 +66,8 @@ pub(super) struct SessionInner {
     hub: OnceLock<WatchHub>,
     grants: tokio::sync::Mutex<HashMap<i64, Arc<Grant>>>,
     next_user: AtomicU64,
+    /// Keep-alive requests sent for the session's shared etcd leases.
+    keep_alives: AtomicU64,
 }
 
 impl fmt::Debug for EtcdSession {
@@ -89,6 +91,7 @@ impl EtcdSession {
                 hub: OnceLock::new(),
                 grants: tokio::sync::Mutex::new(HashMap::new()),
                 next_user: AtomicU64::new(0),
+                keep_alives: AtomicU64::new(0),
             }),
         }
     }
@@ -133,6 +136,13 @@ impl EtcdSession {
     /// A lease with `settings` on this session (same as [`EtcdLease::new`](crate::EtcdLease)).
     pub fn lease(&self, settings: LeaseSettings) -> ManagedLease<super::EtcdBackend> {
         ManagedLease::<super::EtcdBackend>::new(settings, self)
+    }
+
+    /// How many keep-alive requests the session sent so far, for all its shared etcd leases
+    /// together (for cost checks and tests): about one per renewal interval per TTL in use,
+    /// however many leases the session holds.
+    pub fn keep_alives_sent(&self) -> u64 {
+        self.inner.keep_alives.load(Ordering::Relaxed)
     }
 
     /// The etcd lease ids new claims of this session would use now, one per TTL in use (for
@@ -605,6 +615,9 @@ async fn keep_alive_loop(
             }
             Wake::Due => {
                 requested = false;
+                if let Some(session) = session.upgrade() {
+                    session.keep_alives.fetch_add(1, Ordering::Relaxed);
+                }
                 let sent = Instant::now();
                 match timeout(
                     timing.timeout,

@@ -122,6 +122,17 @@ pub enum KubernetesError {
         #[source]
         source: kube::Error,
     },
+    /// A request the backend bounds itself (opening or reading a watch, the read before it) got
+    /// no answer in time: the API server or the network went away without closing the connection.
+    #[error("`{verb}` of lease object {object:?} got no answer within {timeout:?}")]
+    Timeout {
+        /// The verb of the request.
+        verb: &'static str,
+        /// The `Lease` object's name.
+        object: String,
+        /// The bound in force.
+        timeout: std::time::Duration,
+    },
     /// Compare-and-swap writes kept losing against concurrent writers within one call.
     #[error(
         "lease object {object:?} changed under every one of {attempts} compare-and-swap attempts"
@@ -157,7 +168,9 @@ impl BackendError for KubernetesError {
     fn is_transient(&self) -> bool {
         match self {
             KubernetesError::Api { code, .. } => *code >= 500 || *code == 429 || *code == 409,
-            KubernetesError::Request { .. } | KubernetesError::Conflict { .. } => true,
+            KubernetesError::Request { .. }
+            | KubernetesError::Timeout { .. }
+            | KubernetesError::Conflict { .. } => true,
             KubernetesError::InvalidSettings { .. }
             | KubernetesError::ReadFile { .. }
             | KubernetesError::MissingEnvironment { .. }

@@ -1,6 +1,8 @@
 //! The Kubernetes backend: leases stored as `coordination.k8s.io/v1` `Lease` objects (feature
 //! `kubernetes`). Everything about its semantics is documented on [`KubernetesLease`].
 
+mod client;
+pub use client::kubernetes_client;
 mod error;
 mod name;
 mod settings;
@@ -37,6 +39,9 @@ const FIELD_MANAGER: &str = "actix-coordination";
 const MAX_CAS_ATTEMPTS: u32 = 4;
 /// How long one watch request of a holder stays open before it is re-opened.
 const WATCH_TIMEOUT_SECS: u32 = 290;
+/// How long past [`WATCH_TIMEOUT_SECS`] a holder's watch may stay open before it is taken for a
+/// half-open connection and replaced.
+const WATCH_SILENCE_MARGIN: Duration = Duration::from_secs(30);
 /// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
 const MAX_UNCONFIRMED: usize = 16;
 
@@ -100,9 +105,14 @@ const MAX_UNCONFIRMED: usize = 16;
 /// # Releasing keeps the object
 ///
 /// A release is a compare-and-swap that clears `holderIdentity`; the object stays, so
-/// `leaseTransitions` never goes back. **Never delete lease objects**: a deleted object is created
-/// anew with `leaseTransitions: 1`, so fencing tokens restart and a stale holder's writes could be
-/// accepted again by a system that remembers the old, higher tokens. This is why the Role in
+/// `leaseTransitions` never goes back. When that write meets a conflict, the release reads the
+/// object once and clears it only if it still shows *this* tenure (this owner **and** the tenure's
+/// `leaseTransitions`); a newer tenure, even one of the same owner identity started by another
+/// instance, is left alone and the release resolves `false`.
+///
+/// **Never delete lease objects**: a deleted object is created anew with `leaseTransitions: 1`, so
+/// fencing tokens restart and a stale holder's writes could be accepted again by a system that
+/// remembers the old, higher tokens. This is why the Role in
 /// `deploy/rbac.yaml` grants no `delete`.
 ///
 /// # Names
@@ -222,6 +232,9 @@ pub struct KubernetesStats {
     pub updates: u64,
     /// `watch` requests opened.
     pub watches: u64,
+    /// `create` and `update` requests the API server refused with `409 Conflict` (someone else
+    /// wrote first: a lost compare-and-swap race); counted in `creates` and `updates` too.
+    pub conflicts: u64,
 }
 
 impl KubernetesStats {
@@ -237,6 +250,7 @@ struct Counters {
     creates: AtomicU64,
     updates: AtomicU64,
     watches: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 enum ClientSource {
@@ -377,6 +391,7 @@ impl KubernetesBackend {
             creates: self.counters.creates.load(Ordering::Relaxed),
             updates: self.counters.updates.load(Ordering::Relaxed),
             watches: self.counters.watches.load(Ordering::Relaxed),
+            conflicts: self.counters.conflicts.load(Ordering::Relaxed),
         }
     }
 
@@ -392,8 +407,7 @@ impl KubernetesBackend {
                 match &*slot {
                     Some(client) => client.clone(),
                     None => {
-                        let built = Client::try_from(kube::Config::clone(config))
-                            .map_err(|source| KubernetesError::BuildClient { source })?;
+                        let built = client::kubernetes_client(config)?;
                         *slot = Some(built.clone());
                         built
                     }
@@ -405,6 +419,15 @@ impl KubernetesBackend {
 
     fn error(&self, verb: &'static str, error: kube::Error) -> KubernetesError {
         KubernetesError::from_kube(error, verb, &self.object, &self.namespace)
+    }
+
+    /// [`Self::error`] for a write, counting a refused compare-and-swap.
+    fn write_error(&self, verb: &'static str, error: kube::Error) -> KubernetesError {
+        let error = self.error(verb, error);
+        if error.status_code() == Some(409) {
+            self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        error
     }
 
     async fn get(&self, api: &Api<LeaseObject>) -> Result<Option<LeaseObject>, KubernetesError> {
@@ -429,7 +452,7 @@ impl KubernetesBackend {
         let created = api
             .create(&post_params(), lease)
             .await
-            .map_err(|e| self.error("create", e))?;
+            .map_err(|e| self.write_error("create", e))?;
         self.observe(&created);
         Ok(created)
     }
@@ -443,7 +466,7 @@ impl KubernetesBackend {
         let updated = api
             .replace(&self.object, &post_params(), lease)
             .await
-            .map_err(|e| self.error("update", e))?;
+            .map_err(|e| self.write_error("update", e))?;
         self.observe(&updated);
         Ok(updated)
     }
@@ -587,7 +610,51 @@ impl KubernetesBackend {
             .timeout(timeout_secs)
     }
 
+    /// `future`, a request with `verb`, bounded by `limit` ([`KubernetesError::Timeout`]).
+    async fn bounded<T>(
+        &self,
+        verb: &'static str,
+        limit: Duration,
+        future: impl std::future::Future<Output = Result<T, KubernetesError>>,
+    ) -> Result<T, KubernetesError> {
+        tokio::time::timeout(limit, future)
+            .await
+            .map_err(|_| KubernetesError::Timeout {
+                verb,
+                object: self.object.clone(),
+                timeout: limit,
+            })?
+    }
+
+    /// The object now, bounded by the operation timeout: `Ok(Ok(version))` to watch on from while
+    /// the tenure with `token` holds, `Ok(Err(reason))` when it is lost.
+    async fn tenure_check(
+        &self,
+        api: &Api<LeaseObject>,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<Result<String, LostReason>, KubernetesError> {
+        let current = self
+            .bounded("get", settings.operation_timeout(), self.get(api))
+            .await?;
+        Ok(match current {
+            None => Err(LostReason::Deleted),
+            Some(current) => match Self::loss_in(&current, settings.owner(), token) {
+                Some(reason) => Err(reason),
+                None => Ok(current.metadata.resource_version.unwrap_or_default()),
+            },
+        })
+    }
+
     /// Watches the object from the tenure's last write; resolves when the tenure is lost.
+    ///
+    /// Every step is bounded in time, also with a client without a read timeout: opening a watch
+    /// and reading the object by the operation timeout (an error: the caller retries with backoff),
+    /// and each watch stream by the time the API server keeps it open plus
+    /// [`WATCH_SILENCE_MARGIN`]. The server ends every watch after [`WATCH_TIMEOUT_SECS`], so a
+    /// stream still open after that sits on a half-open connection (the server or the network went
+    /// away without a reset): it is dropped and a new watch opened, without extra requests while
+    /// the connection is fine.
     async fn watch_tenure(
         &self,
         settings: &LeaseSettings,
@@ -598,28 +665,35 @@ impl KubernetesBackend {
         let known = self.lock().tenure_version.clone();
         let mut version = match known {
             Some(version) => version,
-            None => match self.get(&api).await? {
-                None => return Ok(LostReason::Deleted),
-                Some(current) => {
-                    if let Some(reason) = Self::loss_in(&current, owner, token) {
-                        return Ok(reason);
-                    }
-                    current.metadata.resource_version.unwrap_or_default()
-                }
+            None => match self.tenure_check(&api, settings, token).await? {
+                Ok(version) => version,
+                Err(reason) => return Ok(reason),
             },
         };
+        let stream_lifetime =
+            Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + WATCH_SILENCE_MARGIN;
         loop {
             self.counters.watches.fetch_add(1, Ordering::Relaxed);
-            let stream = api
-                .watch(&self.watch_params(WATCH_TIMEOUT_SECS), &version)
-                .await
-                .map_err(|e| self.error("watch", e))?;
+            let give_up = Instant::now() + stream_lifetime;
+            let stream = self
+                .bounded("watch", settings.operation_timeout(), async {
+                    api.watch(&self.watch_params(WATCH_TIMEOUT_SECS), &version)
+                        .await
+                        .map_err(|e| self.error("watch", e))
+                })
+                .await?;
             let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream
-                .try_next()
-                .await
-                .map_err(|e| self.error("watch", e))?
-            {
+            loop {
+                let event = match tokio::time::timeout_at(give_up, stream.try_next()).await {
+                    Err(_) => {
+                        tracing::debug!(object = %self.object, "the watch outlived its server-side timeout (a half-open connection); opening another one");
+                        break;
+                    }
+                    Ok(Err(error)) => return Err(self.error("watch", error)),
+                    // The server ended the watch (its timeout): open another one.
+                    Ok(Ok(None)) => break,
+                    Ok(Ok(Some(event))) => event,
+                };
                 match event {
                     WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
                         self.observe(&lease);
@@ -634,14 +708,9 @@ impl KubernetesBackend {
                     WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
                     WatchEvent::Error(status) if status.code == 410 => {
                         // Too old to watch from: read the object and watch from its version.
-                        match self.get(&api).await? {
-                            None => return Ok(LostReason::Deleted),
-                            Some(current) => {
-                                if let Some(reason) = Self::loss_in(&current, owner, token) {
-                                    return Ok(reason);
-                                }
-                                version = current.metadata.resource_version.unwrap_or_default();
-                            }
+                        match self.tenure_check(&api, settings, token).await? {
+                            Ok(current) => version = current,
+                            Err(reason) => return Ok(reason),
                         }
                         break;
                     }
@@ -789,7 +858,15 @@ impl LeaseBackend for KubernetesBackend {
             };
             match holder_of(&current) {
                 None => return Ok(ReleaseOutcome::Released),
-                Some(holder) if holder == owner => next = released(current),
+                // Still this tenure (the conflict was one of our own renewals whose answer was
+                // lost, or an edit that did not take the lease): release it over that version.
+                // The same owner with other `leaseTransitions` is a newer tenure, started by
+                // another instance with this owner identity: not ours to clear.
+                Some(holder)
+                    if holder == owner && transitions_of(&current) == tenure.transitions =>
+                {
+                    next = released(current)
+                }
                 Some(holder) => {
                     return Ok(ReleaseOutcome::HeldByOther {
                         holder: Some(holder.to_owned()),
@@ -1074,6 +1151,91 @@ mod tests {
                 "ns".into(),
             )
         }
+    }
+
+    /// A fake API server on plain HTTP that answers every request with the headers of a watch
+    /// and then stays silent on that connection (as a half-open one would); reports each request
+    /// line with the instant it arrived.
+    async fn silent_watch_server() -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut silent = Vec::new();
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let _ = tx.send((Instant::now(), line));
+                let _ = socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                          Transfer-Encoding: chunked\r\n\r\n",
+                    )
+                    .await;
+                silent.push(socket);
+            }
+        });
+        (addr, rx)
+    }
+
+    /// A holder's watch on a connection that went half-open (headers, then nothing, and no read
+    /// timeout in the client) does not hang forever: it is replaced once the server should have
+    /// ended it, from the same version, and the tenure is still watched.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_watch_is_replaced_after_its_server_side_timeout() {
+        let (addr, mut requests) = silent_watch_server().await;
+        let mut config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        config.read_timeout = None;
+        config.connect_timeout = None;
+        config.write_timeout = None;
+        config.default_retry = false;
+        let client = Client::try_from(config).unwrap();
+        let backend = KubernetesBackend::with_client("n", client, "ns").unwrap();
+        backend.lock().tenure_version = Some("41".into());
+        let settings = LeaseSettings::new("n", "a").unwrap();
+        let watch = backend.watch_tenure(&settings, FencingToken::new(1));
+        let mut watch = std::pin::pin!(watch);
+        let stream_lifetime =
+            Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + WATCH_SILENCE_MARGIN;
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let request = tokio::select! {
+                done = &mut watch => panic!("the watch ended: {done:?}"),
+                request = tokio::time::timeout(stream_lifetime * 2, requests.recv()) => {
+                    request.expect("a watch request before the bound").unwrap()
+                }
+            };
+            seen.push(request);
+        }
+        for (_, line) in &seen {
+            assert!(line.starts_with("GET "), "{line}");
+            assert!(line.contains("watch=true"), "{line}");
+            assert!(line.contains("resourceVersion=41"), "{line}");
+        }
+        for pair in seen.windows(2) {
+            let gap = pair[1].0 - pair[0].0;
+            assert!(
+                gap >= Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)),
+                "re-opened after {gap:?}, before the server could have ended it"
+            );
+            assert!(gap <= stream_lifetime + Duration::from_secs(1), "{gap:?}");
+        }
+        assert_eq!(backend.stats().watches, 3, "{:?}", backend.stats());
     }
 
     #[test]

@@ -120,29 +120,97 @@ async fn acquire_until<L: Lease>(
     }
 }
 
-/// Concurrent acquires by different owners have exactly one winner, 100 rounds in a row.
+/// Waits until `lease` renews (its deadline moves forward) and returns the new deadline. Panics
+/// after `within`, or if the lease is lost meanwhile.
+async fn next_renewal<L: Lease>(lease: &L, within: Duration) -> Instant {
+    let before = lease.deadline().expect("held before waiting for a renewal");
+    timeout(within, async {
+        loop {
+            match lease.deadline() {
+                Some(deadline) if deadline != before => {
+                    assert!(deadline > before, "a renewal moved the deadline back");
+                    return deadline;
+                }
+                Some(_) => sleep(Duration::from_millis(5)).await,
+                None => panic!(
+                    "{} lost {} waiting for a renewal",
+                    lease.owner(),
+                    lease.name()
+                ),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} did not renew {} within {within:?}",
+            lease.owner(),
+            lease.name()
+        )
+    })
+}
+
+/// How long a healthy holder may take to renew: one interval, one call, the backend's slack.
+fn renewal_bound<F: Fixture>(f: &F, settings: &LeaseSettings) -> Duration {
+    settings.renewal_interval() + settings.operation_timeout() + f.slack()
+}
+
+/// Concurrent acquires by different owners have exactly one winner, 100 rounds in a row, and the
+/// race is fair: the owners start in a random order with random tiny delays, so different owners
+/// win (a backend or a lease that always let the first caller win would hide a lost update).
 pub async fn one_winner_per_round<F: Fixture>(f: &F) {
+    const ROUNDS: usize = 100;
     let name = f.unique_name("race");
     let mut owners = Vec::new();
     for owner in ["a", "b", "c"] {
         owners.push(lease_with(f, &name, owner, |b| b.acquire_retries(0)).await);
     }
+    let seed = fastrand::u64(..);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut wins = [0usize; 3];
     let mut last_token = None;
-    for round in 0..100 {
-        let results = join_all(owners.iter().map(|l| l.acquire())).await;
+    for round in 0..ROUNDS {
+        // A fresh start order and a few yields (0 to 2) before each call: on a single-threaded
+        // runtime the order in which the calls are first polled decides the race.
+        let mut order: Vec<usize> = (0..owners.len()).collect();
+        rng.shuffle(&mut order);
+        let yields: Vec<usize> = order.iter().map(|_| rng.usize(0..=2)).collect();
+        let raced = join_all(order.iter().zip(&yields).map(|(&i, &n)| {
+            let lease = &owners[i];
+            async move {
+                for _ in 0..n {
+                    tokio::task::yield_now().await;
+                }
+                (i, lease.acquire().await)
+            }
+        }))
+        .await;
+        let mut results: Vec<_> = (0..owners.len()).map(|_| None).collect();
+        for (i, r) in raced {
+            results[i] = Some(r);
+        }
+        let results: Vec<_> = results.into_iter().map(Option::unwrap).collect();
         let winners: Vec<usize> = results
             .iter()
             .enumerate()
             .filter(|(_, r)| matches!(r, Ok(true)))
             .map(|(i, _)| i)
             .collect();
-        assert_eq!(winners.len(), 1, "round {round}: results {results:?}");
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round} (seed {seed}, order {order:?}): results {results:?}"
+        );
         for (i, r) in results.iter().enumerate() {
             if i != winners[0] {
-                assert!(matches!(r, Ok(false)), "round {round}: loser {i} got {r:?}");
+                assert!(
+                    matches!(r, Ok(false)),
+                    "round {round} (seed {seed}): loser {i} got {r:?}"
+                );
                 assert!(!owners[i].check_alive());
             }
         }
+        wins[winners[0]] += 1;
         let winner = &owners[winners[0]];
         assert!(winner.check_alive());
         let token = winner.fencing_token().expect("winner has a token");
@@ -153,6 +221,11 @@ pub async fn one_winner_per_round<F: Fixture>(f: &F) {
         last_token = Some(token);
         assert!(winner.release().await.unwrap(), "round {round}: release");
     }
+    let distinct = wins.iter().filter(|&&w| w > 0).count();
+    assert!(
+        distinct > 1,
+        "one owner won all {ROUNDS} rounds (wins a/b/c {wins:?}, seed {seed}): the race is not fair"
+    );
 }
 
 /// Acquiring a lease one holds resolves `true`, keeps the tenure (token) and its renewal.
@@ -167,15 +240,19 @@ pub async fn reentrant_acquire_keeps_one_tenure<F: Fixture>(f: &F) {
     assert!(a.acquire().await.unwrap(), "reentrant acquire");
     assert!(a.acquire().await.unwrap(), "reentrant acquire");
     assert_eq!(a.fencing_token(), Some(token), "same tenure");
-    // Held across several TTLs by the one renewal loop.
-    let ttl = f.settings(&name, "a").ttl();
-    let until = Instant::now() + ttl * 2;
+    // Held across several TTLs by the one renewal loop: after every renewal a is alive, b is kept
+    // out, and the tenure is the same.
+    let settings = f.settings(&name, "a");
+    let until = Instant::now() + settings.ttl() * 2;
+    let mut renewals = 0;
     while Instant::now() < until {
+        next_renewal(&a, renewal_bound(f, &settings)).await;
+        renewals += 1;
         assert!(a.check_alive());
         assert!(!b.acquire().await.unwrap(), "b must not get a held lease");
-        sleep(ttl / 4).await;
+        assert_eq!(a.fencing_token(), Some(token), "renewals keep the tenure");
     }
-    assert_eq!(a.fencing_token(), Some(token), "renewals keep the tenure");
+    assert!(renewals >= 2, "{renewals} renewals in two TTLs");
     assert!(a.release().await.unwrap());
 }
 
@@ -223,8 +300,8 @@ pub async fn dropped_holder_blocks_others_until_ttl<F: Fixture>(f: &F) {
     assert!(a.acquire().await.unwrap());
     let settings = f.settings(&name, "a");
     let ttl = settings.ttl();
-    // Let a renewal or two happen, then crash.
-    sleep(settings.renewal_interval() + settings.renewal_interval() / 2).await;
+    // Let a renewal happen, then crash.
+    next_renewal(&a, renewal_bound(f, &settings)).await;
     assert!(a.check_alive());
     // The start of a's last successful renewal: its deadline minus its local validity.
     let renewed_at = a.deadline().unwrap() - settings.local_validity();
@@ -296,9 +373,10 @@ pub async fn partitioned_holder_is_told_before_the_contender_wins<F: Fixture>(f:
     let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
     let mut probe = LostProbe::new(&a);
     assert!(a.acquire().await.unwrap());
-    sleep(f.settings(&name, "a").renewal_interval() / 2).await;
-    f.partition("a").await;
     let settings = f.settings(&name, "a");
+    // Renewing works before the partition.
+    next_renewal(&a, renewal_bound(f, &settings)).await;
+    f.partition("a").await;
     let deadline = a.deadline().unwrap();
     // Watch a's view while b tries: they must never both claim the lease.
     let overlap = Arc::new(Mutex::new(None::<Instant>));

@@ -113,7 +113,7 @@ pub fn client(url: &str, token: &str) -> kube::Client {
     config.default_retry = false;
     config.proxy_url = None;
     config.connect_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).expect("kube client")
+    actix_coordination::kubernetes_client(&config).expect("kube client")
 }
 
 /// A private kube-apiserver on the test cluster's etcd (same certificate, tokens and RBAC), on a
