@@ -173,6 +173,9 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
         lease.name(),
         lease.settings().ttl()
     );
+    // Back off at most one TTL after errors (a server restart): a node waiting behind a long
+    // backoff would miss a graceful handover.
+    let max_error_backoff = lease.settings().ttl();
     let for_worker = lease.clone();
     ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Worker {
         info: info.clone(),
@@ -182,6 +185,7 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
     })
     .settings(SingletonSettings {
         handle_signals: true,
+        max_error_backoff,
         ..Default::default()
     })
     .start();

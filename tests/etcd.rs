@@ -16,7 +16,7 @@ use actix_coordination::{
     EtcdSession, EtcdSettings, FencingToken, Lease, LeaseBackend, LeaseProvider, LeaseSettings,
     LostReason, ReleaseOutcome,
 };
-use common::contract::LostProbe;
+use common::contract::{next_renewal, LostProbe};
 use common::etcd::{
     admin_client, endpoint, etcd_settings, unique_prefix, EtcdFixture, EtcdProcess,
 };
@@ -50,23 +50,6 @@ async fn acquire_within(lease: &impl Lease, within: Duration) -> Instant {
         );
         sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Waits until `lease` renews (its deadline moves); returns the new deadline. Panics after
-/// `within`, or if the lease is lost meanwhile.
-async fn next_renewal(lease: &impl Lease, within: Duration) -> Instant {
-    let before = lease.deadline().expect("held");
-    timeout(within, async {
-        loop {
-            match lease.deadline() {
-                Some(deadline) if deadline != before => return deadline,
-                Some(_) => sleep(Duration::from_millis(5)).await,
-                None => panic!("lost while waiting for a renewal"),
-            }
-        }
-    })
-    .await
-    .expect("a renewal within the bound")
 }
 
 /// Polls `condition` every 20 ms until it holds; panics with `what` after `within`.

@@ -21,7 +21,7 @@ use actix_coordination::{
     LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome,
     KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
 };
-use common::contract::{Fixture, LostProbe};
+use common::contract::{next_renewal, Fixture, LostProbe};
 use common::k8s::{client, env, ApiserverProcess};
 use common::proxy::{FaultProxy, ProxyMode};
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
@@ -175,23 +175,6 @@ async fn read(name: &str) -> LeaseObject {
 
 fn spec(lease: &LeaseObject) -> &LeaseSpec {
     lease.spec.as_ref().expect("spec")
-}
-
-/// Waits until `lease` renews (its deadline moves); returns the new deadline. Panics after
-/// `within`.
-async fn next_renewal(lease: &impl Lease, within: Duration) -> Instant {
-    let before = lease.deadline().expect("held");
-    timeout(within, async {
-        loop {
-            match lease.deadline() {
-                Some(deadline) if deadline != before => return deadline,
-                Some(_) => sleep(Duration::from_millis(5)).await,
-                None => panic!("lost while waiting for a renewal"),
-            }
-        }
-    })
-    .await
-    .expect("a renewal within the bound")
 }
 
 /// Two clients racing for a lease nobody created yet: one creates it, the other is told it is held.
@@ -1211,5 +1194,45 @@ async fn backend_steps_handle_lost_answers_and_conflicts() {
     assert_eq!(
         backend.renew(&s, &mut tenure).await.unwrap(),
         RenewOutcome::Lost(LostReason::Deleted)
+    );
+}
+
+/// What `kubectl get lease` prints comes from the API server's table conversion of the object:
+/// its HOLDER column must show the owner while held, and nothing once released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_holder_column_shows_the_owner() {
+    let f = KubeFixture::new().await;
+    let name = unique("kubectl-holder");
+    let lease = f.lease(settings(&name, "pod-a")).await;
+    assert!(lease.acquire().await.unwrap());
+    let admin = client(&env().url, &env().admin_token);
+    let holder_cell = || async {
+        let request = http::Request::get(format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{}",
+            env().namespace,
+            object_name(&name)
+        ))
+        .header(
+            "Accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(Vec::new())
+        .unwrap();
+        let table: serde_json::Value =
+            serde_json::from_str(&admin.request_text(request).await.unwrap()).unwrap();
+        assert_eq!(table["kind"], "Table", "{table}");
+        let columns = table["columnDefinitions"].as_array().expect("columns");
+        let holder = columns
+            .iter()
+            .position(|c| c["name"] == "Holder")
+            .unwrap_or_else(|| panic!("a Holder column: {columns:?}"));
+        table["rows"][0]["cells"][holder].clone()
+    };
+    assert_eq!(holder_cell().await, "pod-a");
+    assert!(lease.release().await.unwrap());
+    let released = holder_cell().await;
+    assert!(
+        released.is_null() || released == "" || released == "<none>",
+        "no holder after release: {released}"
     );
 }

@@ -38,6 +38,9 @@ pub enum Fault {
     Pause,
     Blackhole,
     ServerRestart,
+    /// SIGTERM: the node stops its singleton, releases the lease and exits; a new process
+    /// replaces it. The next tenure must start well before the TTL.
+    GracefulStop,
 }
 
 /// A fault as it happened.
@@ -299,10 +302,11 @@ pub async fn run<B: ChaosBackend>(
             .as_ref()
             .and_then(|h| running.iter().position(|n| &n.owner == h))
             .unwrap_or_else(|| rng.usize(0..running.len()));
-        let fault = match rng.u8(0..8) {
+        let fault = match rng.u8(0..10) {
             0..=1 => Fault::Kill,
             2..=3 => Fault::Pause,
             4..=5 => Fault::Blackhole,
+            6..=7 => Fault::GracefulStop,
             _ => Fault::ServerRestart,
         };
         let owner = running[target].owner.clone();
@@ -331,6 +335,24 @@ pub async fn run<B: ChaosBackend>(
                 running[target].proxy.set_mode(ProxyMode::Pass);
             }
             Fault::ServerRestart => backend.restart_server().await,
+            Fault::GracefulStop => {
+                let mut node = running.remove(target);
+                signal(node.child.id(), "TERM");
+                let give_up = Instant::now() + Duration::from_secs(20);
+                while node.child.try_wait().ok().flatten().is_none() {
+                    if Instant::now() >= give_up {
+                        let _ = node.child.kill();
+                        let _ = node.child.wait();
+                        panic!("{} did not exit after SIGTERM", node.owner);
+                    }
+                    sleep(Duration::from_millis(20)).await;
+                }
+                generation += 1;
+                let replacement =
+                    spawn_node(backend, &bin, &dir, &lease, ttl, target, generation).await;
+                all_events.push(replacement.events.clone());
+                running.insert(target, replacement);
+            }
         }
         faults.push(FaultRecord {
             fault,
@@ -415,6 +437,16 @@ pub async fn run<B: ChaosBackend>(
         }
     }
     let (takeovers, kept) = fault_outcomes(&faults, &events);
+    // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
+    // the TTL like a crash.
+    for (fault, takeover) in &takeovers {
+        if *fault == Fault::GracefulStop {
+            assert!(
+                *takeover < ttl / 2,
+                "a graceful stop took {takeover:?} to hand over (ttl {ttl:?})"
+            );
+        }
+    }
     let report = ChaosReport {
         backend: backend.name().to_owned(),
         seed,
@@ -466,11 +498,12 @@ fn fault_outcomes(
 impl ChaosReport {
     /// The run in figures: faults by kind, tenures, takeover times by fault kind.
     pub fn summary(&self) -> String {
-        const KINDS: [Fault; 4] = [
+        const KINDS: [Fault; 5] = [
             Fault::Kill,
             Fault::Pause,
             Fault::Blackhole,
             Fault::ServerRestart,
+            Fault::GracefulStop,
         ];
         let mut out = format!(
             "{} chaos run: seed {}, ttl {:?}, {:.0?}, {} faults, {} tenures (tokens {}..={}); timeline: {}\n",
@@ -552,6 +585,7 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
         Fault::Pause => ("#f08c00", "SIGSTOP..SIGCONT"),
         Fault::Blackhole => ("#7b3fbf", "traffic blackholed"),
         Fault::ServerRestart => ("#888888", "server kill -9..ready"),
+        Fault::GracefulStop => ("#2b8a3e", "SIGTERM (graceful stop, new process)"),
     }
 }
 
@@ -613,6 +647,7 @@ pub fn draw_svg(
         Fault::Pause,
         Fault::Blackhole,
         Fault::ServerRestart,
+        Fault::GracefulStop,
     ] {
         let (colour, what) = fault_style(kind);
         legend.push((colour.into(), format!("{kind:?}: {what}")));

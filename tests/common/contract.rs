@@ -122,7 +122,7 @@ async fn acquire_until<L: Lease>(
 
 /// Waits until `lease` renews (its deadline moves forward) and returns the new deadline. Panics
 /// after `within`, or if the lease is lost meanwhile.
-async fn next_renewal<L: Lease>(lease: &L, within: Duration) -> Instant {
+pub async fn next_renewal<L: Lease>(lease: &L, within: Duration) -> Instant {
     let before = lease.deadline().expect("held before waiting for a renewal");
     timeout(within, async {
         loop {
