@@ -34,6 +34,7 @@
 //! ```
 
 mod backend;
+mod backoff;
 mod holder;
 mod lease;
 mod managed;

@@ -8,7 +8,11 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use crate::backoff::{error_backoff, jitter, MIN_ROUND};
 use crate::lease::{FencingToken, Lease, LeaseLost, LostReason, LostSubscription};
+
+/// The default cap of the coordinator's backoff after acquire errors.
+const DEFAULT_MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Why a gated request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -235,6 +239,14 @@ struct Acquired(Result<bool, crate::lease::LeaseError>);
 
 /// The reference shard coordinator, built on [`CoordinatorGate`] (see there for the pattern).
 ///
+/// It competes for the lease like [`ClusterSingletonManager`](crate::ClusterSingletonManager):
+/// in rounds of [`Lease::acquire_within`]`(2 × ttl)` that wait on the backend's change
+/// notification, the next round after the lease's `acquire_retry_delay` ±20 %. After an acquire
+/// error it logs it (`warn`) and backs off exponentially: `max(acquire_retry_delay, 100 ms)` first,
+/// doubling after every further error, capped at
+/// [`with_max_error_backoff`](Self::with_max_error_backoff) (default 10 s); the first answer from
+/// the backend ends the backoff.
+///
 /// An allocation completes when the chosen region has acknowledged [`HostShard`]; until then it
 /// is *pending*, and a lease loss rejects it. The coordinator stops after losing its lease. It also
 /// stops when it is stopped from a handler or when its last address is dropped (it holds no address
@@ -248,6 +260,9 @@ pub struct ShardCoordinator<L: Lease> {
     /// The acquire in flight: a task outside this actor's context (it must not keep the
     /// coordinator alive once every address is gone).
     acquiring: Option<tokio::task::JoinHandle<()>>,
+    /// Acquire errors in a row.
+    errors: u32,
+    max_error_backoff: Duration,
     _lost: Option<LostSubscription>,
 }
 
@@ -266,19 +281,46 @@ impl<L: Lease> ShardCoordinator<L> {
             awaiting_ack: BTreeMap::new(),
             next_allocation: 0,
             acquiring: None,
+            errors: 0,
+            max_error_backoff: DEFAULT_MAX_ERROR_BACKOFF,
             _lost: None,
+        }
+    }
+
+    /// Caps the exponential backoff after acquire errors (default 10 s; at least 100 ms).
+    pub fn with_max_error_backoff(mut self, cap: Duration) -> Self {
+        self.max_error_backoff = cap;
+        self
+    }
+
+    /// The backend answered: ends the error backoff.
+    fn recovered(&mut self) {
+        if self.errors > 0 {
+            tracing::info!(lease = %self.gate.lease().name(), errors = self.errors, "coordinator lease store reachable again");
+            self.errors = 0;
         }
     }
 
     fn acquire(&mut self, ctx: &mut Context<Self>) {
         let lease = Arc::clone(self.gate.lease());
         let me = ctx.address().downgrade();
-        let wait = lease.settings().ttl() * 2;
+        // After an error a single attempt (the backoff paces them), otherwise a round that waits
+        // on the backend's change notification.
+        let window = if self.errors > 0 {
+            Duration::ZERO
+        } else {
+            lease.settings().ttl().saturating_mul(2)
+        };
         if let Some(task) = self.acquiring.take() {
             task.abort();
         }
         self.acquiring = Some(actix_rt::spawn(async move {
-            let result = lease.acquire_within(wait).await;
+            // One attempt first: an error goes straight to the backoff; only a lease held
+            // elsewhere starts the wait.
+            let result = match lease.acquire_within(Duration::ZERO).await {
+                Ok(false) if !window.is_zero() => lease.acquire_within(window).await,
+                result => result,
+            };
             match me.upgrade() {
                 Some(me) => me.do_send(Acquired(result)),
                 // The coordinator is gone: do not keep a lease nobody uses.
@@ -439,26 +481,31 @@ impl<L: Lease> Handler<Acquired> for ShardCoordinator<L> {
         self.acquiring = None;
         let retry = self.gate.lease().settings().acquire_retry_delay();
         match result {
-            Ok(true) => match self.gate.open() {
-                Some((token, queued)) => {
-                    tracing::info!(lease = %self.gate.lease().name(), fencing_token = %token, queued = queued.len(), "coordinator holds its lease");
-                    for (request, responder) in queued {
-                        self.process(request, responder, ctx);
+            Ok(true) => {
+                self.recovered();
+                match self.gate.open() {
+                    Some((token, queued)) => {
+                        tracing::info!(lease = %self.gate.lease().name(), fencing_token = %token, queued = queued.len(), "coordinator holds its lease");
+                        for (request, responder) in queued {
+                            self.process(request, responder, ctx);
+                        }
+                    }
+                    None => {
+                        ctx.run_later(Duration::ZERO, |act, ctx| act.acquire(ctx));
                     }
                 }
-                None => {
-                    ctx.run_later(Duration::ZERO, |act, ctx| act.acquire(ctx));
-                }
-            },
+            }
             Ok(false) => {
-                // acquire_within waited already.
-                ctx.run_later(retry / 10, |act, ctx| act.acquire(ctx));
+                // Held elsewhere for a whole round (which waited on the watch): the next round
+                // after the retry delay, with jitter.
+                self.recovered();
+                ctx.run_later(jitter(retry.max(MIN_ROUND)), |act, ctx| act.acquire(ctx));
             }
             Err(error) => {
-                tracing::warn!(%error, lease = %self.gate.lease().name(), "coordinator lease acquire failed");
-                ctx.run_later(retry.max(Duration::from_millis(100)) * 2, |act, ctx| {
-                    act.acquire(ctx)
-                });
+                self.errors = self.errors.saturating_add(1);
+                let delay = error_backoff(retry, self.max_error_backoff, self.errors);
+                tracing::warn!(%error, lease = %self.gate.lease().name(), errors = self.errors, retry_in = ?delay, "coordinator lease acquire failed");
+                ctx.run_later(delay, |act, ctx| act.acquire(ctx));
             }
         }
     }

@@ -11,6 +11,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::backoff::{error_backoff, jitter, MIN_ROUND};
 use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
 
 /// What a singleton learns when it is started.
@@ -189,11 +190,6 @@ where
         }
     }
 }
-
-/// The shortest acquire round.
-const MIN_ROUND: Duration = Duration::from_millis(10);
-/// The shortest pause after an acquire error.
-const MIN_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What to do once the singleton has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,12 +421,11 @@ where
 
     /// The pause after the `errors`-th error in a row.
     fn error_backoff(&self) -> Duration {
-        let base = self.retry_delay().max(MIN_ERROR_BACKOFF);
-        let cap = self.settings.max_error_backoff.max(MIN_ERROR_BACKOFF);
-        let doublings = self.errors.saturating_sub(1).min(30);
-        let nominal = base.saturating_mul(1u32 << doublings).min(cap);
-        // 80-100 %: spreads the nodes out, never beyond the cap.
-        nominal.mul_f64(0.8 + 0.2 * fastrand::f64())
+        error_backoff(
+            self.retry_delay(),
+            self.settings.max_error_backoff,
+            self.errors,
+        )
     }
 
     fn acquired(&mut self, result: Result<bool, LeaseError>, ctx: &mut Context<Self>) {
@@ -637,11 +632,6 @@ fn clone_result(result: &Result<bool, LeaseError>) -> Result<bool, LeaseError> {
             source: e.to_string().into(),
         }),
     }
-}
-
-/// `delay` ± 20 %.
-fn jitter(delay: Duration) -> Duration {
-    delay.mul_f64(0.8 + 0.4 * fastrand::f64())
 }
 
 /// Lets a plain future be spawned into any actor's context.

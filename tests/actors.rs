@@ -14,9 +14,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use actix_coordination::{
     Acquire, AllocateShard, CheckAlive, CoordinatorGate, GateError, GateState, GetFencingToken,
-    GetGateState, HostShard, InMemoryStore, Lease, LeaseActor, LeaseLost, LeaseSettings,
-    LostReason, RegisterRegion, Release, ShardCoordinator, Submission, SubscribeLeaseLost,
-    UnsubscribeLeaseLost,
+    GetGateState, HostShard, InMemoryFault, InMemoryStore, Lease, LeaseActor, LeaseLost,
+    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission,
+    SubscribeLeaseLost, UnsubscribeLeaseLost,
 };
 use common::run_paused;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -453,5 +453,78 @@ fn dropping_every_address_stops_the_coordinator() {
             None,
             "the dropped coordinator stopped waiting"
         );
+    });
+}
+
+/// A coordinator that cannot reach the store backs off exponentially up to its cap, instead of
+/// retrying at a fixed pace; once the store answers again, the gate opens within one capped pause.
+#[test]
+fn coordinator_acquire_errors_back_off_up_to_the_cap() {
+    run_paused(async {
+        const CAP: Duration = Duration::from_secs(2);
+        let store = InMemoryStore::new();
+        store.set_fault(Some(InMemoryFault::Unavailable));
+        let lease = LeaseSettings::builder("coord", "c1")
+            .ttl(TTL)
+            .acquire_retry_delay(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let coordinator = ShardCoordinator::new(store.lease(lease))
+            .with_max_error_backoff(CAP)
+            .start();
+        let start = Instant::now();
+        let mut attempts = Vec::new();
+        let mut seen = 0;
+        while start.elapsed() < Duration::from_secs(30) {
+            let refused = store.stats().refused;
+            for _ in seen..refused {
+                attempts.push(Instant::now());
+            }
+            seen = refused;
+            sleep(Duration::from_millis(1)).await;
+        }
+        let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+        let slack = Duration::from_millis(2);
+        assert!(
+            gaps.iter().all(|g| *g <= CAP + slack),
+            "never longer than the cap: {gaps:?}"
+        );
+        assert!(
+            gaps[0] >= Duration::from_millis(160) - slack,
+            "no fast retries: {gaps:?}"
+        );
+        let at_cap = gaps
+            .iter()
+            .position(|g| *g >= CAP.mul_f64(0.8) - slack)
+            .expect("reaches the cap");
+        assert!(at_cap >= 3, "grows over several steps: {gaps:?}");
+        for i in 1..at_cap {
+            assert!(
+                gaps[i].as_secs_f64() >= 1.5 * gaps[i - 1].as_secs_f64(),
+                "each pause about doubles: {gaps:?}"
+            );
+        }
+        assert!(
+            gaps[at_cap..]
+                .iter()
+                .all(|g| *g >= CAP.mul_f64(0.8) - slack),
+            "stays at the cap: {gaps:?}"
+        );
+        assert!(gaps.len() - at_cap >= 5, "{gaps:?}");
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Acquiring
+        );
+
+        store.set_fault(None);
+        let healed = Instant::now();
+        while !matches!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Open(_)
+        ) {
+            assert!(healed.elapsed() <= CAP + slack, "gate still closed");
+            sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(store.holder("coord").as_deref(), Some("c1"));
     });
 }
