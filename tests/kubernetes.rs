@@ -542,6 +542,29 @@ async fn client_go_lease_is_respected() {
     futures_util::future::join_all(runs).await;
 }
 
+/// Acquires with `lease`, which must fail at once (not retried) with a permanent error that is
+/// a `KubernetesError`, without touching the lease object `name`; returns that error.
+async fn permanent_acquire_error<L: Lease>(lease: &L, name: &str) -> LeaseError {
+    let start = Instant::now();
+    let err = lease.acquire().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "not retried: a permanent error does not heal"
+    );
+    assert!(!err.is_transient(), "{err}");
+    assert!(!lease.check_alive());
+    assert!(lease.fencing_token().is_none());
+    assert!(
+        admin().get_opt(&object_name(name)).await.unwrap().is_none(),
+        "nothing was created"
+    );
+    let backend = err
+        .backend_error::<KubernetesError>()
+        .unwrap_or_else(|| panic!("a KubernetesError: {err:?}"));
+    assert!(!backend.is_transient());
+    err
+}
+
 /// A user without the Role gets a permanent, typed error naming verb, resource and namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_rbac_names_verb_resource_and_namespace() {
@@ -550,16 +573,8 @@ async fn missing_rbac_names_verb_resource_and_namespace() {
     let lease = f
         .lease_with_token(settings(&name, "norole"), &env().norole_token)
         .await;
-    let start = Instant::now();
-    let err = lease.acquire().await.unwrap_err();
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "not retried: a missing permission does not heal"
-    );
-    assert!(!err.is_transient(), "{err}");
-    let backend = err
-        .backend_error::<KubernetesError>()
-        .unwrap_or_else(|| panic!("a KubernetesError: {err:?}"));
+    let err = permanent_acquire_error(&lease, &name).await;
+    let backend = err.backend_error::<KubernetesError>().unwrap();
     match backend {
         KubernetesError::Forbidden {
             verb,
@@ -579,15 +594,6 @@ async fn missing_rbac_names_verb_resource_and_namespace() {
         text.contains("get") && text.contains(&env().namespace),
         "{text}"
     );
-    assert!(!lease.check_alive());
-    assert!(
-        admin()
-            .get_opt(&object_name(&name))
-            .await
-            .unwrap()
-            .is_none(),
-        "nothing was created"
-    );
 }
 
 /// A token the API server does not accept (401) makes acquire fail at once with a permanent,
@@ -599,16 +605,8 @@ async fn bogus_token_is_an_unauthorized_error_naming_the_verb() {
     let lease = f
         .lease_with_token(settings(&name, "a"), "not-a-token-the-server-knows")
         .await;
-    let start = Instant::now();
-    let err = lease.acquire().await.unwrap_err();
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "not retried: a rejected token does not heal"
-    );
-    assert!(!err.is_transient(), "{err}");
-    let backend = err
-        .backend_error::<KubernetesError>()
-        .unwrap_or_else(|| panic!("a KubernetesError: {err:?}"));
+    let err = permanent_acquire_error(&lease, &name).await;
+    let backend = err.backend_error::<KubernetesError>().unwrap();
     match backend {
         KubernetesError::Unauthorized {
             verb,
@@ -622,7 +620,6 @@ async fn bogus_token_is_an_unauthorized_error_naming_the_verb() {
         }
         other => panic!("expected Unauthorized, got {other:?}"),
     }
-    assert!(!backend.is_transient());
     let text = backend.to_string();
     assert!(
         text.contains("unauthorized") && text.contains("`get`") && text.contains(&env().namespace),
@@ -631,16 +628,6 @@ async fn bogus_token_is_an_unauthorized_error_naming_the_verb() {
     assert!(
         !text.contains("not-a-token-the-server-knows"),
         "the token is never shown: {text}"
-    );
-    assert!(!lease.check_alive());
-    assert!(lease.fencing_token().is_none());
-    assert!(
-        admin()
-            .get_opt(&object_name(&name))
-            .await
-            .unwrap()
-            .is_none(),
-        "nothing was created"
     );
 }
 

@@ -95,3 +95,61 @@ pub fn free_loopback_ports<const N: usize>() -> [u16; N] {
     assert!(found == N, "no {N} free loopback ports below {low}");
     ports
 }
+
+/// Records, for `window`, when each call to `store` was refused (the store must be failing), and
+/// returns the pauses between them. Under a paused clock the times are exact to the millisecond.
+pub async fn refused_attempt_gaps(
+    store: &actix_coordination::InMemoryStore,
+    window: std::time::Duration,
+) -> Vec<std::time::Duration> {
+    use tokio::time::{sleep, Instant};
+    let start = Instant::now();
+    let mut attempts = Vec::new();
+    let mut seen = 0;
+    while start.elapsed() < window {
+        let refused = store.stats().refused;
+        for _ in seen..refused {
+            attempts.push(Instant::now());
+        }
+        seen = refused;
+        sleep(std::time::Duration::from_millis(1)).await;
+    }
+    attempts.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// Asserts that the pauses `gaps[from..]` form an exponential backoff up to `cap`: never longer
+/// than the cap, each about double the previous one until the cap is reached (after at least
+/// `min_steps` of them), and then at least five pauses at the cap (80–100 % of it, the jitter).
+pub fn assert_backoff_up_to(
+    gaps: &[std::time::Duration],
+    from: usize,
+    min_steps: usize,
+    cap: std::time::Duration,
+) {
+    let slack = std::time::Duration::from_millis(2);
+    assert!(
+        gaps.iter().all(|g| *g <= cap + slack),
+        "never longer than the cap: {gaps:?}"
+    );
+    let at_cap = gaps
+        .iter()
+        .position(|g| *g >= cap.mul_f64(0.8) - slack)
+        .expect("reaches the cap");
+    assert!(
+        at_cap >= from + min_steps,
+        "grows over several steps: {gaps:?}"
+    );
+    for i in from + 1..at_cap {
+        assert!(
+            gaps[i].as_secs_f64() >= 1.5 * gaps[i - 1].as_secs_f64(),
+            "each pause about doubles: {gaps:?}"
+        );
+    }
+    assert!(gaps.len() - at_cap >= 5, "{gaps:?}");
+    assert!(
+        gaps[at_cap..]
+            .iter()
+            .all(|g| *g >= cap.mul_f64(0.8) - slack),
+        "stays at the cap: {gaps:?}"
+    );
+}
