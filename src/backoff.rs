@@ -1,12 +1,27 @@
-//! Retry pacing of the actors that compete for a lease: jitter between acquire rounds and
-//! exponential backoff after errors.
+//! How the actors compete for a lease: one acquire round, jitter between rounds and exponential
+//! backoff after errors.
 
 use std::time::Duration;
+
+use crate::lease::{Lease, LeaseError};
 
 /// The shortest acquire round.
 pub(crate) const MIN_ROUND: Duration = Duration::from_millis(10);
 /// The shortest pause after an acquire error.
 pub(crate) const MIN_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// One acquire round: a single attempt first, so that an error goes straight to the caller's
+/// backoff; only when the lease is held elsewhere (and `window` is not zero) a wait of up to
+/// `window` on the backend's change notification.
+pub(crate) async fn acquire_round<L: Lease>(
+    lease: &L,
+    window: Duration,
+) -> Result<bool, LeaseError> {
+    match lease.acquire_within(Duration::ZERO).await {
+        Ok(false) if !window.is_zero() => lease.acquire_within(window).await,
+        result => result,
+    }
+}
 
 /// `delay` ± 20 %, so that nodes do not retry in lockstep.
 pub(crate) fn jitter(delay: Duration) -> Duration {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::backoff::{error_backoff, jitter, MIN_ROUND};
+use crate::backoff::{acquire_round, error_backoff, jitter, MIN_ROUND};
 use crate::lease::{FencingToken, Lease, LeaseLost, LostReason, LostSubscription};
 
 /// The default cap of the coordinator's backoff after acquire errors.
@@ -315,12 +315,7 @@ impl<L: Lease> ShardCoordinator<L> {
             task.abort();
         }
         self.acquiring = Some(actix_rt::spawn(async move {
-            // One attempt first: an error goes straight to the backoff; only a lease held
-            // elsewhere starts the wait.
-            let result = match lease.acquire_within(Duration::ZERO).await {
-                Ok(false) if !window.is_zero() => lease.acquire_within(window).await,
-                result => result,
-            };
+            let result = acquire_round(&*lease, window).await;
             match me.upgrade() {
                 Some(me) => me.do_send(Acquired(result)),
                 // The coordinator is gone: do not keep a lease nobody uses.

@@ -11,7 +11,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backoff::{error_backoff, jitter, MIN_ROUND};
+use crate::backoff::{acquire_round, error_backoff, jitter, MIN_ROUND};
 use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
 
 /// What a singleton learns when it is started.
@@ -387,12 +387,7 @@ where
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            // One attempt first: an error goes straight to the manager's backoff; only a lease
-            // held elsewhere starts the watch-based wait.
-            let result = match lease.acquire_within(Duration::ZERO).await {
-                Ok(false) if !window.is_zero() => lease.acquire_within(window).await,
-                result => result,
-            };
+            let result = acquire_round(&*lease, window).await;
             match manager.upgrade() {
                 Some(manager) => manager.do_send(RoundDone { round, result }),
                 // The manager is gone: do not keep a lease nobody uses.
