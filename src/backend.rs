@@ -167,6 +167,14 @@ pub trait LeaseBackend: Send + Sync + 'static {
         std::future::pending()
     }
 
+    /// Identifies the store this backend writes to (for example the API server and namespace),
+    /// so that [`ManagedLease`](crate::ManagedLease) can refuse a second live instance with the
+    /// same store, name and owner in one process (the store could not tell them apart). The
+    /// default, `None`, skips that check.
+    fn store_id(&self) -> Option<String> {
+        None
+    }
+
     /// Whether [`wait_for_change`](Self::wait_for_change) really watches the store: it then resolves
     /// when the lease is released or deleted, and at the instant the current claim expires (by the
     /// observed-time model), so a waiting contender needs no periodic attempts. The default is

@@ -8,9 +8,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::settings::LeaseSettings;
+use crate::tenure::TenureWatch;
 
-/// Boxed error of a backend, kept as the source of a [`LeaseError`].
+/// Boxed error of a backend (what a [`BackendFactory`](crate::BackendFactory) returns).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A backend's error kept as the source of a [`LeaseError`]; shared, so that a `LeaseError` can be
+/// cloned for several waiters without losing its variant or its source.
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A token that strictly increases with every ownership transition of a lease name, across all
 /// owners.
@@ -126,7 +131,10 @@ impl fmt::Display for Operation {
 }
 
 /// A lease operation whose outcome is unknown, or that the backend refused.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone`: a clone keeps the variant and shares the source. `Display` says what failed; the
+/// backend's error is the [`source`](std::error::Error::source) (log the whole chain).
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
     /// A backend call did not answer within the operation timeout; it may or may not have been
@@ -140,7 +148,7 @@ pub enum LeaseError {
     },
     /// The backend failed; `transient` errors (unreachable, 5xx) may succeed when tried again,
     /// others (forbidden, invalid) will not.
-    #[error("{operation} failed: {source}")]
+    #[error("{operation} failed")]
     Backend {
         /// The operation.
         operation: Operation,
@@ -148,7 +156,7 @@ pub enum LeaseError {
         transient: bool,
         /// The backend's error.
         #[source]
-        source: BoxError,
+        source: SharedError,
     },
     /// The lease was used outside a Tokio runtime, or after its runtime shut down.
     #[error("{operation} needs a running tokio runtime (actix-rt provides one)")]
@@ -156,15 +164,42 @@ pub enum LeaseError {
         /// The operation.
         operation: Operation,
     },
+    /// [`Lease::acquire_within`]'s deadline passed while it waited for another `acquire` or
+    /// `release` of the same lease instance to finish; no attempt was made. Transient.
+    #[error("{operation} could not start before its deadline: another acquire or release of this lease was in flight")]
+    Busy {
+        /// The operation.
+        operation: Operation,
+    },
+    /// Another instance of the same lease (same store, name and owner) in this process holds
+    /// it. The store cannot tell two instances with one owner apart, so both would believe they
+    /// hold the lease: share one instance instead (an `Arc`, a
+    /// [`SharedLease`](crate::SharedLease), or the [`LeaseProvider`](crate::LeaseProvider)).
+    #[error("another instance of lease {name:?} with owner {owner:?} holds it in this process")]
+    DuplicateInstance {
+        /// The lease name.
+        name: String,
+        /// The owner.
+        owner: String,
+    },
 }
 
 impl LeaseError {
-    /// Whether trying again may succeed (timeouts and transient backend errors).
+    /// Whether trying again may succeed (timeouts, transient backend errors, a busy lease).
     pub fn is_transient(&self) -> bool {
         match self {
-            LeaseError::Timeout { .. } => true,
+            LeaseError::Timeout { .. } | LeaseError::Busy { .. } => true,
             LeaseError::Backend { transient, .. } => *transient,
-            LeaseError::NoRuntime { .. } => false,
+            LeaseError::NoRuntime { .. } | LeaseError::DuplicateInstance { .. } => false,
+        }
+    }
+
+    /// The error of a backend call of `operation`.
+    pub(crate) fn backend<E: crate::backend::BackendError>(operation: Operation, error: E) -> Self {
+        LeaseError::Backend {
+            operation,
+            transient: error.is_transient(),
+            source: Arc::new(error),
         }
     }
 
@@ -292,18 +327,22 @@ impl Drop for LostSubscription {
 /// *name* at a time; a holder renews it in the background; a holder that stops renewing (crash,
 /// pause, partition) loses it when the TTL runs out, and another owner can then take it.
 ///
-/// # The four operations
+/// # The operations
 ///
 /// * [`Lease::acquire`] resolves `Ok(true)` when this owner now holds the lease, `Ok(false)` when
-///   another owner definitely holds it (after the configured retries), and `Err` when the outcome
-///   is unknown (backend unreachable, timeout). It is reentrant: acquiring a lease this owner
-///   already holds resolves `Ok(true)` and keeps the one renewal loop.
+///   another owner definitely holds it (after `acquire_retries` more attempts), and `Err` when the
+///   outcome is unknown (backend unreachable, timeout) — at once, errors are not retried. It is
+///   reentrant: acquiring a lease this owner already holds resolves `Ok(true)` and keeps the one
+///   renewal loop.
+/// * [`Lease::acquire_within`] keeps trying (also through errors) until held or a deadline.
 /// * [`Lease::release`] resolves `Ok(true)` when the lease is definitely released, `Ok(false)` when
 ///   it definitely is not (another owner holds it), and `Err` when unknown. Releasing a lease that
 ///   is not held is a no-op. Renewal stops *before* the backend is told.
-/// * [`Lease::check_alive`] is synchronous and does no I/O: `true` only while this owner holds the
-///   lease *and* its local monotonic deadline has not passed.
-/// * [`Lease::on_lost`] registers a handler called once per loss.
+/// * [`Lease::tenure`] is the tenure as one observable value ([`TenureWatch`]): its start, every
+///   renewal and every end (loss, deadline, release through any handle, drop). [`Lease::check_alive`],
+///   [`Lease::fencing_token`] and [`Lease::deadline`] read it; a [`TenureGuard`](crate::TenureGuard)
+///   from it binds code to one tenure.
+/// * [`Lease::on_lost`] registers a handler called once per involuntary loss.
 ///
 /// # Why `check_alive` can be trusted
 ///
@@ -319,13 +358,15 @@ impl Drop for LostSubscription {
 /// * `check_alive() == true` says the lease was held *at the moment of the call*. Work that takes
 ///   time must check again, or better, pass the [`FencingToken`] to the system it writes to so that
 ///   writes from a stale holder are rejected there.
-/// * `on_lost` handlers run on the renewal task; they must not block. A panicking handler is caught
-///   and does not stop the others.
+/// * `on_lost` handlers run on the renewal task (or in the `acquire` that finds the previous
+///   tenure dead); they must not block. A panicking handler is caught and does not stop the others.
 /// * A loss is signalled at most once per tenure (from one successful `acquire` to the next loss or
-///   release); a voluntary [`Lease::release`] is not a loss.
+///   release); a voluntary [`Lease::release`] is not a loss, but it ends the tenure for every reader
+///   of [`Lease::tenure`].
 ///
 /// Implementations are cheap to share (`Send + Sync + 'static`) and return `Send` futures, so they
-/// can be used from any actor or task.
+/// can be used from any actor or task. Backends implement [`LeaseBackend`](crate::LeaseBackend)
+/// and get this trait from [`ManagedLease`](crate::ManagedLease).
 pub trait Lease: Send + Sync + 'static {
     /// The validated settings of this lease.
     fn settings(&self) -> &LeaseSettings;
@@ -343,28 +384,36 @@ pub trait Lease: Send + Sync + 'static {
     /// Tries to take the lease for this owner.
     ///
     /// Resolves `Ok(true)` when this owner now holds the lease (also when it already held it),
-    /// `Ok(false)` when another owner holds it after `acquire_retries` more attempts
-    /// `acquire_retry_delay` apart.
+    /// `Ok(false)` when another owner holds it after `acquire_retries` more attempts, each after
+    /// waiting up to `acquire_retry_delay` for the backend to report a change. It resolves within
+    /// `(acquire_retries + 1) × operation_timeout + acquire_retries × acquire_retry_delay`, plus
+    /// the time another `acquire` or `release` of the same instance in flight takes.
     ///
     /// # Errors
     ///
-    /// [`LeaseError`] when the outcome is unknown: the backend is unreachable, a call timed out, or
-    /// the backend refused (for example for lack of permission).
+    /// [`LeaseError`] when the outcome is unknown or refused: the backend is unreachable, a call
+    /// timed out ([`LeaseError::Timeout`] names the operation timeout: one call, not retried),
+    /// the backend refused (for example for lack of permission), or another instance of the same
+    /// lease in this process holds it ([`LeaseError::DuplicateInstance`]). Errors are not retried
+    /// by `acquire`; [`acquire_within`](Lease::acquire_within) retries them.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future before it resolves may leave the lease claimed for this owner in the
-    /// backend without a local renewal loop; nobody else can take it until its TTL passes, or until
-    /// this owner acquires again (which reuses the claim).
+    /// Dropping the future is safe: an attempt in flight is finished in the background (within
+    /// the operation timeout) and a claim it made is released at once; a later `acquire` or
+    /// `release` of the same instance waits for that, and a `release` reports its error if it
+    /// failed.
     fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
     /// Keeps trying until this owner holds the lease or `timeout` has passed: the way to wait for a
     /// lease. Resolves `Ok(true)` once held, `Ok(false)` when another owner still holds it at the
-    /// deadline.
+    /// deadline. It never resolves later than `timeout` plus one operation timeout: no attempt
+    /// starts after the deadline.
     ///
     /// Backends built on [`ManagedLease`](crate::ManagedLease) wait between attempts on the
     /// backend's own change notification (a watch), so a release is noticed within a round trip
     /// and an expiry at its instant, without polling; this default implementation retries every
+    /// `acquire_retry_delay`. After a transient error the next attempt comes after
     /// `acquire_retry_delay`.
     ///
     /// # Errors
@@ -380,7 +429,7 @@ pub trait Lease: Send + Sync + 'static {
         timeout: Duration,
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         async move {
-            let deadline = crate::managed::deadline_after(timeout);
+            let deadline = deadline_after(timeout);
             loop {
                 let result = self.acquire().await;
                 match &result {
@@ -398,33 +447,55 @@ pub trait Lease: Send + Sync + 'static {
     /// Gives the lease up.
     ///
     /// Resolves `Ok(true)` when it is definitely released (or was not held), `Ok(false)` when
-    /// another owner definitely holds it. Renewal stops before the backend is told, and
-    /// `check_alive` is `false` from the moment this is called.
+    /// another owner definitely holds it. The tenure ends for every reader of
+    /// [`tenure`](Lease::tenure) (`check_alive` is `false`) the moment this is called, then renewal
+    /// stops, then the backend is told.
     ///
     /// # Errors
     ///
     /// [`LeaseError`] when it is unknown whether the backend released the lease; it then expires
-    /// after its TTL at the latest.
+    /// after its TTL at the latest. Also the error of releasing a claim that a dropped `acquire`
+    /// made, when that failed and nothing was held since.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future leaves the lease not held locally (renewal already stopped); the backend
-    /// record then expires after its TTL.
+    /// Dropping the future is safe: the tenure has ended locally, and the release is finished in
+    /// the background (within the operation timeout).
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
+    /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
+    fn tenure(&self) -> &TenureWatch;
 
     /// Whether this owner holds the lease right now, by its local monotonic deadline. Never blocks,
     /// never does I/O.
-    fn check_alive(&self) -> bool;
+    fn check_alive(&self) -> bool {
+        self.tenure().check_alive()
+    }
 
-    /// Registers a handler called once each time a held lease is lost. See [`LostHandlers`].
+    /// Registers a handler called once each time a held lease is lost (not on a release). See
+    /// [`LostHandlers`].
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription;
 
-    /// The fencing token of the current tenure, while the lease is held.
-    fn fencing_token(&self) -> Option<FencingToken>;
+    /// The fencing token of the tenure alive right now (`None` when not held or past the
+    /// deadline).
+    fn fencing_token(&self) -> Option<FencingToken> {
+        self.tenure().current().map(|t| t.token())
+    }
 
     /// The instant at which `check_alive` turns `false` unless a renewal succeeds first, while the
-    /// lease is held.
-    fn deadline(&self) -> Option<Instant>;
+    /// lease is held and before that instant.
+    fn deadline(&self) -> Option<Instant> {
+        self.tenure().current().map(|t| t.deadline())
+    }
+}
+
+/// `now + timeout`, or about 30 years from now when that would overflow (`Duration::MAX` means
+/// "no deadline").
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ mod settings;
 mod sharding;
 mod shared;
 mod singleton;
+mod tenure;
 
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use holder::{
@@ -52,8 +53,9 @@ pub use holder::{
 };
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
-    LostSubscription, Operation,
+    LostSubscription, Operation, SharedError,
 };
+pub use tenure::{Tenure, TenureEnd, TenureGuard, TenureWatch};
 pub use managed::ManagedLease;
 pub use memory::{
     InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease, InMemoryRecord, InMemoryStats,

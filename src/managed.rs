@@ -1,13 +1,15 @@
 //! [`ManagedLease`]: the one implementation of the lease contract on top of any
 //! [`LeaseBackend`].
 
+use std::collections::HashMap;
+use std::error::Error as StdError;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedMutexGuard};
 use tokio::task::{AbortHandle, JoinHandle};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
@@ -16,8 +18,10 @@ use crate::lease::{
     Operation,
 };
 use crate::settings::LeaseSettings;
+use crate::tenure::{TenureCell, TenureEnd, TenureWatch};
 
-/// First delay before retrying a failed renewal; doubles up to a quarter of the renewal interval.
+/// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
+/// the renewal interval. A renewal that timed out is retried at once.
 const RENEW_BACKOFF_START: Duration = Duration::from_millis(50);
 /// First delay before re-establishing a broken loss watch; doubles up to the renewal interval.
 const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
@@ -25,23 +29,44 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 /// A [`Lease`] backed by any [`LeaseBackend`]: the one implementation of the lease contract.
 ///
 /// It owns what every backend shares: the acquire retry loop, the operation timeout on every call,
-/// the renewal task with its backoff, the local monotonic deadline behind `check_alive`, reentrancy,
-/// serialisation of `acquire` and `release`, and exactly-once `on_lost`.
+/// the renewal task with its backoff, the local monotonic deadline behind `check_alive`, the
+/// published [`TenureWatch`], reentrancy, serialisation of `acquire` and `release`, and
+/// exactly-once `on_lost`.
 ///
 /// # One tenure, one renewal task
 ///
-/// A successful `acquire` starts a *tenure*: it records the fencing token and the deadline
+/// A successful `acquire` starts a *tenure*: it publishes the fencing token and the deadline
 /// `start of the claim + ttl - clock_drift_margin`, and spawns one renewal task. The task renews every
 /// `renewal_interval`; each success moves the deadline to `start of that renewal + ttl - margin`.
-/// A failed renewal is retried with a backoff (50 ms doubling, at most a quarter of the renewal
-/// interval) until the deadline. The tenure ends in exactly one of three ways:
+/// A renewal that times out is retried at once; one that fails with an error after a backoff (50 ms
+/// doubling, at most a quarter of the renewal interval); both until the deadline (the settings
+/// guarantee that one retry of a full operation timeout fits before it). The tenure ends in exactly
+/// one of these ways, each published to every reader of [`Lease::tenure`] at once:
 ///
-/// * `release`: renewal stops first, then the backend is told; no `on_lost`.
-/// * the deadline passes (partition, pause, backend down): `on_lost` with
-///   [`LostReason::Expired`]; `check_alive` was already `false` at the deadline because it reads
-///   the clock itself;
+/// * `release`, through any handle: the tenure ends, renewal stops, then the backend is told; no
+///   `on_lost`;
+/// * the deadline passes (partition, pause, backend down): readers see it by the clock at the
+///   deadline; the renewal task (or the next `acquire`, whichever runs first) fires `on_lost` with
+///   [`LostReason::Expired`];
 /// * the backend reports the loss (a renewal's compare-and-swap fails, or its watch sees another
-///   holder or a deletion): `on_lost` with that reason.
+///   holder or a deletion): `on_lost` with that reason;
+/// * the lease is dropped: [`TenureEnd::Dropped`].
+///
+/// # Never cut a call short and report success
+///
+/// Backend calls of `acquire` and `release` run on their own task: dropping the caller's future
+/// (a timeout around it, an aborted actor round) does not abort them. An attempt whose caller is
+/// gone is finished, and a claim it made is released at once; the next `acquire` or `release` of
+/// this instance waits for that. A claim whose answer arrives after its own validity is released
+/// too, and `acquire` reports a timeout.
+///
+/// # One instance per (store, name, owner)
+///
+/// A store cannot tell two instances with the same owner apart (a reused claim looks like the
+/// same holder), so an `acquire` is refused with [`LeaseError::DuplicateInstance`] while another
+/// live instance in this process with the same store (as the backend reports it,
+/// [`LeaseBackend::store_id`]), name and owner holds the lease or has an `acquire` or `release` in
+/// flight. Share one instance instead.
 ///
 /// Backends expose it under their own name ([`InMemoryLease`](crate::InMemoryLease) is
 /// `ManagedLease<InMemoryBackend>`). Share it behind an `Arc`; dropping the last handle stops
@@ -49,24 +74,26 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 /// [`Lease::release`] on a graceful shutdown.
 pub struct ManagedLease<B: LeaseBackend> {
     shared: Arc<Shared<B>>,
+    instance: Option<InstanceKey>,
 }
 
 struct Shared<B: LeaseBackend> {
     backend: B,
     settings: LeaseSettings,
     handlers: LostHandlers,
-    local: Mutex<Local>,
-    ops: tokio::sync::Mutex<Option<Renewal<B::Tenure>>>,
+    tenure: TenureCell,
+    /// The renewal task of the current tenure, aborted when the lease is dropped.
+    abort: Mutex<Option<AbortHandle>>,
+    /// Serialises `acquire` and `release`; a task that finishes an abandoned call holds it.
+    ops: Arc<tokio::sync::Mutex<Ops<B::Tenure>>>,
 }
 
-/// What `check_alive` and friends read without awaiting.
-#[derive(Default)]
-struct Local {
-    held: bool,
-    generation: u64,
-    token: Option<FencingToken>,
-    deadline: Option<Instant>,
-    abort: Option<AbortHandle>,
+/// What only `acquire` and `release` touch, under the `ops` lock.
+struct Ops<T> {
+    renewal: Option<Renewal<T>>,
+    /// The error of releasing a claim that an abandoned `acquire` made; reported by the next
+    /// `release` that finds nothing held.
+    abandoned: Option<LeaseError>,
 }
 
 struct Renewal<T> {
@@ -74,6 +101,8 @@ struct Renewal<T> {
     stop: oneshot::Sender<()>,
     join: JoinHandle<Option<T>>,
 }
+
+type OpsGuard<T> = OwnedMutexGuard<Ops<T>>;
 
 impl<B: LeaseBackend> fmt::Debug for ManagedLease<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -89,15 +118,26 @@ impl<B: LeaseBackend> fmt::Debug for ManagedLease<B> {
 impl<B: LeaseBackend> ManagedLease<B> {
     /// A lease with `settings` on `backend`. Nothing is sent to the backend until `acquire`.
     pub fn from_backend(settings: LeaseSettings, backend: B) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                backend,
-                settings,
-                handlers: LostHandlers::new(),
-                local: Mutex::new(Local::default()),
-                ops: tokio::sync::Mutex::new(None),
-            }),
-        }
+        let instance = backend.store_id().map(|store| {
+            (
+                store,
+                settings.name().to_owned(),
+                settings.owner().to_owned(),
+            )
+        });
+        let shared = Arc::new(Shared {
+            backend,
+            settings,
+            handlers: LostHandlers::new(),
+            tenure: TenureCell::default(),
+            abort: Mutex::new(None),
+            ops: Arc::new(tokio::sync::Mutex::new(Ops {
+                renewal: None,
+                abandoned: None,
+            })),
+        });
+        let instance = instance.map(|key| InstanceKey::register(key, &shared));
+        Self { shared, instance }
     }
 
     /// The backend of this lease.
@@ -105,99 +145,33 @@ impl<B: LeaseBackend> ManagedLease<B> {
         &self.shared.backend
     }
 
-    /// Up to `attempts` attempts, `acquire_retry_delay` apart (or sooner on a change).
-    async fn acquire_inner(&self, attempts: u32) -> Result<bool, LeaseError> {
-        let shared = &self.shared;
-        let settings = &shared.settings;
-        let mut ops = shared.ops.lock().await;
-        if ops.is_some() && self.check_alive() {
-            return Ok(true);
-        }
-        if let Some(renewal) = ops.take() {
-            // The previous tenure ended (lost, or its deadline passed a moment ago and the task
-            // has not noticed yet): end it properly, so that its loss is notified exactly once
-            // and before a new tenure starts.
-            let generation = renewal.generation;
-            stop_renewal(renewal).await;
-            shared.lose(generation, LostReason::Expired { last_error: None });
-        }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
-            operation: Operation::Acquire,
-        })?;
-        let mut last: Result<bool, LeaseError> = Ok(false);
+    /// `acquire`: attempts while another owner holds the lease, up to `acquire_retries` more,
+    /// each after waiting up to `acquire_retry_delay` for a change; errors end it at once.
+    async fn acquire_inner(&self) -> Result<bool, LeaseError> {
+        let settings = &self.shared.settings;
+        let attempts = settings.acquire_retries().saturating_add(1);
         for attempt in 1..=attempts {
-            let start = Instant::now();
-            match timeout(
-                settings.operation_timeout(),
-                shared.backend.try_acquire(settings),
-            )
-            .await
-            {
-                Ok(Ok(AcquireAttempt::Acquired {
-                    tenure,
-                    token,
-                    valid_from,
-                })) => {
-                    let deadline =
-                        valid_from.map_or(start, |v| v.min(start)) + settings.local_validity();
-                    if Instant::now() >= deadline {
-                        // The claim took longer than its own validity: it cannot be trusted.
-                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), "acquire answered after the claim's local deadline");
-                        last = Err(LeaseError::Timeout {
-                            operation: Operation::Acquire,
-                            timeout: settings.operation_timeout(),
-                        });
-                    } else {
-                        *ops = Some(self.start_tenure(&runtime, tenure, token, deadline));
-                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "lease acquired");
-                        return Ok(true);
-                    }
-                }
-                Ok(Ok(AcquireAttempt::HeldByOther { holder, .. })) => {
-                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, attempt, "lease held by another owner");
-                    last = Ok(false);
-                }
-                Ok(Err(error)) => {
-                    let transient = error.is_transient();
-                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), %error, attempt, transient, "acquire attempt failed");
-                    let error = LeaseError::Backend {
-                        operation: Operation::Acquire,
-                        transient,
-                        source: Box::new(error),
-                    };
-                    if !transient {
-                        return Err(error);
-                    }
-                    last = Err(error);
-                }
-                Err(_) => {
-                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), attempt, "acquire attempt timed out");
-                    last = Err(LeaseError::Timeout {
-                        operation: Operation::Acquire,
-                        timeout: settings.operation_timeout(),
-                    });
-                }
+            if self.attempt(None).await? {
+                return Ok(true);
             }
+            tracing::debug!(lease = %settings.name(), owner = %settings.owner(), attempt, "lease held by another owner");
             if attempt < attempts {
                 let not_after = Instant::now() + settings.acquire_retry_delay();
-                match last {
-                    // Held by another owner: wake early when the backend sees a change.
-                    Ok(false) => shared.backend.wait_for_change(settings, not_after).await,
-                    // An error: back off for the whole delay (the store may look free while
-                    // this owner cannot reach it).
-                    _ => tokio::time::sleep_until(not_after).await,
-                }
+                self.shared
+                    .backend
+                    .wait_for_change(settings, not_after)
+                    .await;
             }
         }
-        last
+        Ok(false)
     }
 
     async fn acquire_within_inner(&self, timeout: Duration) -> Result<bool, LeaseError> {
         let settings = &self.shared.settings;
-        let deadline = deadline_after(timeout);
+        let deadline = crate::lease::deadline_after(timeout);
         let mut failing = false;
         loop {
-            let result = self.acquire_inner(1).await;
+            let result = self.attempt(Some(deadline)).await;
             match &result {
                 Ok(true) => return result,
                 Err(error) if !error.is_transient() => return result,
@@ -205,7 +179,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 Err(error) => {
                     // Once per streak of errors: the waiter keeps retrying every retry delay.
                     if !failing {
-                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), %error, retry_in = ?settings.acquire_retry_delay(), "acquire attempt failed while waiting for the lease; retrying");
+                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), error = error as &dyn StdError, retry_in = ?settings.acquire_retry_delay(), "acquire attempt failed while waiting for the lease; retrying");
                     }
                     failing = true;
                 }
@@ -228,11 +202,96 @@ impl<B: LeaseBackend> ManagedLease<B> {
                         .await;
                 }
                 _ => {
-                    tokio::time::sleep_until(
-                        deadline.min(Instant::now() + settings.acquire_retry_delay()),
-                    )
-                    .await
+                    sleep_until(deadline.min(Instant::now() + settings.acquire_retry_delay()))
+                        .await
                 }
+            }
+        }
+    }
+
+    /// One attempt under the `ops` lock: `Ok(true)` held (now or already), `Ok(false)` held by
+    /// another owner. Waits for the lock until `lock_by` at the latest.
+    async fn attempt(&self, lock_by: Option<Instant>) -> Result<bool, LeaseError> {
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        let lock = Arc::clone(&shared.ops).lock_owned();
+        let mut ops = match lock_by {
+            Some(deadline) => timeout_at(deadline, lock)
+                .await
+                .map_err(|_| LeaseError::Busy {
+                    operation: Operation::Acquire,
+                })?,
+            None => lock.await,
+        };
+        if let Some(renewal) = &ops.renewal {
+            if shared.tenure.published(renewal.generation).is_some_and(|t| t.is_alive()) {
+                return Ok(true);
+            }
+        }
+        if let Some(renewal) = ops.renewal.take() {
+            // The previous tenure ended (lost, or its deadline passed a moment ago and the task
+            // has not noticed yet): report the loss first, so that it is reported exactly once
+            // and before a new tenure starts, even if this future is dropped below.
+            shared.lose(renewal.generation, LostReason::Expired { last_error: None });
+            stop_renewal(renewal).await;
+        }
+        if let Some(instance) = &self.instance {
+            if instance.other_busy() {
+                return Err(LeaseError::DuplicateInstance {
+                    name: settings.name().to_owned(),
+                    owner: settings.owner().to_owned(),
+                });
+            }
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
+            operation: Operation::Acquire,
+        })?;
+        let start = Instant::now();
+        let call = runtime.spawn({
+            let shared = Arc::clone(shared);
+            async move {
+                timeout(
+                    shared.settings.operation_timeout(),
+                    shared.backend.try_acquire(&shared.settings),
+                )
+                .await
+            }
+        });
+        // If this future is dropped while the call is in flight, the guard finishes it.
+        let mut in_flight = InFlight {
+            call: Some(call),
+            ops: Some(ops),
+            shared: Arc::clone(shared),
+            runtime: runtime.clone(),
+        };
+        let outcome = in_flight.call.as_mut().expect("set").await;
+        let (_, mut ops) = in_flight.disarm();
+        match flatten(outcome, Operation::Acquire, settings)? {
+            AcquireAttempt::Acquired {
+                tenure,
+                token,
+                valid_from,
+            } => {
+                let deadline =
+                    valid_from.map_or(start, |v| v.min(start)) + settings.local_validity();
+                if Instant::now() >= deadline {
+                    // The claim took longer than its own validity: it cannot be trusted; give
+                    // it back so that it does not block others until its TTL.
+                    tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "acquire answered after the claim's local deadline; releasing the claim");
+                    spawn_release_abandoned(&runtime, Arc::clone(shared), ops, tenure);
+                    return Err(LeaseError::Timeout {
+                        operation: Operation::Acquire,
+                        timeout: settings.operation_timeout(),
+                    });
+                }
+                ops.abandoned = None;
+                ops.renewal = Some(self.start_tenure(&runtime, tenure, token, start, deadline));
+                tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "lease acquired");
+                Ok(true)
+            }
+            AcquireAttempt::HeldByOther { holder, .. } => {
+                tracing::trace!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "attempt: held by another owner");
+                Ok(false)
             }
         }
     }
@@ -242,21 +301,18 @@ impl<B: LeaseBackend> ManagedLease<B> {
         runtime: &tokio::runtime::Handle,
         tenure: B::Tenure,
         token: FencingToken,
+        start: Instant,
         deadline: Instant,
     ) -> Renewal<B::Tenure> {
         let shared = &self.shared;
-        let mut local = shared.lock_local();
-        local.generation += 1;
-        local.held = true;
-        local.token = Some(token);
-        local.deadline = Some(deadline);
-        let generation = local.generation;
+        let generation = shared.tenure.start(token, deadline);
         let (stop, stopped) = oneshot::channel();
         let span = tracing::info_span!("lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
         let join = runtime.spawn(
-            renewal_loop(Arc::clone(shared), tenure, generation, token, stopped).instrument(span),
+            renewal_loop(Arc::clone(shared), tenure, generation, token, start, stopped)
+                .instrument(span),
         );
-        local.abort = Some(join.abort_handle());
+        *lock(&shared.abort) = Some(join.abort_handle());
         Renewal {
             generation,
             stop,
@@ -266,63 +322,140 @@ impl<B: LeaseBackend> ManagedLease<B> {
 
     async fn release_inner(&self) -> Result<bool, LeaseError> {
         let shared = &self.shared;
-        let settings = &shared.settings;
-        let mut ops = shared.ops.lock().await;
-        let Some(renewal) = ops.take() else {
-            return Ok(true);
+        let mut ops = Arc::clone(&shared.ops).lock_owned().await;
+        let Some(renewal) = ops.renewal.take() else {
+            // Nothing held; unless a claim an abandoned `acquire` made could not be released.
+            return ops.abandoned.take().map_or(Ok(true), Err);
         };
+        // End the tenure for every reader first: a tenure already past its deadline is lost
+        // (and reported once), a live one released.
         let generation = renewal.generation;
-        {
-            let mut local = shared.lock_local();
-            if local.held && local.generation == generation {
-                if local.deadline.is_some_and(|d| Instant::now() >= d) {
-                    drop(local);
-                    shared.lose(generation, LostReason::Expired { last_error: None });
-                } else {
-                    local.held = false;
-                    local.deadline = None;
-                    local.token = None;
-                }
+        match shared.tenure.published(generation) {
+            Some(t) if !t.is_alive() => {
+                shared.lose(generation, LostReason::Expired { last_error: None });
             }
+            Some(_) => {
+                shared.tenure.end(generation, TenureEnd::Released);
+            }
+            None => {}
         }
-        let Some(tenure) = stop_renewal(renewal).await else {
-            // The tenure was lost before the release; there is nothing of ours to release.
-            return Ok(true);
-        };
-        match timeout(
-            settings.operation_timeout(),
-            shared.backend.release(settings, tenure),
-        )
-        .await
-        {
-            Ok(Ok(ReleaseOutcome::Released)) => {
-                tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released");
-                Ok(true)
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
+            operation: Operation::Release,
+        })?;
+        // Stopping the renewal and telling the backend run on their own task: dropping this
+        // future does not abort the backend call.
+        let call = runtime.spawn({
+            let shared = Arc::clone(shared);
+            async move {
+                let _ops = ops;
+                let Some(tenure) = stop_renewal(renewal).await else {
+                    // The tenure was lost before the release; there is nothing of ours to
+                    // release.
+                    return Ok(true);
+                };
+                shared.release_tenure(tenure).await
             }
-            Ok(Ok(ReleaseOutcome::HeldByOther { holder })) => {
-                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "release found the lease held by another owner");
-                Ok(false)
-            }
-            Ok(Err(error)) => Err(LeaseError::Backend {
+        });
+        call.await.unwrap_or_else(|join_error| {
+            Err(LeaseError::Backend {
                 operation: Operation::Release,
-                transient: error.is_transient(),
-                source: Box::new(error),
-            }),
-            Err(_) => Err(LeaseError::Timeout {
-                operation: Operation::Release,
-                timeout: settings.operation_timeout(),
-            }),
-        }
+                transient: false,
+                source: Arc::new(Panicked(join_error.to_string())),
+            })
+        })
     }
 }
 
-/// `now + timeout`, or about 30 years from now when that would overflow (`Duration::MAX` means
-/// "no deadline").
-pub(crate) fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+/// An `acquire` call in flight: if the caller's future is dropped before the answer, the call is
+/// finished on its own task, and a claim it made is released (holding the `ops` lock meanwhile).
+struct InFlight<B: LeaseBackend> {
+    call: Option<JoinHandle<AttemptOutcome<B>>>,
+    ops: Option<OpsGuard<B::Tenure>>,
+    shared: Arc<Shared<B>>,
+    runtime: tokio::runtime::Handle,
 }
+
+type AttemptOutcome<B> = Result<
+    Result<AcquireAttempt<<B as LeaseBackend>::Tenure>, <B as LeaseBackend>::Error>,
+    tokio::time::error::Elapsed,
+>;
+
+impl<B: LeaseBackend> InFlight<B> {
+    fn disarm(&mut self) -> (Option<JoinHandle<AttemptOutcome<B>>>, OpsGuard<B::Tenure>) {
+        (self.call.take(), self.ops.take().expect("set"))
+    }
+}
+
+impl<B: LeaseBackend> Drop for InFlight<B> {
+    fn drop(&mut self) {
+        let (Some(call), Some(ops)) = (self.call.take(), self.ops.take()) else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let runtime = self.runtime.clone();
+        self.runtime.spawn(async move {
+            let settings = &shared.settings;
+            match call.await {
+                Ok(Ok(Ok(AcquireAttempt::Acquired { tenure, token, .. }))) => {
+                    tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "an abandoned acquire got the lease; releasing it");
+                    spawn_release_abandoned(&runtime, Arc::clone(&shared), ops, tenure);
+                }
+                _ => drop(ops),
+            }
+        });
+    }
+}
+
+/// Releases a claim nobody will use, holding the `ops` lock; a failure is kept for the next
+/// `release`.
+fn spawn_release_abandoned<B: LeaseBackend>(
+    runtime: &tokio::runtime::Handle,
+    shared: Arc<Shared<B>>,
+    mut ops: OpsGuard<B::Tenure>,
+    tenure: B::Tenure,
+) {
+    runtime.spawn(async move {
+        match shared.release_tenure(tenure).await {
+            Ok(_) => ops.abandoned = None,
+            Err(error) => {
+                tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it expires after its TTL");
+                ops.abandoned = Some(error);
+            }
+        }
+    });
+}
+
+/// The outcome of a backend call run on its own task, as a `LeaseError` on failure.
+fn flatten<T, E: BackendError>(
+    outcome: Result<Result<Result<T, E>, tokio::time::error::Elapsed>, tokio::task::JoinError>,
+    operation: Operation,
+    settings: &LeaseSettings,
+) -> Result<T, LeaseError> {
+    match outcome {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(error))) => {
+            tracing::debug!(lease = %settings.name(), owner = %settings.owner(), error = &error as &dyn StdError, transient = error.is_transient(), "{operation} failed");
+            Err(LeaseError::backend(operation, error))
+        }
+        Ok(Err(_)) => {
+            tracing::debug!(lease = %settings.name(), owner = %settings.owner(), "{operation} timed out");
+            Err(LeaseError::Timeout {
+                operation,
+                timeout: settings.operation_timeout(),
+            })
+        }
+        Err(join_error) => Err(LeaseError::Backend {
+            operation,
+            transient: false,
+            source: Arc::new(Panicked(join_error.to_string())),
+        }),
+    }
+}
+
+/// A backend call that panicked (or was cancelled by a runtime shutting down).
+#[derive(Debug, thiserror::Error)]
+#[error("the backend call did not complete: {0}")]
+struct Panicked(String);
 
 /// Stops a renewal task and returns its tenure, or `None` if the tenure was lost.
 async fn stop_renewal<T>(renewal: Renewal<T>) -> Option<T> {
@@ -330,48 +463,28 @@ async fn stop_renewal<T>(renewal: Renewal<T>) -> Option<T> {
     renewal.join.await.ok().flatten()
 }
 
-impl<B: LeaseBackend> Shared<B> {
-    fn lock_local(&self) -> MutexGuard<'_, Local> {
-        self.local.lock().unwrap_or_else(|p| p.into_inner())
-    }
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
+impl<B: LeaseBackend> Shared<B> {
     /// Ends tenure `generation` as lost and notifies the handlers, once. Returns `false` when the
     /// tenure had already ended (released, or lost before).
     fn lose(&self, generation: u64, reason: LostReason) -> bool {
-        let token = {
-            let mut local = self.lock_local();
-            if !(local.held && local.generation == generation) {
-                return false;
-            }
-            local.held = false;
-            local.deadline = None;
-            local.token.take()
+        let Some(tenure) = self
+            .tenure
+            .end(generation, TenureEnd::Lost(reason.clone()))
+        else {
+            return false;
         };
-        tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), %reason, "lease lost");
+        tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), %reason, "lease lost");
         self.handlers.notify(&LeaseLost {
             name: self.settings.name().to_owned(),
             owner: self.settings.owner().to_owned(),
             reason,
-            fencing_token: token,
+            fencing_token: Some(tenure.token()),
         });
         true
-    }
-
-    /// Moves the deadline of tenure `generation` to `deadline`, if it is still the current tenure
-    /// and its deadline has not passed. Returns whether the tenure is still alive.
-    fn extend(&self, generation: u64, deadline: Instant) -> bool {
-        let mut local = self.lock_local();
-        if !(local.held && local.generation == generation) {
-            return false;
-        }
-        let now = Instant::now();
-        match local.deadline {
-            Some(current) if now < current => {
-                local.deadline = Some(current.max(deadline));
-                true
-            }
-            _ => false,
-        }
     }
 
     /// The end of a renewal task: `None` if tenure `generation` is lost now (and `on_lost` fired),
@@ -384,11 +497,24 @@ impl<B: LeaseBackend> Shared<B> {
         }
     }
 
-    fn deadline_of(&self, generation: u64) -> Option<Instant> {
-        let local = self.lock_local();
-        (local.held && local.generation == generation)
-            .then_some(local.deadline)
-            .flatten()
+    /// Gives `tenure` back to the backend, within the operation timeout.
+    async fn release_tenure(&self, tenure: B::Tenure) -> Result<bool, LeaseError> {
+        let settings = &self.settings;
+        let outcome = timeout(
+            settings.operation_timeout(),
+            self.backend.release(settings, tenure),
+        )
+        .await;
+        match flatten(Ok(outcome), Operation::Release, settings)? {
+            ReleaseOutcome::Released => {
+                tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released");
+                Ok(true)
+            }
+            ReleaseOutcome::HeldByOther { holder } => {
+                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "release found the lease held by another owner");
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -397,6 +523,7 @@ async fn renewal_loop<B: LeaseBackend>(
     mut tenure: B::Tenure,
     generation: u64,
     token: FencingToken,
+    start: Instant,
     mut stop: oneshot::Receiver<()>,
 ) -> Option<B::Tenure> {
     let settings = &shared.settings;
@@ -406,12 +533,9 @@ async fn renewal_loop<B: LeaseBackend>(
     let mut last_error: Option<String> = None;
     let watch = watch_loss(&shared, token);
     tokio::pin!(watch);
-    let mut next = match shared.deadline_of(generation) {
-        Some(deadline) => deadline + settings.clock_drift_margin() - settings.ttl() + interval,
-        None => return Some(tenure),
-    };
+    let mut next = start + interval;
     loop {
-        let Some(deadline) = shared.deadline_of(generation) else {
+        let Some(deadline) = shared.tenure.published(generation).map(|t| t.deadline()) else {
             return Some(tenure);
         };
         tokio::select! {
@@ -439,7 +563,7 @@ async fn renewal_loop<B: LeaseBackend>(
         match outcome {
             Ok(Ok(RenewOutcome::Renewed { valid_from })) => {
                 let from = valid_from.map_or(start, |v| v.min(start));
-                if !shared.extend(generation, from + settings.local_validity()) {
+                if !shared.tenure.extend(generation, from + settings.local_validity()) {
                     // Either the deadline passed while the renewal was in flight (lost), or a
                     // `release` began meanwhile: then hand the tenure back, so that the release
                     // still tells the backend (the record was just renewed).
@@ -458,19 +582,19 @@ async fn renewal_loop<B: LeaseBackend>(
                 return shared.lost_or_released(generation, reason, tenure);
             }
             Ok(Err(error)) => {
-                tracing::warn!(%error, transient = error.is_transient(), "lease renewal failed, retrying until the deadline");
+                tracing::warn!(error = &error as &dyn StdError, transient = error.is_transient(), "lease renewal failed, retrying until the deadline");
                 last_error = Some(error.to_string());
                 next = Instant::now() + backoff;
                 backoff = (backoff * 2).min(max_backoff);
             }
             Err(_) => {
+                // A whole operation timeout has passed already: retry at once.
                 tracing::warn!(timeout = ?settings.operation_timeout(), "lease renewal timed out, retrying until the deadline");
                 last_error = Some(format!(
                     "renewal timed out after {:?}",
                     settings.operation_timeout()
                 ));
-                next = Instant::now() + backoff;
-                backoff = (backoff * 2).min(max_backoff);
+                next = Instant::now();
             }
         }
     }
@@ -491,9 +615,73 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
                 if started.elapsed() >= max_backoff {
                     backoff = WATCH_BACKOFF_START;
                 }
-                tracing::debug!(%error, retry_in = ?backoff, "lease watch broke, re-establishing");
+                tracing::debug!(error = &error as &dyn StdError, retry_in = ?backoff, "lease watch broke, re-establishing");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}
+
+/// (store, name, owner) of a lease instance.
+type Key = (String, String, String);
+
+/// What the registry knows of an instance: whether it holds the lease or has an `acquire` or
+/// `release` in flight.
+trait Instance: Send + Sync {
+    fn busy(&self) -> bool;
+}
+
+impl<B: LeaseBackend> Instance for Shared<B> {
+    fn busy(&self) -> bool {
+        self.tenure.watch().check_alive() || self.ops.try_lock().is_err()
+    }
+}
+
+/// The live lease instances of this process, by (store, name, owner).
+static INSTANCES: LazyLock<Mutex<HashMap<Key, Vec<(u64, Weak<dyn Instance>)>>>> =
+    LazyLock::new(Default::default);
+
+/// This instance's entry in [`INSTANCES`]; removed on drop.
+struct InstanceKey {
+    key: Key,
+    id: u64,
+}
+
+impl InstanceKey {
+    fn register<B: LeaseBackend>(key: Key, shared: &Arc<Shared<B>>) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let weak: Weak<dyn Instance> = Arc::downgrade(shared) as Weak<dyn Instance>;
+        lock(&INSTANCES)
+            .entry(key.clone())
+            .or_default()
+            .push((id, weak));
+        Self { key, id }
+    }
+
+    /// Whether another live instance with the same key holds the lease or is acquiring or
+    /// releasing it. Called with this instance's own `ops` lock held, so two instances that try
+    /// at once cannot both pass.
+    fn other_busy(&self) -> bool {
+        let others: Vec<Arc<dyn Instance>> = lock(&INSTANCES)
+            .get(&self.key)
+            .into_iter()
+            .flatten()
+            .filter(|(id, _)| *id != self.id)
+            .filter_map(|(_, weak)| weak.upgrade())
+            .collect();
+        others.iter().any(|other| other.busy())
+    }
+}
+
+impl Drop for InstanceKey {
+    fn drop(&mut self) {
+        let mut instances = lock(&INSTANCES);
+        if let Some(list) = instances.get_mut(&self.key) {
+            list.retain(|(id, weak)| *id != self.id && weak.strong_count() > 0);
+            if list.is_empty() {
+                instances.remove(&self.key);
             }
         }
     }
@@ -502,8 +690,11 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
 impl<B: LeaseBackend> Drop for ManagedLease<B> {
     fn drop(&mut self) {
         // Like a crash: renewal stops, nothing is released, the lease expires after its TTL.
-        if let Some(abort) = self.shared.lock_local().abort.take() {
+        if let Some(abort) = lock(&self.shared.abort).take() {
             abort.abort();
+        }
+        if let Some(generation) = self.shared.tenure.published_generation() {
+            self.shared.tenure.end(generation, TenureEnd::Dropped);
         }
     }
 }
@@ -514,7 +705,7 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn acquire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.acquire_inner(self.shared.settings.acquire_retries().saturating_add(1))
+        self.acquire_inner()
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
@@ -528,22 +719,12 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         self.acquire_within_inner(timeout)
     }
 
-    fn check_alive(&self) -> bool {
-        self.deadline().is_some_and(|d| Instant::now() < d)
+    fn tenure(&self) -> &TenureWatch {
+        self.shared.tenure.watch()
     }
 
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
         self.shared.handlers.subscribe(handler)
-    }
-
-    fn fencing_token(&self) -> Option<FencingToken> {
-        let local = self.shared.lock_local();
-        local.held.then_some(local.token).flatten()
-    }
-
-    fn deadline(&self) -> Option<Instant> {
-        let local = self.shared.lock_local();
-        local.held.then_some(local.deadline).flatten()
     }
 }
 

@@ -444,6 +444,10 @@ impl LeaseBackend for InMemoryBackend {
         }
     }
 
+    fn store_id(&self) -> Option<String> {
+        Some(format!("in-memory:{:p}", Arc::as_ptr(&self.store.inner)))
+    }
+
     fn notifies_changes(&self) -> bool {
         true
     }

@@ -6,10 +6,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 
-use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
+use crate::lease::{Lease, LeaseError, LeaseLost, LostSubscription};
 use crate::settings::LeaseSettings;
+use crate::tenure::TenureWatch;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 type BoxHandler = Box<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
@@ -20,10 +20,8 @@ trait DynLease: Send + Sync + 'static {
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn acquire_within(&self, timeout: Duration) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
-    fn check_alive(&self) -> bool;
+    fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
-    fn fencing_token(&self) -> Option<FencingToken>;
-    fn deadline(&self) -> Option<Instant>;
 }
 
 impl<L: Lease> DynLease for L {
@@ -39,17 +37,11 @@ impl<L: Lease> DynLease for L {
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::release(self))
     }
-    fn check_alive(&self) -> bool {
-        Lease::check_alive(self)
+    fn tenure(&self) -> &TenureWatch {
+        Lease::tenure(self)
     }
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription {
         Lease::on_lost(self, handler)
-    }
-    fn fencing_token(&self) -> Option<FencingToken> {
-        Lease::fencing_token(self)
-    }
-    fn deadline(&self) -> Option<Instant> {
-        Lease::deadline(self)
     }
 }
 
@@ -77,7 +69,7 @@ impl fmt::Debug for SharedLease {
         f.debug_struct("SharedLease")
             .field("name", &self.0.settings().name())
             .field("owner", &self.0.settings().owner())
-            .field("alive", &self.0.check_alive())
+            .field("alive", &self.0.tenure().check_alive())
             .finish()
     }
 }
@@ -99,17 +91,11 @@ impl Lease for SharedLease {
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.release()
     }
-    fn check_alive(&self) -> bool {
-        self.0.check_alive()
+    fn tenure(&self) -> &TenureWatch {
+        self.0.tenure()
     }
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
         self.0.on_lost(Box::new(handler))
-    }
-    fn fencing_token(&self) -> Option<FencingToken> {
-        self.0.fencing_token()
-    }
-    fn deadline(&self) -> Option<Instant> {
-        self.0.deadline()
     }
 }
 
@@ -129,17 +115,11 @@ impl<L: Lease> Lease for Arc<L> {
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).release()
     }
-    fn check_alive(&self) -> bool {
-        (**self).check_alive()
+    fn tenure(&self) -> &TenureWatch {
+        (**self).tenure()
     }
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
         (**self).on_lost(handler)
-    }
-    fn fencing_token(&self) -> Option<FencingToken> {
-        (**self).fencing_token()
-    }
-    fn deadline(&self) -> Option<Instant> {
-        (**self).deadline()
     }
 }
 

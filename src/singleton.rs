@@ -621,11 +621,7 @@ where
 fn clone_result(result: &Result<bool, LeaseError>) -> Result<bool, LeaseError> {
     match result {
         Ok(b) => Ok(*b),
-        Err(e) => Err(LeaseError::Backend {
-            operation: crate::lease::Operation::Release,
-            transient: e.is_transient(),
-            source: e.to_string().into(),
-        }),
+        Err(e) => Err(e.clone()),
     }
 }
 

@@ -1,0 +1,525 @@
+//! The tenure of a lease as one observable value: [`TenureWatch`], [`TenureGuard`], [`Tenure`].
+//!
+//! A *tenure* runs from a successful `acquire` to its end. It has a [`FencingToken`] and a local
+//! *deadline* on this process's monotonic clock, which every successful renewal moves forward. A
+//! tenure ends in one of these ways, and every one of them is visible to every reader at once:
+//!
+//! * its deadline passes without a renewal (a partition, a pause, a backend that is down): readers
+//!   compare the deadline with the clock themselves, so they see the end *at the deadline*, even if
+//!   the renewal task has not run yet (a busy or paused thread);
+//! * the lease is lost (the backend shows another holder or a deletion): `on_lost` fires once, and
+//!   the tenure ends with [`TenureEnd::Lost`];
+//! * the lease is released, through *any* handle of it (a [`SharedLease`](crate::SharedLease)
+//!   clone, an `Arc`, the [`LeaseActor`](crate::LeaseActor) that owns it): [`TenureEnd::Released`]
+//!   (no `on_lost`: a release is not a loss);
+//! * the lease instance is dropped: [`TenureEnd::Dropped`].
+//!
+//! The value is published the [`tokio::sync::watch`] way: one value, many readers, every change
+//! observed. [`Lease::check_alive`](crate::Lease::check_alive),
+//! [`Lease::fencing_token`](crate::Lease::fencing_token) and the actors of this crate all read it, so
+//! they can never disagree.
+//!
+//! # Guards
+//!
+//! [`TenureWatch::guard`] binds a cheap, cloneable [`TenureGuard`] to the tenure alive right now.
+//! Hand it to the code that acts under the tenure (the cluster singleton gets one in its
+//! [`SingletonInfo`](crate::SingletonInfo)): [`TenureGuard::check_alive`] before every step,
+//! [`TenureGuard::token`] with every write, and [`TenureGuard::ended`] to be woken at the deadline
+//! or the end, whichever comes first — the way client-go's `OnStartedLeading(ctx)` hands the leader
+//! a context that is cancelled on loss.
+//!
+//! # The races to keep in mind
+//!
+//! * `check_alive() == true` means alive *at the instant of the call*; a step that takes time must
+//!   check again, or better, pass the token to the system it writes to, which rejects tokens lower
+//!   than the highest it has seen. The guarantee is exactly: `check_alive()` turns `false` before
+//!   any other owner can acquire the lease; what the holder does after its last check is only
+//!   stopped by fencing.
+//! * [`TenureGuard::ended`] resolves at the deadline on a timer: on a busy thread it runs when the
+//!   thread gets to it. `check_alive` reads the clock and is exact.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+
+use futures_util::Stream;
+use tokio::sync::watch;
+use tokio::time::{sleep_until, Instant};
+
+use crate::lease::{FencingToken, LostReason};
+
+/// One tenure as it stands: its fencing token and its current local deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenure {
+    token: FencingToken,
+    deadline: Instant,
+    generation: u64,
+}
+
+impl Tenure {
+    /// The fencing token of this tenure.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The local deadline as of this snapshot: the instant `check_alive` turns `false` unless a
+    /// renewal succeeds first.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the deadline of this snapshot is still ahead.
+    pub fn is_alive(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+}
+
+/// How a tenure ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenureEnd {
+    /// The local deadline passed without a successful renewal (seen by the reader's own clock,
+    /// before the renewal task reported the loss).
+    DeadlinePassed,
+    /// The lease was lost; `on_lost` fired with this reason.
+    Lost(LostReason),
+    /// The lease was released through one of its handles.
+    Released,
+    /// The lease instance was dropped without a release (its record expires after the TTL).
+    Dropped,
+}
+
+impl fmt::Display for TenureEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenureEnd::DeadlinePassed => f.write_str("the local deadline passed"),
+            TenureEnd::Lost(reason) => write!(f, "lost: {reason}"),
+            TenureEnd::Released => f.write_str("released"),
+            TenureEnd::Dropped => f.write_str("the lease was dropped"),
+        }
+    }
+}
+
+/// The published value: the tenure alive (as far as the publisher knows) and the cell its end
+/// will be written to, before the value changes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct State {
+    current: Option<Current>,
+}
+
+#[derive(Debug, Clone)]
+struct Current {
+    tenure: Tenure,
+    end: Arc<OnceLock<TenureEnd>>,
+}
+
+impl State {
+    fn live(&self) -> Option<Tenure> {
+        self.current
+            .as_ref()
+            .map(|c| c.tenure)
+            .filter(Tenure::is_alive)
+    }
+}
+
+/// A receiver of a lease's tenure: every start and end of a tenure, and every renewal, is
+/// observed. Clones are independent receivers of the same lease.
+///
+/// Get one from [`Lease::tenure`](crate::Lease::tenure) (or the
+/// [`GetTenure`](crate::GetTenure) message of a [`LeaseActor`](crate::LeaseActor)).
+#[derive(Clone)]
+pub struct TenureWatch {
+    rx: watch::Receiver<State>,
+}
+
+impl fmt::Debug for TenureWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenureWatch")
+            .field("current", &self.current())
+            .finish()
+    }
+}
+
+impl TenureWatch {
+    /// The tenure alive right now: `None` when not held or past the deadline. Never blocks.
+    pub fn current(&self) -> Option<Tenure> {
+        self.rx.borrow().live()
+    }
+
+    /// Whether a tenure is alive right now (what `Lease::check_alive` answers).
+    pub fn check_alive(&self) -> bool {
+        self.current().is_some()
+    }
+
+    /// A guard bound to the tenure alive right now, or `None` when there is none.
+    pub fn guard(&self) -> Option<TenureGuard> {
+        let state = self.rx.borrow();
+        let current = state.current.as_ref().filter(|c| c.tenure.is_alive())?;
+        Some(TenureGuard {
+            tenure: current.tenure,
+            end: Arc::clone(&current.end),
+            rx: self.rx.clone(),
+        })
+    }
+
+    /// Waits until the tenure alive at the call ends, or a new one starts: resolves on a release,
+    /// a loss, a new tenure, and *at the deadline* of the current one. Renewals alone do not wake
+    /// it. Returns the tenure alive afterwards (`None` after an end).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn changed(&mut self) -> Option<Tenure> {
+        let before = self.current().map(|t| t.generation);
+        self.next_change(before).await
+    }
+
+    /// Waits until the generation of the live tenure differs from `before`.
+    async fn next_change(&mut self, before: Option<u64>) -> Option<Tenure> {
+        loop {
+            let (now_gen, deadline) = {
+                let state = self.rx.borrow_and_update();
+                let live = state.live();
+                (live.map(|t| t.generation), live.map(|t| t.deadline))
+            };
+            if now_gen != before {
+                return self.current();
+            }
+            let sleep = async {
+                match deadline {
+                    Some(deadline) => sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = sleep => {}
+                changed = self.rx.changed() => {
+                    if changed.is_err() && deadline.is_none() {
+                        // The lease is gone and nothing is held: nothing will change any more.
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tenure alive now, then every change as [`changed`](Self::changed) sees it, as a
+    /// stream (for `ctx.add_stream` in an actor). It ends when the lease is dropped.
+    pub fn stream(&self) -> impl Stream<Item = Option<Tenure>> + Send + Unpin + 'static {
+        // The state is the generation last yielded (`None` before the first item), so that a
+        // change between two polls is never missed.
+        Box::pin(futures_util::stream::unfold(
+            (self.clone(), None::<Option<u64>>),
+            |(mut watch, last)| async move {
+                let next = match last {
+                    None => watch.current(),
+                    Some(before) => {
+                        if watch.rx.has_changed().is_err() && watch.current().is_none() {
+                            return None;
+                        }
+                        watch.next_change(before).await
+                    }
+                };
+                Some((next, (watch, Some(next.map(|t| t.generation)))))
+            },
+        ))
+    }
+}
+
+/// A guard bound to one tenure: cheap to clone and to check, `Send + Sync`.
+///
+/// * [`check_alive`](Self::check_alive): `true` while this very tenure is held and its deadline has
+///   not passed (a later tenure of the same lease does not count);
+/// * [`token`](Self::token): its fencing token, for every write;
+/// * [`ended`](Self::ended): a future that resolves at the deadline or at the end, whichever
+///   comes first.
+#[derive(Clone)]
+pub struct TenureGuard {
+    tenure: Tenure,
+    end: Arc<OnceLock<TenureEnd>>,
+    rx: watch::Receiver<State>,
+}
+
+impl fmt::Debug for TenureGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenureGuard")
+            .field("token", &self.tenure.token)
+            .field("alive", &self.check_alive())
+            .finish()
+    }
+}
+
+/// Two guards are equal when they guard the same tenure.
+impl PartialEq for TenureGuard {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.end, &other.end)
+    }
+}
+
+impl Eq for TenureGuard {}
+
+impl TenureGuard {
+    /// The fencing token of the guarded tenure.
+    pub fn token(&self) -> FencingToken {
+        self.tenure.token
+    }
+
+    /// The current deadline of the guarded tenure (renewals move it), or `None` once it ended.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.mine().map(|t| t.deadline)
+    }
+
+    /// Whether the guarded tenure is held and before its deadline, right now. Never blocks.
+    pub fn check_alive(&self) -> bool {
+        self.mine().is_some_and(|t| t.is_alive())
+    }
+
+    /// How the tenure ended, once it did (`None` while alive).
+    pub fn end(&self) -> Option<TenureEnd> {
+        match self.mine() {
+            Some(t) if t.is_alive() => None,
+            Some(_) => Some(TenureEnd::DeadlinePassed),
+            None => Some(self.recorded_end()),
+        }
+    }
+
+    /// Resolves when the guarded tenure ends: at its deadline (by this process's clock, not when
+    /// the renewal task gets to report the loss), or at a loss, a release through any handle, or
+    /// the drop of the lease, whichever comes first. Resolves at once if it already ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub fn ended(&self) -> impl Future<Output = TenureEnd> + Send + 'static {
+        let guard = self.clone();
+        async move {
+            let mut rx = guard.rx.clone();
+            loop {
+                let deadline = {
+                    let state = rx.borrow_and_update();
+                    match mine(&state, guard.tenure.generation) {
+                        Some(t) if t.is_alive() => t.deadline,
+                        Some(_) => return TenureEnd::DeadlinePassed,
+                        None => return guard.recorded_end(),
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = sleep_until(deadline) => {}
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // The publisher is gone without ending the tenure: nothing renews it.
+                            sleep_until(deadline).await;
+                            return TenureEnd::DeadlinePassed;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn mine(&self) -> Option<Tenure> {
+        mine(&self.rx.borrow(), self.tenure.generation)
+    }
+
+    fn recorded_end(&self) -> TenureEnd {
+        // The end is written before the value changes, so it is there once the tenure is gone.
+        self.end.get().cloned().unwrap_or(TenureEnd::DeadlinePassed)
+    }
+}
+
+fn mine(state: &State, generation: u64) -> Option<Tenure> {
+    state
+        .current
+        .as_ref()
+        .map(|c| c.tenure)
+        .filter(|t| t.generation == generation)
+}
+
+/// The publishing side, owned by the lease.
+pub(crate) struct TenureCell {
+    tx: watch::Sender<State>,
+    watch: TenureWatch,
+    generations: std::sync::atomic::AtomicU64,
+}
+
+impl fmt::Debug for TenureCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.watch.fmt(f)
+    }
+}
+
+impl Default for TenureCell {
+    fn default() -> Self {
+        let (tx, rx) = watch::channel(State::default());
+        Self {
+            tx,
+            watch: TenureWatch { rx },
+            generations: Default::default(),
+        }
+    }
+}
+
+impl TenureCell {
+    pub(crate) fn watch(&self) -> &TenureWatch {
+        &self.watch
+    }
+
+    /// Starts a tenure and returns its generation. A tenure still published is ended first (as
+    /// expired), so readers never see two.
+    pub(crate) fn start(&self, token: FencingToken, deadline: Instant) -> u64 {
+        let generation = 1 + self
+            .generations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tx.send_modify(|state| {
+            if let Some(old) = state.current.take() {
+                let _ = old.end.set(TenureEnd::DeadlinePassed);
+            }
+            state.current = Some(Current {
+                tenure: Tenure {
+                    token,
+                    deadline,
+                    generation,
+                },
+                end: Arc::new(OnceLock::new()),
+            });
+        });
+        generation
+    }
+
+    /// Moves the deadline of tenure `generation` to `deadline` (never backwards), if it is still
+    /// the current tenure and its deadline has not passed. Returns whether it is still alive.
+    pub(crate) fn extend(&self, generation: u64, deadline: Instant) -> bool {
+        let mut alive = false;
+        self.tx.send_if_modified(|state| match &mut state.current {
+            Some(c) if c.tenure.generation == generation && c.tenure.is_alive() => {
+                alive = true;
+                if deadline > c.tenure.deadline {
+                    c.tenure.deadline = deadline;
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        });
+        alive
+    }
+
+    /// Ends tenure `generation` with `end`; returns it if it was the current one (`None`: it had
+    /// ended already).
+    pub(crate) fn end(&self, generation: u64, end: TenureEnd) -> Option<Tenure> {
+        let mut ended = None;
+        self.tx.send_if_modified(|state| match &state.current {
+            Some(c) if c.tenure.generation == generation => {
+                let _ = c.end.set(end.clone());
+                ended = Some(c.tenure);
+                state.current = None;
+                true
+            }
+            _ => false,
+        });
+        ended
+    }
+
+    /// Tenure `generation` as published, even past its deadline (`None` once it ended).
+    pub(crate) fn published(&self, generation: u64) -> Option<Tenure> {
+        mine(&self.watch.rx.borrow(), generation)
+    }
+
+    /// The generation of the published tenure, if any, alive or past its deadline.
+    pub(crate) fn published_generation(&self) -> Option<u64> {
+        self.watch
+            .rx
+            .borrow()
+            .current
+            .as_ref()
+            .map(|c| c.tenure.generation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+
+    const TOKEN: FencingToken = FencingToken::new(7);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_sees_the_deadline_by_its_own_clock() {
+        let cell = TenureCell::default();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let generation = cell.start(TOKEN, deadline);
+        let guard = cell.watch().guard().expect("alive");
+        assert_eq!(guard.token(), TOKEN);
+        assert!(guard.check_alive());
+        let ended = tokio::spawn(guard.ended());
+        tokio::time::sleep_until(deadline).await;
+        // Nobody ended the tenure: the readers see the deadline themselves.
+        assert!(!guard.check_alive());
+        assert!(!cell.watch().check_alive());
+        assert_eq!(cell.watch().current(), None);
+        assert_eq!(guard.end(), Some(TenureEnd::DeadlinePassed));
+        assert_eq!(ended.await.unwrap(), TenureEnd::DeadlinePassed);
+        assert_eq!(Instant::now(), deadline, "resolved at the deadline");
+        assert_eq!(cell.published(generation).map(|t| t.deadline()), Some(deadline));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_move_the_deadline_and_an_end_wakes_at_once() {
+        let cell = TenureCell::default();
+        let start = Instant::now();
+        let generation = cell.start(TOKEN, start + Duration::from_secs(3));
+        let guard = cell.watch().guard().unwrap();
+        let ended = tokio::spawn(guard.ended());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(cell.extend(generation, start + Duration::from_secs(5)));
+        assert!(cell.extend(generation, start + Duration::from_secs(4)), "alive");
+        assert_eq!(guard.deadline(), Some(start + Duration::from_secs(5)), "never back");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(guard.check_alive(), "renewed");
+        assert!(cell.end(generation, TenureEnd::Released).is_some());
+        assert!(cell.end(generation, TenureEnd::Released).is_none(), "once");
+        assert_eq!(ended.await.unwrap(), TenureEnd::Released);
+        assert_eq!(start.elapsed(), Duration::from_secs(4));
+        assert!(!guard.check_alive());
+        assert_eq!(guard.deadline(), None);
+        assert_eq!(guard.end(), Some(TenureEnd::Released));
+        // A later tenure does not revive the old guard.
+        cell.start(FencingToken::new(8), Instant::now() + Duration::from_secs(3));
+        assert!(!guard.check_alive());
+        assert!(cell.watch().check_alive());
+        assert_ne!(cell.watch().guard().unwrap(), guard);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changed_wakes_on_every_end_but_not_on_renewals() {
+        let cell = TenureCell::default();
+        let watch = cell.watch().clone();
+        let mut stream = cell.watch().stream();
+        assert_eq!(stream.next().await, Some(None));
+        let start_waiter = tokio::spawn({
+            let mut watch = watch.clone();
+            async move { watch.changed().await }
+        });
+        tokio::task::yield_now().await;
+        let start = Instant::now();
+        let generation = cell.start(TOKEN, start + Duration::from_secs(3));
+        let started = start_waiter.await.unwrap().expect("a tenure started");
+        assert_eq!(started.token(), TOKEN);
+        assert_eq!(stream.next().await, Some(Some(started)));
+        let waiter = tokio::spawn({
+            let mut watch = watch.clone();
+            async move { (watch.changed().await, Instant::now()) }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cell.extend(generation, start + Duration::from_secs(4));
+        let (after, at) = waiter.await.unwrap();
+        assert_eq!(after, None);
+        assert_eq!(at, start + Duration::from_secs(4), "at the renewed deadline");
+        assert_eq!(stream.next().await, Some(None));
+    }
+}
