@@ -68,7 +68,7 @@ pub use provider::{
 pub use settings::{
     LeaseSettings, LeaseSettingsBuilder, SettingsError, TimingConfig, DEFAULT_ACQUIRE_RETRIES,
     DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_NAME_LEN,
-    MAX_OWNER_LEN, MIN_DEFAULT_MARGIN,
+    MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN, MIN_DEFAULT_MARGIN,
 };
 pub use sharding::{
     AllocateShard, CoordinatorGate, GateError, GateState, GetGateState, HostShard, RegisterRegion,

@@ -24,6 +24,13 @@ pub const MIN_DEFAULT_MARGIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_ACQUIRE_RETRIES: u32 = 3;
 /// Default delay between two attempts of `acquire`.
 pub const DEFAULT_ACQUIRE_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// The shortest `acquire-retry-delay` accepted: a waiting lease retries an unreachable backend
+/// at most 100 times a second.
+pub const MIN_ACQUIRE_RETRY_DELAY: Duration = Duration::from_millis(10);
+/// The smallest `clock-drift-margin` accepted, whatever the TTL; the floor is
+/// `max(ttl / 1000, 1 ms)`: two clocks each drifting by up to 500 ppm (NTP's bound on slewing)
+/// disagree by at most a thousandth of the TTL over the TTL.
+pub const MIN_CLOCK_DRIFT_MARGIN: Duration = Duration::from_millis(1);
 
 /// An invalid lease setting, found when [`LeaseSettings`] are built.
 ///
@@ -74,13 +81,30 @@ pub enum SettingsError {
         /// The TTL.
         ttl: Duration,
     },
-    /// The operation timeout is not shorter than the TTL.
-    #[error("invalid `operation-timeout`: {timeout:?} must be shorter than the ttl ({ttl:?})")]
+    /// The operation timeout leaves no room for one retry of a failed renewal before the local
+    /// deadline: `renewal-interval + 2 × operation-timeout` must not exceed
+    /// `ttl - clock-drift-margin`.
+    #[error(
+        "invalid `operation-timeout`: {timeout:?} is longer than {max:?}, so a renewal that \
+         times out could not be retried before the deadline \
+         (renewal-interval + 2 × operation-timeout must not exceed ttl - clock-drift-margin)"
+    )]
     OperationTimeoutTooLong {
         /// The timeout given.
         timeout: Duration,
-        /// The TTL.
-        ttl: Duration,
+        /// The longest timeout the other settings allow: `(ttl - clock-drift-margin -
+        /// renewal-interval) / 2`.
+        max: Duration,
+    },
+    /// A duration is shorter than its floor (`acquire-retry-delay`, `clock-drift-margin`).
+    #[error("invalid `{field}`: {value:?} is shorter than the minimum of {min:?}")]
+    DurationTooShort {
+        /// `acquire-retry-delay` or `clock-drift-margin`.
+        field: &'static str,
+        /// The duration given.
+        value: Duration,
+        /// The minimum.
+        min: Duration,
     },
     /// A duration is longer than [`LeaseSettings::MAX_DURATION`] (one day): such a value is
     /// almost certainly a unit mistake, and instants that far ahead could overflow the clock.
@@ -114,6 +138,7 @@ impl SettingsError {
             | SettingsError::TooLong { field, .. }
             | SettingsError::ControlCharacter { field, .. }
             | SettingsError::Zero { field }
+            | SettingsError::DurationTooShort { field, .. }
             | SettingsError::DurationTooLong { field, .. } => field,
             SettingsError::RenewalIntervalTooLong { .. } => "renewal-interval",
             SettingsError::OperationTimeoutTooLong { .. } => "operation-timeout",
@@ -136,14 +161,22 @@ impl SettingsError {
 /// |---|---|---|
 /// | `ttl` | 30 s (at most 1 day) | long enough to ride out a backend hiccup or a GC-like pause, short enough that a crashed holder is replaced within half a minute |
 /// | `renewal_interval` | `ttl / 3` (10 s) | one failed renewal never loses the lease: two more attempts fit before the deadline |
-/// | `operation_timeout` | `min(5 s, renewal_interval)` | a stuck call must not eat more than one renewal interval |
-/// | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` |
-/// | `acquire_retry_delay` | 500 ms (at most 1 day) | long enough not to hammer the backend, short enough to notice a release soon |
+/// | `operation_timeout` | `min(5 s, renewal_interval, (ttl - margin - renewal_interval) / 2)` | a stuck call must not eat more than one renewal interval, and a renewal that times out can be retried before the deadline |
+/// | `acquire_retries` | 3 | `acquire` makes up to 4 attempts before it resolves `false` (errors are not retried) |
+/// | `acquire_retry_delay` | 500 ms (10 ms to 1 day) | long enough not to hammer the backend, short enough to notice a release soon |
 /// | `clock_drift_margin` | `max(ttl / 50, 100 ms)`, at most `ttl / 4` (600 ms) | see below |
 ///
-/// No duration may exceed [`LeaseSettings::MAX_DURATION`] (one day); the other durations are
-/// bounded by the TTL anyway. Longer values are rejected with [`SettingsError::DurationTooLong`]
-/// instead of overflowing the clock later.
+/// The rules, each checked by [`LeaseSettingsBuilder::build`]:
+///
+/// * `0 < renewal_interval ≤ ttl / 2`;
+/// * `renewal_interval + 2 × operation_timeout ≤ ttl - clock_drift_margin`: a renewal that times
+///   out is retried at once, and that retry still has a whole operation timeout before the
+///   deadline ([`SettingsError::OperationTimeoutTooLong`]);
+/// * `acquire_retry_delay ≥ 10 ms` ([`MIN_ACQUIRE_RETRY_DELAY`]): a waiting lease never spins
+///   against an unreachable backend ([`SettingsError::DurationTooShort`]);
+/// * `max(ttl / 1000, 1 ms) ≤ clock_drift_margin < ttl / 2` (see below);
+/// * no duration exceeds [`LeaseSettings::MAX_DURATION`] (one day); longer values are rejected
+///   with [`SettingsError::DurationTooLong`] instead of overflowing the clock later.
 ///
 /// # The local deadline
 ///
@@ -151,8 +184,9 @@ impl SettingsError {
 /// clock_drift_margin`, measured on its own monotonic clock. The backend (or a contender) can only
 /// see the renewal *after* it started, and counts the TTL from then, so the holder's deadline always
 /// comes first; the margin absorbs a difference in clock *rate* between the two machines (NTP slewing
-/// is bounded by 500 ppm, the default margin covers 2 %) and the time it takes to deliver the
-/// lost notification.
+/// is bounded by 500 ppm per clock, so two clocks disagree by at most `ttl / 1000` over a TTL: the
+/// floor of the margin; the default covers 2 %) and the time it takes to deliver the lost
+/// notification.
 ///
 /// Build them with [`LeaseSettings::new`] (all defaults) or [`LeaseSettings::builder`].
 ///
@@ -323,7 +357,10 @@ impl LeaseSettingsBuilder {
         self
     }
 
-    /// The bound on each backend call (default `min(5 s, renewal_interval)`); below the TTL.
+    /// The bound on each backend call (default `min(5 s, renewal_interval, (ttl -
+    /// clock_drift_margin - renewal_interval) / 2)`); at most `(ttl - clock_drift_margin -
+    /// renewal_interval) / 2`, so that a renewal that times out can be retried before the
+    /// deadline.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.timing.operation_timeout = Some(timeout);
         self
@@ -335,16 +372,15 @@ impl LeaseSettingsBuilder {
         self
     }
 
-    /// Delay between attempts of `acquire` (default 500 ms); at most
-    /// [`LeaseSettings::MAX_DURATION`] (1 day).
+    /// Delay between attempts of `acquire` (default 500 ms); at least
+    /// [`MIN_ACQUIRE_RETRY_DELAY`] (10 ms), at most [`LeaseSettings::MAX_DURATION`] (1 day).
     pub fn acquire_retry_delay(mut self, delay: Duration) -> Self {
         self.timing.acquire_retry_delay = Some(delay);
         self
     }
 
     /// How much earlier than the TTL the holder gives up locally (default `max(ttl / 50, 100 ms)`,
-    /// at most `ttl / 4`); below
-    /// `ttl / 2`.
+    /// at most `ttl / 4`); at least `max(ttl / 1000, 1 ms)`, below `ttl / 2`.
     pub fn clock_drift_margin(mut self, margin: Duration) -> Self {
         self.timing.clock_drift_margin = Some(margin);
         self
@@ -390,28 +426,47 @@ impl LeaseSettingsBuilder {
                 ttl,
             });
         }
-        let operation_timeout = t
-            .operation_timeout
-            .unwrap_or_else(|| DEFAULT_OPERATION_TIMEOUT.min(renewal_interval));
+        let clock_drift_margin = t
+            .clock_drift_margin
+            .unwrap_or_else(|| (ttl / 50).max(MIN_DEFAULT_MARGIN).min(ttl / 4));
+        let min_margin = (ttl / 1000).max(MIN_CLOCK_DRIFT_MARGIN);
+        if clock_drift_margin < min_margin {
+            return Err(SettingsError::DurationTooShort {
+                field: "clock-drift-margin",
+                value: clock_drift_margin,
+                min: min_margin,
+            });
+        }
+        if clock_drift_margin >= ttl / 2 {
+            return Err(SettingsError::ClockDriftMarginTooLong {
+                margin: clock_drift_margin,
+                ttl,
+            });
+        }
+        // One retry of a renewal that timed out must fit before the deadline.
+        let max_timeout = (ttl - clock_drift_margin).saturating_sub(renewal_interval) / 2;
+        let operation_timeout = t.operation_timeout.unwrap_or_else(|| {
+            DEFAULT_OPERATION_TIMEOUT
+                .min(renewal_interval)
+                .min(max_timeout)
+        });
         if operation_timeout.is_zero() {
             return Err(SettingsError::Zero {
                 field: "operation-timeout",
             });
         }
-        if operation_timeout >= ttl {
+        if operation_timeout > max_timeout {
             return Err(SettingsError::OperationTimeoutTooLong {
                 timeout: operation_timeout,
-                ttl,
+                max: max_timeout,
             });
         }
         let acquire_retry_delay = t.acquire_retry_delay.unwrap_or(DEFAULT_ACQUIRE_RETRY_DELAY);
-        let clock_drift_margin = t
-            .clock_drift_margin
-            .unwrap_or_else(|| (ttl / 50).max(MIN_DEFAULT_MARGIN).min(ttl / 4));
-        if clock_drift_margin >= ttl / 2 {
-            return Err(SettingsError::ClockDriftMarginTooLong {
-                margin: clock_drift_margin,
-                ttl,
+        if acquire_retry_delay < MIN_ACQUIRE_RETRY_DELAY {
+            return Err(SettingsError::DurationTooShort {
+                field: "acquire-retry-delay",
+                value: acquire_retry_delay,
+                min: MIN_ACQUIRE_RETRY_DELAY,
             });
         }
         Ok(LeaseSettings {
@@ -578,7 +633,8 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(s.renewal_interval(), secs(2));
-        assert_eq!(s.operation_timeout(), secs(2));
+        // (6 s - 120 ms - 2 s) / 2: a renewal that times out is retried before the deadline.
+        assert_eq!(s.operation_timeout(), Duration::from_millis(1940));
         assert_eq!(s.clock_drift_margin(), Duration::from_millis(120));
         let short = |ms| {
             LeaseSettings::builder("lease", "owner")
@@ -627,6 +683,14 @@ mod tests {
                 b().clock_drift_margin(secs(15)).build(),
                 "clock-drift-margin",
             ),
+            (
+                b().acquire_retry_delay(Duration::ZERO).build(),
+                "acquire-retry-delay",
+            ),
+            (
+                b().clock_drift_margin(Duration::ZERO).build(),
+                "clock-drift-margin",
+            ),
         ];
         for (result, field) in cases {
             let err = result.expect_err(field);
@@ -640,12 +704,13 @@ mod tests {
         let s = LeaseSettings::builder("x".repeat(MAX_NAME_LEN), "o".repeat(MAX_OWNER_LEN))
             .ttl(secs(10))
             .renewal_interval(secs(5))
-            .operation_timeout(Duration::from_millis(9_999))
+            .operation_timeout(Duration::from_millis(2_495))
             .acquire_retries(0)
-            .clock_drift_margin(Duration::ZERO)
+            .acquire_retry_delay(MIN_ACQUIRE_RETRY_DELAY)
+            .clock_drift_margin(Duration::from_millis(10))
             .build()
             .unwrap();
-        assert_eq!(s.local_validity(), secs(10));
+        assert_eq!(s.local_validity(), Duration::from_millis(9_990));
     }
 
     #[test]
@@ -706,11 +771,88 @@ mod tests {
         let s = LeaseSettings::builder("lease", "owner")
             .ttl(day)
             .renewal_interval(day / 2)
-            .operation_timeout(day - Duration::from_nanos(1))
-            .clock_drift_margin(day / 2 - Duration::from_nanos(1))
+            .operation_timeout(secs(1))
+            .clock_drift_margin(day / 2 - secs(2))
             .build()
             .unwrap();
         assert_eq!(s.renewal_interval(), day / 2);
+    }
+
+    /// The timing rules that keep a renewal retry before the deadline and a waiting lease from
+    /// spinning: each violation is a typed error naming its field and its bound.
+    #[test]
+    fn timing_rules_keep_one_retry_before_the_deadline() {
+        let b = || LeaseSettings::builder("lease", "owner").ttl(secs(30));
+        // ttl 30 s, margin 600 ms, interval 10 s: at most (29.4 s - 10 s) / 2 = 9.7 s.
+        let max = Duration::from_millis(9_700);
+        assert_eq!(b().operation_timeout(max).build().unwrap().operation_timeout(), max);
+        let err = b()
+            .operation_timeout(max + Duration::from_millis(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SettingsError::OperationTimeoutTooLong {
+                timeout: max + Duration::from_millis(1),
+                max
+            }
+        );
+        assert!(err.to_string().contains("retried before the deadline"), "{err}");
+        // An operation timeout close to the ttl (it used to be accepted up to the ttl).
+        let err = b().operation_timeout(secs(29)).build().unwrap_err();
+        assert_eq!(err.field(), "operation-timeout");
+        // The default adapts instead of breaking the rule.
+        let s = b().renewal_interval(secs(14)).build().unwrap();
+        assert_eq!(s.operation_timeout(), Duration::from_millis(5_000));
+        let s = b()
+            .renewal_interval(secs(14))
+            .clock_drift_margin(secs(6))
+            .build()
+            .unwrap();
+        assert_eq!(s.operation_timeout(), secs(5), "(30 - 6 - 14) / 2 = 5");
+        let s = b()
+            .renewal_interval(secs(15))
+            .clock_drift_margin(secs(7))
+            .build()
+            .unwrap();
+        assert_eq!(s.operation_timeout(), secs(4), "(30 - 7 - 15) / 2 = 4");
+        // A zero (or too short) acquire-retry delay would spin against an unreachable backend.
+        for delay in [Duration::ZERO, Duration::from_millis(9)] {
+            let err = b().acquire_retry_delay(delay).build().unwrap_err();
+            assert_eq!(
+                err,
+                SettingsError::DurationTooShort {
+                    field: "acquire-retry-delay",
+                    value: delay,
+                    min: MIN_ACQUIRE_RETRY_DELAY
+                }
+            );
+        }
+        // The drift margin has a floor: max(ttl / 1000, 1 ms).
+        let err = b().clock_drift_margin(Duration::ZERO).build().unwrap_err();
+        assert_eq!(
+            err,
+            SettingsError::DurationTooShort {
+                field: "clock-drift-margin",
+                value: Duration::ZERO,
+                min: Duration::from_millis(30)
+            }
+        );
+        assert!(b().clock_drift_margin(Duration::from_millis(30)).build().is_ok());
+        let short = LeaseSettings::builder("lease", "owner")
+            .ttl(secs(1))
+            .clock_drift_margin(Duration::from_micros(999))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(short, SettingsError::DurationTooShort { min, .. } if min == Duration::from_millis(1)),
+            "{short:?}"
+        );
+        // Through a configuration file too.
+        let timing: TimingConfig =
+            serde_json::from_str(r#"{"acquire-retry-delay":"0s"}"#).unwrap();
+        let err = b().timing(&timing).build().unwrap_err();
+        assert_eq!(err.field(), "acquire-retry-delay");
     }
 
     #[test]
