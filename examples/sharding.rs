@@ -2,10 +2,11 @@
 //!
 //! Two nodes each start a `ShardCoordinator`; only the one holding the lease serves. Regions
 //! register by address and shards go to the least-loaded region, fenced with the coordinator's
-//! token. Then the active coordinator is cut off from the lease store: at its local deadline it
-//! rejects its pending allocations with `GateError::LeaseLost` and stops; the standby coordinator
-//! takes over after the TTL, and allocations continue under a higher fencing token. Finally the
-//! program drops its addresses of the coordinators: the active one stops and releases its lease.
+//! token. Then the active coordinator is cut off from the lease store: at its local deadline its
+//! tenure ends, it rejects its pending allocations with `GateError::TenureEnded` and goes back to
+//! competing; the standby coordinator takes over after the TTL, and allocations continue under a
+//! higher fencing token. Finally the program drops its addresses of the coordinators: the active
+//! one stops and releases its lease.
 //!
 //! ```text
 //! cargo run --example sharding
@@ -141,8 +142,8 @@ async fn main() {
     store.partition(["node-a", "node-b"][first]);
     for p in pending {
         match p.await {
-            Ok(Err(GateError::LeaseLost(reason))) => println!(
-                "{:>5.2}s pending allocation rejected: lease lost ({reason})",
+            Ok(Err(GateError::TenureEnded(end))) => println!(
+                "{:>5.2}s pending allocation rejected: tenure ended ({end})",
                 t0.elapsed().as_secs_f64()
             ),
             other => println!(
@@ -153,9 +154,9 @@ async fn main() {
     }
     sleep(Duration::from_millis(10)).await;
     println!(
-        "{:>5.2}s old coordinator stopped: {}",
+        "{:>5.2}s old coordinator competes again: {:?}",
         t0.elapsed().as_secs_f64(),
-        !coordinators[first].connected()
+        coordinators[first].send(GetGateState).await.unwrap()
     );
 
     let second = 1 - first;

@@ -331,7 +331,7 @@ impl Drop for LostSubscription {
 ///
 /// * [`Lease::acquire`] resolves `Ok(true)` when this owner now holds the lease, `Ok(false)` when
 ///   another owner definitely holds it (after `acquire_retries` more attempts), and `Err` when the
-///   outcome is unknown (backend unreachable, timeout) — at once, errors are not retried. It is
+///   outcome is unknown (backend unreachable, timeout; a timeout is not retried). It is
 ///   reentrant: acquiring a lease this owner already holds resolves `Ok(true)` and keeps the one
 ///   renewal loop.
 /// * [`Lease::acquire_within`] keeps trying (also through errors) until held or a deadline.
@@ -384,18 +384,20 @@ pub trait Lease: Send + Sync + 'static {
     /// Tries to take the lease for this owner.
     ///
     /// Resolves `Ok(true)` when this owner now holds the lease (also when it already held it),
-    /// `Ok(false)` when another owner holds it after `acquire_retries` more attempts, each after
-    /// waiting up to `acquire_retry_delay` for the backend to report a change. It resolves within
-    /// `(acquire_retries + 1) × operation_timeout + acquire_retries × acquire_retry_delay`, plus
-    /// the time another `acquire` or `release` of the same instance in flight takes.
+    /// `Ok(false)` when another owner holds it after `acquire_retries` more attempts. A retry
+    /// follows an answer that another owner holds the lease (after waiting up to
+    /// `acquire_retry_delay` for the backend to report a change) or a transient error the backend
+    /// answered (after `acquire_retry_delay`); a call that *timed out* is not retried. So it
+    /// resolves within `(acquire_retries + 1) × operation_timeout + acquire_retries ×
+    /// acquire_retry_delay`, plus the time another `acquire` or `release` of the same instance in
+    /// flight takes, and after one operation timeout on a backend that does not answer.
     ///
     /// # Errors
     ///
-    /// [`LeaseError`] when the outcome is unknown or refused: the backend is unreachable, a call
-    /// timed out ([`LeaseError::Timeout`] names the operation timeout: one call, not retried),
-    /// the backend refused (for example for lack of permission), or another instance of the same
-    /// lease in this process holds it ([`LeaseError::DuplicateInstance`]). Errors are not retried
-    /// by `acquire`; [`acquire_within`](Lease::acquire_within) retries them.
+    /// [`LeaseError`] when the outcome is unknown or refused: a call timed out
+    /// ([`LeaseError::Timeout`], after that one call), the last attempt failed with a transient
+    /// error, the backend refused (for example for lack of permission; not retried), or another
+    /// instance of the same lease in this process holds it ([`LeaseError::DuplicateInstance`]).
     ///
     /// # Cancel safety
     ///

@@ -33,23 +33,24 @@
 //! # Ok(()) }
 //! ```
 
+mod actors;
 mod backend;
-mod backoff;
-mod holder;
 mod lease;
 mod managed;
 mod memory;
 mod provider;
 mod settings;
-mod sharding;
 mod shared;
-mod singleton;
 mod tenure;
 
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
-pub use holder::{
-    Acquire, CheckAlive, GetFencingToken, LeaseActor, Release, SubscribeLeaseLost, SubscriptionId,
-    UnsubscribeLeaseLost,
+pub use actors::{
+    Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
+    GateState, GetFencingToken, GetGateState, GetSingleton, GetStatus, GetTenure, HostShard,
+    LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible, ShardAllocation,
+    ShardCoordinator, ShardId, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
+    SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, UnsubscribeLeaseLost,
+    DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
@@ -70,10 +71,6 @@ pub use settings::{
     DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_NAME_LEN,
     MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN, MIN_DEFAULT_MARGIN,
 };
-pub use sharding::{
-    AllocateShard, CoordinatorGate, GateError, GateState, GetGateState, HostShard, RegisterRegion,
-    Responder, ShardAllocation, ShardCoordinator, ShardId, Submission,
-};
 pub use shared::SharedLease;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -93,10 +90,6 @@ pub use kubernetes::{
     KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSettings, KubernetesStats,
     KubernetesTenure, KUBERNETES_BACKEND,
     LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
-};
-pub use singleton::{
-    ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
-    SingletonSettings, SingletonState, SingletonStatus,
 };
 
 /// The items most programs need.

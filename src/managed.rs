@@ -145,25 +145,44 @@ impl<B: LeaseBackend> ManagedLease<B> {
         &self.shared.backend
     }
 
-    /// `acquire`: attempts while another owner holds the lease, up to `acquire_retries` more,
-    /// each after waiting up to `acquire_retry_delay` for a change; errors end it at once.
+    /// `acquire`: up to `acquire_retries` more attempts while another owner holds the lease or
+    /// the backend answers a transient error; a timeout or a permanent error ends it at once.
     async fn acquire_inner(&self) -> Result<bool, LeaseError> {
         let settings = &self.shared.settings;
         let attempts = settings.acquire_retries().saturating_add(1);
+        let mut last = Ok(false);
         for attempt in 1..=attempts {
-            if self.attempt(None).await? {
-                return Ok(true);
+            last = self.attempt(None).await;
+            match &last {
+                Ok(true) => return last,
+                Ok(false) => {
+                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), attempt, "lease held by another owner");
+                }
+                // A timeout already took a whole operation timeout and its outcome is unknown:
+                // the caller decides. A refusal will not change.
+                Err(LeaseError::Timeout { .. }) => return last,
+                Err(error) if !error.is_transient() => return last,
+                Err(error) => {
+                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), attempt, error = error as &dyn StdError, "acquire attempt failed");
+                }
             }
-            tracing::debug!(lease = %settings.name(), owner = %settings.owner(), attempt, "lease held by another owner");
             if attempt < attempts {
                 let not_after = Instant::now() + settings.acquire_retry_delay();
-                self.shared
-                    .backend
-                    .wait_for_change(settings, not_after)
-                    .await;
+                match last {
+                    // Held by another owner: wake early when the backend sees a change.
+                    Ok(false) => {
+                        self.shared
+                            .backend
+                            .wait_for_change(settings, not_after)
+                            .await
+                    }
+                    // An error: back off for the whole delay (the store may look free while
+                    // this owner cannot reach it).
+                    _ => sleep_until(not_after).await,
+                }
             }
         }
-        Ok(false)
+        last
     }
 
     async fn acquire_within_inner(&self, timeout: Duration) -> Result<bool, LeaseError> {

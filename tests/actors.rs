@@ -15,7 +15,7 @@ use actix::prelude::*;
 use actix_coordination::{
     Acquire, AllocateShard, CheckAlive, CoordinatorGate, GateError, GateState, GetFencingToken,
     GetGateState, HostShard, InMemoryFault, InMemoryStore, Lease, LeaseActor, LeaseLost,
-    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission,
+    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission, TenureEnd,
     SubscribeLeaseLost, UnsubscribeLeaseLost,
 };
 use common::run_paused;
@@ -310,8 +310,11 @@ fn requests_wait_while_the_coordinator_acquires() {
     });
 }
 
+/// When the coordinator's tenure ends (here: its renewals fail until the deadline), every pending
+/// allocation is rejected with `TenureEnded`, and the coordinator competes again instead of
+/// stopping: once the store is reachable again it holds the lease under a higher token and serves.
 #[test]
-fn lease_loss_rejects_pending_allocations_and_stops_the_coordinator() {
+fn tenure_end_rejects_pending_allocations_and_the_coordinator_competes_again() {
     run_paused(async {
         let store = InMemoryStore::new();
         let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
@@ -324,6 +327,7 @@ fn lease_loss_rejects_pending_allocations_and_stops_the_coordinator() {
                 .unwrap(),
             Ok(1)
         );
+        let first = store.record("coord").unwrap().token;
         let pending: Vec<_> = (0..3)
             .map(|i| coordinator.send(AllocateShard(format!("s{i}"))))
             .collect();
@@ -334,14 +338,42 @@ fn lease_loss_rejects_pending_allocations_and_stops_the_coordinator() {
             assert!(
                 matches!(
                     result,
-                    Err(GateError::LeaseLost(LostReason::Expired { .. }))
+                    Err(GateError::TenureEnded(
+                        TenureEnd::DeadlinePassed | TenureEnd::Lost(LostReason::Expired { .. })
+                    ))
                 ),
                 "{result:?}"
             );
         }
         sleep(Duration::from_millis(1)).await;
-        assert!(!coordinator.connected(), "the coordinator stopped");
-        assert!(coordinator.send(GetGateState).await.is_err());
+        assert!(coordinator.connected(), "the coordinator keeps running");
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Acquiring
+        );
+        // Requests wait again while it competes; it serves them once it holds the lease again.
+        let (r2, hosted) = region(Duration::ZERO);
+        let waiting = coordinator.send(RegisterRegion(r2.recipient()));
+        store.heal("c1");
+        let registered = tokio::time::timeout(TTL * 3, waiting)
+            .await
+            .expect("served once the lease is held again")
+            .unwrap();
+        assert_eq!(registered, Ok(2));
+        let second = store.record("coord").unwrap().token;
+        assert!(second > first, "a new tenure");
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Open(second)
+        );
+        // The shard table of the old tenure was forgotten; allocations go on under the new token.
+        let a = coordinator
+            .send(AllocateShard("s10".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.fencing_token, second);
+        assert!(hosted.borrow().iter().all(|h| h.fencing_token == second));
     });
 }
 
@@ -359,7 +391,7 @@ fn gate_refuses_past_the_lease_deadline_without_a_loss_notification() {
             "a gate that never opened refuses"
         );
         assert!(lease.acquire().await.unwrap());
-        let (token, queued) = gate.open().expect("held");
+        let (token, queued) = gate.open(lease.tenure().guard().unwrap()).expect("held");
         assert!(queued.is_empty());
         assert_eq!(gate.admit(), Ok(token));
         // Renewals hang from now on.
@@ -377,11 +409,12 @@ fn gate_refuses_past_the_lease_deadline_without_a_loss_notification() {
     });
 }
 
-/// The coordinator checks the lease before each allocation, not only on `LeaseLost`: when the
-/// lease is no longer held without a loss (released by another user of the shared lease), it
-/// refuses with `NotHeld` and allocates nothing.
+/// A release through another handle of a shared lease ends the coordinator's tenure like a loss
+/// (before, the gate stayed `Open` with the old token forever and the coordinator never competed
+/// again): it leaves the old tenure, competes, and serves under a higher token; while another
+/// node holds the lease it serves nothing.
 #[test]
-fn coordinator_checks_the_lease_before_each_allocation() {
+fn release_through_another_handle_ends_the_coordinators_tenure() {
     run_paused(async {
         let store = InMemoryStore::new();
         let lease = Arc::new(store.lease(settings("coord", "c1")));
@@ -394,23 +427,40 @@ fn coordinator_checks_the_lease_before_each_allocation() {
                 .unwrap(),
             Ok(1)
         );
-        assert!(coordinator
+        let s1 = coordinator
             .send(AllocateShard("s1".into()))
             .await
             .unwrap()
-            .is_ok());
-        // A voluntary release is not a loss: no LeaseLost, the gate stays open.
+            .unwrap();
+        let first = s1.fencing_token;
+        // Another node waits for the lease; another user of the shared lease releases it.
+        let other = store.lease(settings("coord", "c2"));
+        let waiting = tokio::spawn(async move {
+            let got = other.acquire_within(TTL * 10).await;
+            (got, other)
+        });
+        sleep(Duration::from_millis(1)).await;
         assert!(lease.release().await.unwrap());
-        let token = store.record("coord").unwrap().token;
+        let (got, other) = waiting.await.unwrap();
+        assert!(got.unwrap(), "the other node took over at once");
+        sleep(Duration::from_millis(1)).await;
         assert_eq!(
             coordinator.send(GetGateState).await.unwrap(),
-            GateState::Open(token)
+            GateState::Acquiring,
+            "the gate left the released tenure"
         );
-        assert_eq!(
-            coordinator.send(AllocateShard("s2".into())).await.unwrap(),
-            Err(GateError::NotHeld)
-        );
+        let refused = tokio::time::timeout(TTL, coordinator.send(AllocateShard("s2".into()))).await;
+        assert!(refused.is_err(), "nothing is served while another node holds the lease");
         assert_eq!(hosted.borrow().len(), 1, "s2 was not allocated");
+        // The other node releases: the coordinator takes over and serves under a higher token.
+        assert!(other.release().await.unwrap());
+        let s3 = tokio::time::timeout(TTL * 3, coordinator.send(AllocateShard("s3".into())))
+            .await
+            .expect("served after the takeover")
+            .unwrap()
+            .unwrap();
+        assert!(s3.fencing_token > first, "{s3:?}");
+        assert!(lease.check_alive(), "the shared lease is held again");
     });
 }
 

@@ -305,7 +305,7 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
             session.lease(
                 LeaseSettings::builder(format!("shard-{i}"), "node-1")
                     .ttl(ttl)
-                    .operation_timeout(Duration::from_secs(2))
+                    .operation_timeout(Duration::from_millis(1900))
                     .acquire_retries(5)
                     .build()
                     .unwrap(),

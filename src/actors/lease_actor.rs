@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 
 use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
+use crate::tenure::TenureWatch;
 
 impl Message for LeaseLost {
     type Result = ();
@@ -32,21 +32,16 @@ pub struct CheckAlive;
 #[rtype(result = "Option<FencingToken>")]
 pub struct GetFencingToken;
 
-/// Identifies a [`LeaseLost`] subscription, for [`UnsubscribeLeaseLost`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SubscriptionId(u64);
+/// A receiver of the lease's tenure ([`TenureWatch`]): every start and end of a tenure, loss,
+/// deadline and release through any handle included. Subscribe an actor with
+/// `ctx.add_stream(watch.stream())`, or take a [`TenureGuard`](crate::TenureGuard) from it.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "TenureWatch")]
+pub struct GetTenure;
 
-impl<A, M> MessageResponse<A, M> for SubscriptionId
-where
-    A: Actor,
-    M: Message<Result = SubscriptionId>,
-{
-    fn handle(self, _: &mut A::Context, tx: Option<OneshotSender<M::Result>>) {
-        if let Some(tx) = tx {
-            let _ = tx.send(self);
-        }
-    }
-}
+/// Identifies a [`LeaseLost`] subscription, for [`UnsubscribeLeaseLost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, MessageResponse)]
+pub struct SubscriptionId(u64);
 
 /// Deliver [`LeaseLost`] to `0` once per loss until unsubscribed or stopped.
 #[derive(Debug, Clone, Message)]
@@ -86,11 +81,12 @@ impl Subscribers {
 
 /// An actor that owns one lease.
 ///
-/// The actor owns one lease. Send it [`Acquire`], [`Release`], [`CheckAlive`] and
-/// [`GetFencingToken`]; subscribe other actors to [`LeaseLost`] with [`SubscribeLeaseLost`]. Every
-/// live subscriber receives one `LeaseLost` per loss, straight from the lease's renewal task (it does
-/// not wait behind other messages in this actor's mailbox); subscribers that stopped are dropped
-/// at the loss.
+/// Send it [`Acquire`], [`Release`], [`CheckAlive`] and [`GetFencingToken`]; subscribe other actors
+/// to [`LeaseLost`] with [`SubscribeLeaseLost`]. Every live subscriber receives one `LeaseLost` per
+/// involuntary loss, straight from the lease's renewal task (it does not wait behind other messages
+/// in this actor's mailbox); subscribers that stopped are dropped at the loss. A release (through
+/// this actor or any other handle of a shared lease) is not a loss: actors that act under the
+/// tenure follow [`GetTenure`]'s [`TenureWatch`], which sees every end.
 ///
 /// `Acquire` and `Release` run as futures: the actor keeps answering `CheckAlive` while one is in
 /// flight, and the lease itself serialises concurrent acquires and releases, so a `Release` sent
@@ -160,10 +156,11 @@ impl<L: Lease> Actor for LeaseActor<L> {
     fn stopped(&mut self, _: &mut Self::Context) {
         if self.release_on_stop && self.lease.check_alive() {
             let lease = Arc::clone(&self.lease);
-            // The arbiter keeps running after this actor: release in the background.
+            // The arbiter keeps running after this actor: release in the background. Every
+            // other handle of a shared lease sees the tenure end.
             actix_rt::spawn(async move {
                 if let Err(error) = lease.release().await {
-                    tracing::warn!(%error, lease = %lease.name(), "release on stop failed");
+                    tracing::warn!(error = &error as &dyn std::error::Error, lease = %lease.name(), "release on stop failed");
                 }
             });
         }
@@ -201,6 +198,14 @@ impl<L: Lease> Handler<GetFencingToken> for LeaseActor<L> {
 
     fn handle(&mut self, _: GetFencingToken, _: &mut Self::Context) -> Self::Result {
         self.lease.fencing_token()
+    }
+}
+
+impl<L: Lease> Handler<GetTenure> for LeaseActor<L> {
+    type Result = MessageResult<GetTenure>;
+
+    fn handle(&mut self, _: GetTenure, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.lease.tenure().clone())
     }
 }
 

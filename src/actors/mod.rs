@@ -1,0 +1,25 @@
+//! The actor layer: a lease-holding actor, the cluster singleton manager, the coordinator gate and
+//! the reference shard coordinator, and the one competition helper the managers share.
+
+mod compete;
+mod coordinator;
+mod gate;
+mod lease_actor;
+mod singleton;
+
+pub use coordinator::{
+    AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,
+    ShardId,
+};
+pub use gate::{
+    CoordinatorGate, GateError, GateState, Queued, Responder, Submission, DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUE_WAIT,
+};
+pub use lease_actor::{
+    Acquire, CheckAlive, GetFencingToken, GetTenure, LeaseActor, Release, SubscribeLeaseLost,
+    SubscriptionId, UnsubscribeLeaseLost,
+};
+pub use singleton::{
+    ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
+    SingletonSettings, SingletonState, SingletonStatus,
+};
