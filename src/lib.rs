@@ -40,6 +40,7 @@ mod lease;
 mod managed;
 mod memory;
 mod provider;
+mod redact;
 mod settings;
 mod sharding;
 mod shared;

@@ -1,12 +1,14 @@
 //! [`LeaseProvider`]: leases loaded from configuration, like Akka's `LeaseProvider`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Deserialize;
 
 use crate::lease::BoxError;
 use crate::memory::InMemoryStore;
+use crate::redact;
 use crate::settings::{LeaseSettings, SettingsError, TimingConfig};
 use crate::shared::SharedLease;
 
@@ -14,6 +16,10 @@ use crate::shared::SharedLease;
 pub const IN_MEMORY_BACKEND: &str = "in-memory";
 
 /// Errors of [`LeaseProvider::get_lease`].
+///
+/// Their messages name config keys, backends and settings, never a value of a section; the
+/// source of [`ProviderError::InvalidBackendConfig`] is the backend's error, and the built-in
+/// backends' errors never contain a `token` or `password` (tested in `tests/secrets.rs`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProviderError {
@@ -78,7 +84,27 @@ pub struct CoordinationConfig {
 }
 
 /// One lease configuration: a backend, timing, and the backend's own section.
-#[derive(Debug, Clone, Deserialize)]
+///
+/// # Secrets in `Debug`
+///
+/// `Debug` (also of [`CoordinationConfig`] and [`LeaseProvider`]) prints the backend section and
+/// any other key with secrets redacted, by this rule:
+///
+/// * a key *names a secret* when, lowercased and with every character that is not a letter or a
+///   digit removed, it contains `token`, `secret`, `password`, `passwd`, `passphrase`,
+///   `credential`, `apikey` or `privatekey`, and does not end in `file`: `token`, `password`,
+///   `client_secret`, `bearerToken`, `api-key` name secrets; `token-file`, `password_file` (paths)
+///   and `user` do not;
+/// * the value of such a key is printed as `"<redacted>"` whatever its type (a string, a number, a
+///   table), at any depth of the section;
+/// * in every string, a user-info part (what precedes the last `@` of the authority, as in
+///   `http://user:password@host` or `user:password@host:port`) is printed as `<redacted>@` (an
+///   e-mail address loses its local part).
+///
+/// Everything else is printed as written: a secret under a key the rule does not recognise (a
+/// typo such as `pasword`) is shown. The provider's own errors ([`ProviderError`]) never contain a
+/// value of the configuration, only config keys, backend and setting names.
+#[derive(Clone, Deserialize)]
 pub struct LeaseConfig {
     /// The backend name (`in-memory`, `kubernetes`, `etcd` or a registered one).
     pub backend: String,
@@ -90,10 +116,29 @@ pub struct LeaseConfig {
     pub rest: BTreeMap<String, serde_json::Value>,
 }
 
+impl fmt::Debug for LeaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rest: BTreeMap<&str, serde_json::Value> = self
+            .rest
+            .iter()
+            .map(|(key, value)| (key.as_str(), redact::redact_entry(key, value)))
+            .collect();
+        f.debug_struct("LeaseConfig")
+            .field("backend", &self.backend)
+            .field("timing", &self.timing)
+            .field("rest", &rest)
+            .finish()
+    }
+}
+
 /// Creates leases of one backend from validated settings and the backend's config section.
 ///
 /// Closures `Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>`
-/// implement it.
+/// implement it, so a backend module can offer a factory without importing this one.
+///
+/// The error becomes the source of [`ProviderError::InvalidBackendConfig`], which programs log:
+/// it must not contain secret values of the section (see [`LeaseConfig`]). Note that serde's
+/// "invalid type" errors print numbers and booleans (`invalid type: integer `42``).
 pub trait BackendFactory: Send + Sync + 'static {
     /// A lease with `settings`; `section` is the backend's own configuration table, if any.
     ///
@@ -166,8 +211,8 @@ pub struct LeaseProvider {
     store: InMemoryStore,
 }
 
-impl std::fmt::Debug for LeaseProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for LeaseProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseProvider")
             .field("config", &self.config)
             .field("backends", &lock(&self.backends).keys().collect::<Vec<_>>())
@@ -193,9 +238,13 @@ impl LeaseProvider {
             IN_MEMORY_BACKEND,
             move |settings: LeaseSettings, section: Option<&serde_json::Value>| {
                 if let Some(section) = section {
-                    return Err(
-                        format!("the in-memory backend takes no settings, got {section}").into(),
-                    );
+                    // The keys only: values may be secrets.
+                    let keys: Vec<&String> =
+                        section.as_object().map(|t| t.keys().collect()).unwrap_or_default();
+                    return Err(format!(
+                        "the in-memory backend takes no settings (its section has the keys {keys:?})"
+                    )
+                    .into());
                 }
                 Ok(SharedLease::new(store.lease(settings)))
             },
