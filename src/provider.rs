@@ -10,7 +10,7 @@ use crate::lease::BoxError;
 use crate::memory::InMemoryStore;
 use crate::redact;
 use crate::settings::{LeaseSettings, SettingsError, TimingConfig};
-use crate::shared::SharedLease;
+use crate::shared::{SharedLease, WeakSharedLease};
 
 /// The name of the built-in in-memory backend.
 pub const IN_MEMORY_BACKEND: &str = "in-memory";
@@ -170,6 +170,40 @@ where
 
 type LeaseKey = (String, String, String);
 
+/// The cache is pruned when it has grown past twice its size after the last pruning, and past
+/// at least this many entries.
+const MIN_PRUNE_AT: usize = 16;
+
+/// The leases handed out, by triple, held weakly: a lease lives as long as its clones do.
+#[derive(Default)]
+struct LeaseCache {
+    leases: HashMap<LeaseKey, WeakSharedLease>,
+    /// Dead entries are pruned when `leases` grows past this.
+    prune_at: usize,
+}
+
+impl LeaseCache {
+    /// The lease of `key`, if a clone of it is alive.
+    fn get(&self, key: &LeaseKey) -> Option<SharedLease> {
+        self.leases.get(key)?.upgrade()
+    }
+
+    /// Records `lease` under `key`, pruning dead entries when the map has doubled since the last
+    /// pruning: it holds at most `max(2 × the most leases alive at once, MIN_PRUNE_AT)` entries,
+    /// at an amortized constant cost per insertion.
+    fn insert(&mut self, key: LeaseKey, lease: &SharedLease) {
+        self.leases.insert(key, lease.downgrade());
+        if self.leases.len() > self.prune_at {
+            self.leases.retain(|_, lease| lease.is_alive());
+            self.prune_at = (2 * self.leases.len()).max(MIN_PRUNE_AT);
+        }
+    }
+
+    fn live(&self) -> usize {
+        self.leases.values().filter(|l| l.is_alive()).count()
+    }
+}
+
 /// Loads leases by (name, config key, owner) from a [`CoordinationConfig`].
 ///
 /// A lease is identified by a triple: its *name* (the same on every node), a *config key* (which
@@ -186,8 +220,13 @@ type LeaseKey = (String, String, String);
 /// namespace = "my-app"
 /// ```
 ///
-/// [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple, so every
-/// component of a process that asks for a lease gets the one instance with its one renewal loop.
+/// [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple while any
+/// clone of it is alive, so every component of a process that asks for a lease gets the one
+/// instance with its one renewal loop. The provider holds leases weakly: once every clone is
+/// dropped, the lease is dropped (which stops its renewal without releasing it, like a crash:
+/// release it first), and the next `get_lease` for the triple creates a new instance. Entries of
+/// dropped leases are pruned as the cache grows, so it stays within twice the most leases alive
+/// at once, or 16 (test `provider::tests::the_cache_stays_bounded`).
 ///
 /// Built-in backends: `in-memory` (always; one [`InMemoryStore`] per provider), `kubernetes` and
 /// `etcd` with their cargo features. [`LeaseProvider::register_backend`] adds your own.
@@ -207,7 +246,7 @@ type LeaseKey = (String, String, String);
 pub struct LeaseProvider {
     config: CoordinationConfig,
     backends: Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>,
-    leases: Mutex<HashMap<LeaseKey, SharedLease>>,
+    leases: Mutex<LeaseCache>,
     store: InMemoryStore,
 }
 
@@ -216,6 +255,7 @@ impl fmt::Debug for LeaseProvider {
         f.debug_struct("LeaseProvider")
             .field("config", &self.config)
             .field("backends", &lock(&self.backends).keys().collect::<Vec<_>>())
+            .field("live_leases", &lock(&self.leases).live())
             .finish()
     }
 }
@@ -230,7 +270,7 @@ impl LeaseProvider {
         let provider = Self {
             config,
             backends: Mutex::new(BTreeMap::new()),
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(LeaseCache::default()),
             store: InMemoryStore::new(),
         };
         let store = provider.store.clone();
@@ -270,7 +310,7 @@ impl LeaseProvider {
     }
 
     /// The lease `name` for `owner`, configured by `config_key`: the same instance for the same
-    /// triple.
+    /// triple while any clone of it is alive, a new one once every clone was dropped.
     ///
     /// # Errors
     ///
@@ -284,11 +324,17 @@ impl LeaseProvider {
     ) -> Result<SharedLease, ProviderError> {
         let key = (name.to_owned(), config_key.to_owned(), owner.to_owned());
         if let Some(lease) = lock(&self.leases).get(&key) {
-            return Ok(lease.clone());
+            return Ok(lease);
         }
+        // Created unlocked: a factory may read files.
         let lease = self.create(name, config_key, owner)?;
-        // Another thread may have created the same lease meanwhile: keep the first one.
-        Ok(lock(&self.leases).entry(key).or_insert(lease).clone())
+        let mut leases = lock(&self.leases);
+        // Another thread may have created the same lease meanwhile: keep the one handed out.
+        if let Some(first) = leases.get(&key) {
+            return Ok(first);
+        }
+        leases.insert(key, &lease);
+        Ok(lease)
     }
 
     fn create(
@@ -366,6 +412,82 @@ mod tests {
             "owners of one provider share a store"
         );
         assert_eq!(p.in_memory_store().holder("L").as_deref(), Some("x"));
+    }
+
+    /// The cache holds no strong reference: a lease lives as long as the clones handed out.
+    #[tokio::test(start_paused = true)]
+    async fn leases_live_as_long_as_their_clones() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory","ttl":"9s"}}}"#);
+        let lease = p.get_lease("L", "a", "x").unwrap();
+        let clone = lease.clone();
+        let weak = lease.downgrade();
+        assert!(lease.acquire().await.unwrap());
+        drop(lease);
+        assert!(
+            p.get_lease("L", "a", "x").unwrap().ptr_eq(&clone),
+            "the same instance while a clone is alive"
+        );
+        assert_eq!(lock(&p.leases).live(), 1);
+
+        drop(clone);
+        assert!(weak.upgrade().is_none(), "the provider kept it alive");
+        assert_eq!(lock(&p.leases).live(), 0);
+        // Dropped, not released: its renewal stopped, so the claim runs out after the TTL.
+        assert_eq!(p.in_memory_store().holder("L").as_deref(), Some("x"));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(p.in_memory_store().holder("L"), None, "no renewal any more");
+
+        // The next call creates a new instance, with no tenure of the old one.
+        let again = p.get_lease("L", "a", "x").unwrap();
+        assert!(weak.upgrade().is_none());
+        assert!(!again.check_alive());
+        assert!(again.ptr_eq(&p.get_lease("L", "a", "x").unwrap()));
+        assert!(again.acquire().await.unwrap());
+    }
+
+    /// Dead entries are pruned: the map holds at most max(2 × the most leases alive at once, 16)
+    /// entries (the bound documented on `LeaseProvider`).
+    #[test]
+    fn the_cache_stays_bounded() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        let kept: Vec<SharedLease> = (0..10)
+            .map(|i| p.get_lease(&format!("kept-{i}"), "a", "x").unwrap())
+            .collect();
+        // At most 11 alive at once: 10 kept and the one of the loop.
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("L{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 22, "{size} entries after {i}");
+        }
+        assert_eq!(lock(&p.leases).live(), 10);
+        for (i, lease) in kept.iter().enumerate() {
+            let again = p.get_lease(&format!("kept-{i}"), "a", "x").unwrap();
+            assert!(again.ptr_eq(lease), "live leases are never pruned");
+        }
+        drop(kept);
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("M{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 22, "{size} entries after {i}");
+        }
+        assert_eq!(lock(&p.leases).live(), 0);
+    }
+
+    /// Threads racing for one triple all get the instance that was handed out first.
+    #[test]
+    fn racing_threads_get_one_instance() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        for round in 0..20 {
+            let name = format!("L{round}");
+            let leases: Vec<SharedLease> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..8)
+                    .map(|_| scope.spawn(|| p.get_lease(&name, "a", "x").unwrap()))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(leases.iter().all(|l| l.ptr_eq(&leases[0])), "round {round}");
+            assert!(leases[0].ptr_eq(&p.get_lease(&name, "a", "x").unwrap()));
+        }
     }
 
     #[test]
