@@ -446,7 +446,7 @@ mod tests {
     }
 
     /// Dead entries are pruned: the map holds at most max(2 × the most leases alive at once, 16)
-    /// entries (the bound documented on `LeaseProvider`).
+    /// entries (the bound documented on `LeaseProvider` and in the README).
     #[test]
     fn the_cache_stays_bounded() {
         let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
@@ -471,6 +471,14 @@ mod tests {
             assert!(size <= 22, "{size} entries after {i}");
         }
         assert_eq!(lock(&p.leases).live(), 0);
+
+        // Never more than one alive at once: at most 16 entries.
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("L{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 16, "{size} entries after {i}");
+        }
     }
 
     /// Threads racing for one triple all get the instance that was handed out first.
