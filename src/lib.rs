@@ -39,6 +39,7 @@ mod lease;
 mod managed;
 mod memory;
 mod provider;
+mod redact;
 mod settings;
 mod shared;
 mod tenure;

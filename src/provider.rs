@@ -1,19 +1,25 @@
 //! [`LeaseProvider`]: leases loaded from configuration, like Akka's `LeaseProvider`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Deserialize;
 
 use crate::lease::BoxError;
 use crate::memory::InMemoryStore;
+use crate::redact;
 use crate::settings::{LeaseSettings, SettingsError, TimingConfig};
-use crate::shared::SharedLease;
+use crate::shared::{SharedLease, WeakSharedLease};
 
 /// The name of the built-in in-memory backend.
 pub const IN_MEMORY_BACKEND: &str = "in-memory";
 
 /// Errors of [`LeaseProvider::get_lease`].
+///
+/// Their messages name config keys, backends and settings, never a value of a section; the
+/// source of [`ProviderError::InvalidBackendConfig`] is the backend's error, and the built-in
+/// backends' errors never contain a `token` or `password` (tested in `tests/secrets.rs`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProviderError {
@@ -78,7 +84,27 @@ pub struct CoordinationConfig {
 }
 
 /// One lease configuration: a backend, timing, and the backend's own section.
-#[derive(Debug, Clone, Deserialize)]
+///
+/// # Secrets in `Debug`
+///
+/// `Debug` (also of [`CoordinationConfig`] and [`LeaseProvider`]) prints the backend section and
+/// any other key with secrets redacted, by this rule:
+///
+/// * a key *names a secret* when, lowercased and with every character that is not a letter or a
+///   digit removed, it contains `token`, `secret`, `password`, `passwd`, `passphrase`,
+///   `credential`, `apikey` or `privatekey`, and does not end in `file`: `token`, `password`,
+///   `client_secret`, `bearerToken`, `api-key` name secrets; `token-file`, `password_file` (paths)
+///   and `user` do not;
+/// * the value of such a key is printed as `"<redacted>"` whatever its type (a string, a number, a
+///   table), at any depth of the section;
+/// * in every string, a user-info part (what precedes the last `@` of the authority, as in
+///   `http://user:password@host` or `user:password@host:port`) is printed as `<redacted>@` (an
+///   e-mail address loses its local part).
+///
+/// Everything else is printed as written: a secret under a key the rule does not recognise (a
+/// typo such as `pasword`) is shown. The provider's own errors ([`ProviderError`]) never contain a
+/// value of the configuration, only config keys, backend and setting names.
+#[derive(Clone, Deserialize)]
 pub struct LeaseConfig {
     /// The backend name (`in-memory`, `kubernetes`, `etcd` or a registered one).
     pub backend: String,
@@ -90,10 +116,29 @@ pub struct LeaseConfig {
     pub rest: BTreeMap<String, serde_json::Value>,
 }
 
+impl fmt::Debug for LeaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rest: BTreeMap<&str, serde_json::Value> = self
+            .rest
+            .iter()
+            .map(|(key, value)| (key.as_str(), redact::redact_entry(key, value)))
+            .collect();
+        f.debug_struct("LeaseConfig")
+            .field("backend", &self.backend)
+            .field("timing", &self.timing)
+            .field("rest", &rest)
+            .finish()
+    }
+}
+
 /// Creates leases of one backend from validated settings and the backend's config section.
 ///
 /// Closures `Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>`
-/// implement it.
+/// implement it, so a backend module can offer a factory without importing this one.
+///
+/// The error becomes the source of [`ProviderError::InvalidBackendConfig`], which programs log:
+/// it must not contain secret values of the section (see [`LeaseConfig`]). Note that serde's
+/// "invalid type" errors print numbers and booleans (`invalid type: integer `42``).
 pub trait BackendFactory: Send + Sync + 'static {
     /// A lease with `settings`; `section` is the backend's own configuration table, if any.
     ///
@@ -125,6 +170,40 @@ where
 
 type LeaseKey = (String, String, String);
 
+/// The cache is pruned when it has grown past twice its size after the last pruning, and past
+/// at least this many entries.
+const MIN_PRUNE_AT: usize = 16;
+
+/// The leases handed out, by triple, held weakly: a lease lives as long as its clones do.
+#[derive(Default)]
+struct LeaseCache {
+    leases: HashMap<LeaseKey, WeakSharedLease>,
+    /// Dead entries are pruned when `leases` grows past this.
+    prune_at: usize,
+}
+
+impl LeaseCache {
+    /// The lease of `key`, if a clone of it is alive.
+    fn get(&self, key: &LeaseKey) -> Option<SharedLease> {
+        self.leases.get(key)?.upgrade()
+    }
+
+    /// Records `lease` under `key`, pruning dead entries when the map has doubled since the last
+    /// pruning: it holds at most `max(2 × the most leases alive at once, MIN_PRUNE_AT)` entries,
+    /// at an amortized constant cost per insertion.
+    fn insert(&mut self, key: LeaseKey, lease: &SharedLease) {
+        self.leases.insert(key, lease.downgrade());
+        if self.leases.len() > self.prune_at {
+            self.leases.retain(|_, lease| lease.is_alive());
+            self.prune_at = (2 * self.leases.len()).max(MIN_PRUNE_AT);
+        }
+    }
+
+    fn live(&self) -> usize {
+        self.leases.values().filter(|l| l.is_alive()).count()
+    }
+}
+
 /// Loads leases by (name, config key, owner) from a [`CoordinationConfig`].
 ///
 /// A lease is identified by a triple: its *name* (the same on every node), a *config key* (which
@@ -141,8 +220,13 @@ type LeaseKey = (String, String, String);
 /// namespace = "my-app"
 /// ```
 ///
-/// [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple, so every
-/// component of a process that asks for a lease gets the one instance with its one renewal loop.
+/// [`LeaseProvider::get_lease`] returns the same [`SharedLease`] for the same triple while any
+/// clone of it is alive, so every component of a process that asks for a lease gets the one
+/// instance with its one renewal loop. The provider holds leases weakly: once every clone is
+/// dropped, the lease is dropped (which stops its renewal without releasing it, like a crash:
+/// release it first), and the next `get_lease` for the triple creates a new instance. Entries of
+/// dropped leases are pruned as the cache grows, so it stays within twice the most leases alive
+/// at once, or 16 (test `provider::tests::the_cache_stays_bounded`).
 ///
 /// Built-in backends: `in-memory` (always; one [`InMemoryStore`] per provider), `kubernetes` and
 /// `etcd` with their cargo features. [`LeaseProvider::register_backend`] adds your own.
@@ -162,15 +246,16 @@ type LeaseKey = (String, String, String);
 pub struct LeaseProvider {
     config: CoordinationConfig,
     backends: Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>,
-    leases: Mutex<HashMap<LeaseKey, SharedLease>>,
+    leases: Mutex<LeaseCache>,
     store: InMemoryStore,
 }
 
-impl std::fmt::Debug for LeaseProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for LeaseProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseProvider")
             .field("config", &self.config)
             .field("backends", &lock(&self.backends).keys().collect::<Vec<_>>())
+            .field("live_leases", &lock(&self.leases).live())
             .finish()
     }
 }
@@ -185,7 +270,7 @@ impl LeaseProvider {
         let provider = Self {
             config,
             backends: Mutex::new(BTreeMap::new()),
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(LeaseCache::default()),
             store: InMemoryStore::new(),
         };
         let store = provider.store.clone();
@@ -193,9 +278,13 @@ impl LeaseProvider {
             IN_MEMORY_BACKEND,
             move |settings: LeaseSettings, section: Option<&serde_json::Value>| {
                 if let Some(section) = section {
-                    return Err(
-                        format!("the in-memory backend takes no settings, got {section}").into(),
-                    );
+                    // The keys only: values may be secrets.
+                    let keys: Vec<&String> =
+                        section.as_object().map(|t| t.keys().collect()).unwrap_or_default();
+                    return Err(format!(
+                        "the in-memory backend takes no settings (its section has the keys {keys:?})"
+                    )
+                    .into());
                 }
                 Ok(SharedLease::new(store.lease(settings)))
             },
@@ -221,7 +310,7 @@ impl LeaseProvider {
     }
 
     /// The lease `name` for `owner`, configured by `config_key`: the same instance for the same
-    /// triple.
+    /// triple while any clone of it is alive, a new one once every clone was dropped.
     ///
     /// # Errors
     ///
@@ -235,11 +324,17 @@ impl LeaseProvider {
     ) -> Result<SharedLease, ProviderError> {
         let key = (name.to_owned(), config_key.to_owned(), owner.to_owned());
         if let Some(lease) = lock(&self.leases).get(&key) {
-            return Ok(lease.clone());
+            return Ok(lease);
         }
+        // Created unlocked: a factory may read files.
         let lease = self.create(name, config_key, owner)?;
-        // Another thread may have created the same lease meanwhile: keep the first one.
-        Ok(lock(&self.leases).entry(key).or_insert(lease).clone())
+        let mut leases = lock(&self.leases);
+        // Another thread may have created the same lease meanwhile: keep the one handed out.
+        if let Some(first) = leases.get(&key) {
+            return Ok(first);
+        }
+        leases.insert(key, &lease);
+        Ok(lease)
     }
 
     fn create(
@@ -317,6 +412,90 @@ mod tests {
             "owners of one provider share a store"
         );
         assert_eq!(p.in_memory_store().holder("L").as_deref(), Some("x"));
+    }
+
+    /// The cache holds no strong reference: a lease lives as long as the clones handed out.
+    #[tokio::test(start_paused = true)]
+    async fn leases_live_as_long_as_their_clones() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory","ttl":"9s"}}}"#);
+        let lease = p.get_lease("L", "a", "x").unwrap();
+        let clone = lease.clone();
+        let weak = lease.downgrade();
+        assert!(lease.acquire().await.unwrap());
+        drop(lease);
+        assert!(
+            p.get_lease("L", "a", "x").unwrap().ptr_eq(&clone),
+            "the same instance while a clone is alive"
+        );
+        assert_eq!(lock(&p.leases).live(), 1);
+
+        drop(clone);
+        assert!(weak.upgrade().is_none(), "the provider kept it alive");
+        assert_eq!(lock(&p.leases).live(), 0);
+        // Dropped, not released: its renewal stopped, so the claim runs out after the TTL.
+        assert_eq!(p.in_memory_store().holder("L").as_deref(), Some("x"));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(p.in_memory_store().holder("L"), None, "no renewal any more");
+
+        // The next call creates a new instance, with no tenure of the old one.
+        let again = p.get_lease("L", "a", "x").unwrap();
+        assert!(weak.upgrade().is_none());
+        assert!(!again.check_alive());
+        assert!(again.ptr_eq(&p.get_lease("L", "a", "x").unwrap()));
+        assert!(again.acquire().await.unwrap());
+    }
+
+    /// Dead entries are pruned: the map holds at most max(2 × the most leases alive at once, 16)
+    /// entries (the bound documented on `LeaseProvider` and in the README).
+    #[test]
+    fn the_cache_stays_bounded() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        let kept: Vec<SharedLease> = (0..10)
+            .map(|i| p.get_lease(&format!("kept-{i}"), "a", "x").unwrap())
+            .collect();
+        // At most 11 alive at once: 10 kept and the one of the loop.
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("L{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 22, "{size} entries after {i}");
+        }
+        assert_eq!(lock(&p.leases).live(), 10);
+        for (i, lease) in kept.iter().enumerate() {
+            let again = p.get_lease(&format!("kept-{i}"), "a", "x").unwrap();
+            assert!(again.ptr_eq(lease), "live leases are never pruned");
+        }
+        drop(kept);
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("M{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 22, "{size} entries after {i}");
+        }
+        assert_eq!(lock(&p.leases).live(), 0);
+
+        // Never more than one alive at once: at most 16 entries.
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        for i in 0..1000 {
+            drop(p.get_lease(&format!("L{i}"), "a", "x").unwrap());
+            let size = lock(&p.leases).leases.len();
+            assert!(size <= 16, "{size} entries after {i}");
+        }
+    }
+
+    /// Threads racing for one triple all get the instance that was handed out first.
+    #[test]
+    fn racing_threads_get_one_instance() {
+        let p = provider(r#"{"leases":{"a":{"backend":"in-memory"}}}"#);
+        for round in 0..20 {
+            let name = format!("L{round}");
+            let leases: Vec<SharedLease> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..8)
+                    .map(|_| scope.spawn(|| p.get_lease(&name, "a", "x").unwrap()))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(leases.iter().all(|l| l.ptr_eq(&leases[0])), "round {round}");
+            assert!(leases[0].ptr_eq(&p.get_lease(&name, "a", "x").unwrap()));
+        }
     }
 
     #[test]

@@ -123,6 +123,28 @@ impl<L: Lease> Lease for Arc<L> {
     }
 }
 
+/// A weak handle to a [`SharedLease`]: it does not keep the lease alive (the provider's cache).
+pub(crate) struct WeakSharedLease(std::sync::Weak<dyn DynLease>);
+
+impl SharedLease {
+    /// A handle that does not keep the lease alive.
+    pub(crate) fn downgrade(&self) -> WeakSharedLease {
+        WeakSharedLease(Arc::downgrade(&self.0))
+    }
+}
+
+impl WeakSharedLease {
+    /// The lease, while any [`SharedLease`] clone of it is alive.
+    pub(crate) fn upgrade(&self) -> Option<SharedLease> {
+        self.0.upgrade().map(SharedLease)
+    }
+
+    /// Whether any [`SharedLease`] clone of the lease is alive.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -20,7 +20,6 @@ pub use settings::{
 use crate::backend::BackendError;
 use crate::lease::BoxError;
 use crate::managed::ManagedLease;
-use crate::provider::BackendFactory;
 use crate::settings::LeaseSettings;
 use crate::shared::SharedLease;
 
@@ -307,7 +306,8 @@ impl BackendError for EtcdError {
     }
 }
 
-/// The factory the [`LeaseProvider`](crate::LeaseProvider) registers as [`ETCD_BACKEND`].
+/// The factory the [`LeaseProvider`](crate::LeaseProvider) registers as [`ETCD_BACKEND`]: a
+/// closure, which is a [`BackendFactory`](crate::BackendFactory).
 ///
 /// The lease configuration must have an `etcd` section ([`EtcdConfig`]). Leases whose sections are
 /// equal share one lazily connected [`EtcdSession`] (one connection, one keep-alive per TTL, one
@@ -325,7 +325,11 @@ impl BackendError for EtcdError {
 /// assert_eq!(lease.name(), "billing");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn provider_factory() -> impl BackendFactory {
+pub fn provider_factory(
+) -> impl Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>
+       + Send
+       + Sync
+       + 'static {
     let sessions: Mutex<HashMap<EtcdSettings, EtcdSession>> = Mutex::new(HashMap::new());
     move |settings: LeaseSettings,
           section: Option<&serde_json::Value>|

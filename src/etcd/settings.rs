@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::EtcdError;
+use crate::redact;
 
 /// The key prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "/actix-coordination/leases/";
@@ -37,21 +38,36 @@ pub struct EtcdConfig {
     /// The etcd user, when etcd authentication is enabled.
     #[serde(default)]
     pub user: Option<String>,
-    /// The password of `user`. Never logged.
-    #[serde(default)]
+    /// The password of `user`. Never logged: `Debug` and the errors of deserialization and
+    /// validation never contain it.
+    #[serde(default, deserialize_with = "deserialize_password")]
     pub password: Option<String>,
     /// See [`EtcdSettings::connect_timeout`].
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
 }
 
+fn deserialize_password<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    redact::deserialize_secret(d, "password")
+}
+
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<_> = self
+            .endpoints
+            .iter()
+            .map(|e| redact::redact_url(e))
+            .collect();
         f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &endpoints)
             .field("prefix", &self.prefix)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field(
+                "password",
+                &self.password.as_ref().map(|_| redact::REDACTED),
+            )
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
@@ -62,7 +78,9 @@ impl fmt::Debug for EtcdConfig {
 /// Build them with [`EtcdSettings::builder`] or from configuration with
 /// [`EtcdSettings::from_config`] / [`EtcdSettings::from_section`]. Two equal settings describe the
 /// same cluster and key space (the provider shares one [`EtcdSession`](super::EtcdSession) between
-/// them). `Debug` never shows the password.
+/// them). `Debug` never shows the password, and no error of [`EtcdSettings::from_section`] or
+/// validation contains it; endpoints with a `user:password@` part are refused (without quoting
+/// them).
 ///
 /// ```
 /// use std::time::Duration;
@@ -250,6 +268,13 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> EtcdError {
 
 /// Accepts `http://host:port` and `host:port`; refuses what the client cannot use.
 fn check_endpoint(endpoint: &str) -> Result<(), EtcdError> {
+    // Before any message that quotes the endpoint.
+    if redact::userinfo_range(endpoint).is_some() {
+        return Err(invalid(
+            "endpoints",
+            "must not contain credentials (`user:password@`); use `user` and `password`",
+        ));
+    }
     if endpoint.is_empty()
         || endpoint
             .chars()

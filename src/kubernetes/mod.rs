@@ -22,7 +22,6 @@ use tokio::time::Instant;
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::lease::{BoxError, FencingToken, LostReason};
 use crate::managed::ManagedLease;
-use crate::provider::BackendFactory;
 use crate::settings::LeaseSettings;
 use crate::shared::SharedLease;
 
@@ -197,12 +196,17 @@ impl ManagedLease<KubernetesBackend> {
     }
 }
 
-/// The factory of the `kubernetes` backend for [`LeaseProvider`](crate::LeaseProvider).
+/// The factory of the `kubernetes` backend for [`LeaseProvider`](crate::LeaseProvider): a
+/// closure, which is a [`BackendFactory`](crate::BackendFactory).
 ///
 /// The backend's section (`[leases.<key>.kubernetes]`) deserializes to [`KubernetesSettings`]
 /// (`namespace`, `api-url`, `token` or `token-file`, `ca-file`); without a section the settings
 /// come from [`KubernetesSettings::from_env`].
-pub fn provider_factory() -> impl BackendFactory {
+pub fn provider_factory(
+) -> impl Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>
+       + Send
+       + Sync
+       + 'static {
     |settings: LeaseSettings,
      section: Option<&serde_json::Value>|
      -> Result<SharedLease, BoxError> {
@@ -1261,29 +1265,26 @@ mod tests {
     fn the_provider_factory_reads_its_section() {
         let factory = provider_factory();
         let settings = LeaseSettings::new("n", "o").unwrap();
-        let err = factory
-            .create(
-                settings.clone(),
-                Some(&serde_json::json!({ "namespace": "ns", "token-fiel": "/x" })),
-            )
-            .unwrap_err();
+        let err = factory(
+            settings.clone(),
+            Some(&serde_json::json!({ "namespace": "ns", "token-fiel": "/x" })),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("token-fiel"), "{err}");
-        let err = factory
-            .create(
-                settings.clone(),
-                Some(&serde_json::json!({ "api-url": "https://h" })),
-            )
-            .unwrap_err();
+        let err = factory(
+            settings.clone(),
+            Some(&serde_json::json!({ "api-url": "https://h" })),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("namespace"), "{err}");
         // A complete section is validated (here: the token file does not exist).
-        let err = factory
-            .create(
-                settings,
-                Some(&serde_json::json!({
-                    "namespace": "ns", "token-file": "/nonexistent/token", "ca-file": "/nonexistent/ca"
-                })),
-            )
-            .unwrap_err();
+        let err = factory(
+            settings,
+            Some(&serde_json::json!({
+                "namespace": "ns", "token-file": "/nonexistent/token", "ca-file": "/nonexistent/ca"
+            })),
+        )
+        .unwrap_err();
         let err = err.downcast_ref::<KubernetesError>().expect("typed");
         assert!(
             matches!(

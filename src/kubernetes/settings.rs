@@ -10,6 +10,7 @@ use kube::config::{
 use serde::Deserialize;
 
 use super::error::KubernetesError;
+use crate::redact;
 
 /// The API server of a pod's own cluster.
 pub(crate) const DEFAULT_API_URL: &str = "https://kubernetes.default.svc";
@@ -59,14 +60,18 @@ pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// The bearer token is read from `token-file` (default: the pod's service account token) and
 /// re-read about once a minute, so a rotated token is picked up; `token` gives it inline instead
-/// (it is then never re-read). The token is never logged: `Debug` redacts it.
+/// (it is then never re-read).
+///
+/// The token is never logged: `Debug` prints it as `"<redacted>"` (and the `user:password@` part
+/// of an `api-url`, which validation refuses), and no error of deserialization or validation
+/// contains it (a `token` that is not a string is refused without quoting it).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct KubernetesSettings {
     namespace: String,
     #[serde(default = "default_api_url")]
     api_url: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "deserialize_token")]
     token: Option<String>,
     #[serde(default)]
     token_file: Option<PathBuf>,
@@ -78,6 +83,10 @@ fn default_api_url() -> String {
     DEFAULT_API_URL.to_owned()
 }
 
+fn deserialize_token<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    redact::deserialize_secret(d, "token")
+}
+
 fn default_ca_file() -> PathBuf {
     PathBuf::from(DEFAULT_CA_FILE)
 }
@@ -86,8 +95,8 @@ impl fmt::Debug for KubernetesSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KubernetesSettings")
             .field("namespace", &self.namespace)
-            .field("api_url", &self.api_url)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("api_url", &redact::redact_url(&self.api_url))
+            .field("token", &self.token.as_ref().map(|_| redact::REDACTED))
             .field("token_file", &self.token_file)
             .field("ca_file", &self.ca_file)
             .finish()
@@ -347,6 +356,13 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), KubernetesError> {
 
 /// Returns whether the URL is `https`.
 fn check_api_url(url: &str) -> Result<bool, KubernetesError> {
+    // Before any message that quotes the URL.
+    if redact::userinfo_range(url).is_some() {
+        return Err(invalid(
+            "api-url",
+            "must not contain credentials (`user:password@`); use `token` or `token-file`",
+        ));
+    }
     let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
         (true, rest)
     } else if let Some(rest) = url.strip_prefix("http://") {
