@@ -44,7 +44,6 @@ mod settings;
 mod shared;
 mod tenure;
 
-pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
     GateState, GetFencingToken, GetGateState, GetSingleton, GetStatus, GetTenure, HostShard,
@@ -53,11 +52,11 @@ pub use actors::{
     SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, UnsubscribeLeaseLost,
     DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
+pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
     LostSubscription, Operation, SharedError,
 };
-pub use tenure::{Tenure, TenureEnd, TenureGuard, TenureWatch};
 pub use managed::ManagedLease;
 pub use memory::{
     InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease, InMemoryRecord, InMemoryStats,
@@ -73,6 +72,7 @@ pub use settings::{
     MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN, MIN_DEFAULT_MARGIN,
 };
 pub use shared::SharedLease;
+pub use tenure::{Tenure, TenureEnd, TenureGuard, TenureWatch};
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]

@@ -221,8 +221,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
                         .await;
                 }
                 _ => {
-                    sleep_until(deadline.min(Instant::now() + settings.acquire_retry_delay()))
-                        .await
+                    sleep_until(deadline.min(Instant::now() + settings.acquire_retry_delay())).await
                 }
             }
         }
@@ -243,7 +242,11 @@ impl<B: LeaseBackend> ManagedLease<B> {
             None => lock.await,
         };
         if let Some(renewal) = &ops.renewal {
-            if shared.tenure.published(renewal.generation).is_some_and(|t| t.is_alive()) {
+            if shared
+                .tenure
+                .published(renewal.generation)
+                .is_some_and(|t| t.is_alive())
+            {
                 return Ok(true);
             }
         }
@@ -328,8 +331,15 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let (stop, stopped) = oneshot::channel();
         let span = tracing::info_span!("lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
         let join = runtime.spawn(
-            renewal_loop(Arc::clone(shared), tenure, generation, token, start, stopped)
-                .instrument(span),
+            renewal_loop(
+                Arc::clone(shared),
+                tenure,
+                generation,
+                token,
+                start,
+                stopped,
+            )
+            .instrument(span),
         );
         *lock(&shared.abort) = Some(join.abort_handle());
         Renewal {
@@ -490,10 +500,7 @@ impl<B: LeaseBackend> Shared<B> {
     /// Ends tenure `generation` as lost and notifies the handlers, once. Returns `false` when the
     /// tenure had already ended (released, or lost before).
     fn lose(&self, generation: u64, reason: LostReason) -> bool {
-        let Some(tenure) = self
-            .tenure
-            .end(generation, TenureEnd::Lost(reason.clone()))
-        else {
+        let Some(tenure) = self.tenure.end(generation, TenureEnd::Lost(reason.clone())) else {
             return false;
         };
         tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), %reason, "lease lost");
@@ -582,7 +589,10 @@ async fn renewal_loop<B: LeaseBackend>(
         match outcome {
             Ok(Ok(RenewOutcome::Renewed { valid_from })) => {
                 let from = valid_from.map_or(start, |v| v.min(start));
-                if !shared.tenure.extend(generation, from + settings.local_validity()) {
+                if !shared
+                    .tenure
+                    .extend(generation, from + settings.local_validity())
+                {
                     // Either the deadline passed while the renewal was in flight (lost), or a
                     // `release` began meanwhile: then hand the tenure back, so that the release
                     // still tells the backend (the record was just renewed).
@@ -601,7 +611,11 @@ async fn renewal_loop<B: LeaseBackend>(
                 return shared.lost_or_released(generation, reason, tenure);
             }
             Ok(Err(error)) => {
-                tracing::warn!(error = &error as &dyn StdError, transient = error.is_transient(), "lease renewal failed, retrying until the deadline");
+                tracing::warn!(
+                    error = &error as &dyn StdError,
+                    transient = error.is_transient(),
+                    "lease renewal failed, retrying until the deadline"
+                );
                 last_error = Some(error.to_string());
                 next = Instant::now() + backoff;
                 backoff = (backoff * 2).min(max_backoff);

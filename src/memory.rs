@@ -27,6 +27,9 @@ pub enum InMemoryFault {
     Delay(Duration),
     /// Calls are applied, then fail with [`InMemoryError::ResponseLost`].
     ResponseLost,
+    /// Calls are applied at once, and answered after this delay (a slow way back): a caller that
+    /// gives up meanwhile gave up on a call that took effect.
+    SlowAnswer(Duration),
 }
 
 /// Errors of the in-memory backend; all of them come from injected faults.
@@ -75,6 +78,8 @@ pub struct InMemoryStats {
     pub releases: u64,
     /// Calls refused by an injected [`InMemoryFault::Unavailable`].
     pub refused: u64,
+    /// Every call the store received, whatever its fault did with it (a hung call included).
+    pub calls: u64,
 }
 
 /// A process-local lease store; clones share it.
@@ -95,6 +100,7 @@ pub struct InMemoryStats {
 /// | [`InMemoryFault::Hang`] | a paused process or a blackholed connection: calls never answer |
 /// | [`InMemoryFault::Delay`] | a slow network: calls answer late |
 /// | [`InMemoryFault::ResponseLost`] | the request is applied, the answer is lost (outcome unknown) |
+/// | [`InMemoryFault::SlowAnswer`] | the request is applied at once, the answer comes late |
 ///
 /// and [`InMemoryStore::force_take`] / [`InMemoryStore::delete`] simulate an operator or a buggy
 /// client overwriting the record.
@@ -239,10 +245,11 @@ impl InMemoryStore {
         self.lock().stats
     }
 
-    /// Applies the fault for `owner` before a call; returns whether the response must be lost.
-    async fn before_call(&self, owner: &str) -> Result<bool, InMemoryError> {
+    /// Applies the fault for `owner` before a call; returns what to do after applying it.
+    async fn before_call(&self, owner: &str) -> Result<Option<InMemoryFault>, InMemoryError> {
         let fault = {
             let mut state = self.lock();
+            state.stats.calls += 1;
             let fault = state.owner_faults.get(owner).copied().or(state.fault);
             if fault == Some(InMemoryFault::Unavailable) {
                 state.stats.refused += 1;
@@ -250,16 +257,15 @@ impl InMemoryStore {
             fault
         };
         match fault {
-            None => Ok(false),
             Some(InMemoryFault::Unavailable) => Err(InMemoryError::Unavailable {
                 owner: owner.to_owned(),
             }),
             Some(InMemoryFault::Hang) => std::future::pending().await,
             Some(InMemoryFault::Delay(d)) => {
                 tokio::time::sleep(d).await;
-                Ok(false)
+                Ok(None)
             }
-            Some(InMemoryFault::ResponseLost) => Ok(true),
+            other => Ok(other),
         }
     }
 
@@ -268,14 +274,18 @@ impl InMemoryStore {
         owner: &str,
         apply: impl FnOnce(&mut StoreState, Instant) -> T,
     ) -> Result<T, InMemoryError> {
-        let lose_response = self.before_call(owner).await?;
+        let after = self.before_call(owner).await?;
         let result = apply(&mut self.lock(), Instant::now());
-        if lose_response {
-            return Err(InMemoryError::ResponseLost {
+        match after {
+            Some(InMemoryFault::ResponseLost) => Err(InMemoryError::ResponseLost {
                 owner: owner.to_owned(),
-            });
+            }),
+            Some(InMemoryFault::SlowAnswer(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(result)
+            }
+            _ => Ok(result),
         }
-        Ok(result)
     }
 }
 

@@ -513,7 +513,11 @@ mod tests {
         assert_eq!((s.name(), s.owner()), ("n", "o"));
         assert_eq!(s.ttl(), Duration::from_secs(12));
         assert_eq!(s.renewal_interval(), Duration::from_secs(4), "ttl / 3");
-        assert_eq!(s.operation_timeout(), Duration::from_millis(3850), "(12 s - 300 ms - 4 s) / 2");
+        assert_eq!(
+            s.operation_timeout(),
+            Duration::from_millis(3850),
+            "(12 s - 300 ms - 4 s) / 2"
+        );
         assert_eq!(s.acquire_retries(), 7);
         assert_eq!(s.acquire_retry_delay(), Duration::from_millis(250));
         assert_eq!(s.clock_drift_margin(), Duration::from_millis(300));

@@ -785,7 +785,13 @@ mod tests {
         let b = || LeaseSettings::builder("lease", "owner").ttl(secs(30));
         // ttl 30 s, margin 600 ms, interval 10 s: at most (29.4 s - 10 s) / 2 = 9.7 s.
         let max = Duration::from_millis(9_700);
-        assert_eq!(b().operation_timeout(max).build().unwrap().operation_timeout(), max);
+        assert_eq!(
+            b().operation_timeout(max)
+                .build()
+                .unwrap()
+                .operation_timeout(),
+            max
+        );
         let err = b()
             .operation_timeout(max + Duration::from_millis(1))
             .build()
@@ -797,7 +803,10 @@ mod tests {
                 max
             }
         );
-        assert!(err.to_string().contains("retried before the deadline"), "{err}");
+        assert!(
+            err.to_string().contains("retried before the deadline"),
+            "{err}"
+        );
         // An operation timeout close to the ttl (it used to be accepted up to the ttl).
         let err = b().operation_timeout(secs(29)).build().unwrap_err();
         assert_eq!(err.field(), "operation-timeout");
@@ -838,7 +847,10 @@ mod tests {
                 min: Duration::from_millis(30)
             }
         );
-        assert!(b().clock_drift_margin(Duration::from_millis(30)).build().is_ok());
+        assert!(b()
+            .clock_drift_margin(Duration::from_millis(30))
+            .build()
+            .is_ok());
         let short = LeaseSettings::builder("lease", "owner")
             .ttl(secs(1))
             .clock_drift_margin(Duration::from_micros(999))
@@ -849,8 +861,7 @@ mod tests {
             "{short:?}"
         );
         // Through a configuration file too.
-        let timing: TimingConfig =
-            serde_json::from_str(r#"{"acquire-retry-delay":"0s"}"#).unwrap();
+        let timing: TimingConfig = serde_json::from_str(r#"{"acquire-retry-delay":"0s"}"#).unwrap();
         let err = b().timing(&timing).build().unwrap_err();
         assert_eq!(err.field(), "acquire-retry-delay");
     }

@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use crate::lease::{Lease, LeaseError, LeaseLost, LostSubscription};
 use crate::settings::LeaseSettings;
 use crate::tenure::TenureWatch;

@@ -465,7 +465,10 @@ mod tests {
         assert_eq!(guard.end(), Some(TenureEnd::DeadlinePassed));
         assert_eq!(ended.await.unwrap(), TenureEnd::DeadlinePassed);
         assert_eq!(Instant::now(), deadline, "resolved at the deadline");
-        assert_eq!(cell.published(generation).map(|t| t.deadline()), Some(deadline));
+        assert_eq!(
+            cell.published(generation).map(|t| t.deadline()),
+            Some(deadline)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -477,8 +480,15 @@ mod tests {
         let ended = tokio::spawn(guard.ended());
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(cell.extend(generation, start + Duration::from_secs(5)));
-        assert!(cell.extend(generation, start + Duration::from_secs(4)), "alive");
-        assert_eq!(guard.deadline(), Some(start + Duration::from_secs(5)), "never back");
+        assert!(
+            cell.extend(generation, start + Duration::from_secs(4)),
+            "alive"
+        );
+        assert_eq!(
+            guard.deadline(),
+            Some(start + Duration::from_secs(5)),
+            "never back"
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(guard.check_alive(), "renewed");
         assert!(cell.end(generation, TenureEnd::Released).is_some());
@@ -489,7 +499,10 @@ mod tests {
         assert_eq!(guard.deadline(), None);
         assert_eq!(guard.end(), Some(TenureEnd::Released));
         // A later tenure does not revive the old guard.
-        cell.start(FencingToken::new(8), Instant::now() + Duration::from_secs(3));
+        cell.start(
+            FencingToken::new(8),
+            Instant::now() + Duration::from_secs(3),
+        );
         assert!(!guard.check_alive());
         assert!(cell.watch().check_alive());
         assert_ne!(cell.watch().guard().unwrap(), guard);
@@ -519,7 +532,11 @@ mod tests {
         cell.extend(generation, start + Duration::from_secs(4));
         let (after, at) = waiter.await.unwrap();
         assert_eq!(after, None);
-        assert_eq!(at, start + Duration::from_secs(4), "at the renewed deadline");
+        assert_eq!(
+            at,
+            start + Duration::from_secs(4),
+            "at the renewed deadline"
+        );
         assert_eq!(stream.next().await, Some(None));
     }
 }

@@ -15,8 +15,8 @@ use actix::prelude::*;
 use actix_coordination::{
     Acquire, AllocateShard, CheckAlive, CoordinatorGate, GateError, GateState, GetFencingToken,
     GetGateState, HostShard, InMemoryFault, InMemoryStore, Lease, LeaseActor, LeaseLost,
-    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission, TenureEnd,
-    SubscribeLeaseLost, UnsubscribeLeaseLost,
+    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission,
+    SubscribeLeaseLost, TenureEnd, UnsubscribeLeaseLost,
 };
 use common::run_paused;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -450,7 +450,10 @@ fn release_through_another_handle_ends_the_coordinators_tenure() {
             "the gate left the released tenure"
         );
         let refused = tokio::time::timeout(TTL, coordinator.send(AllocateShard("s2".into()))).await;
-        assert!(refused.is_err(), "nothing is served while another node holds the lease");
+        assert!(
+            refused.is_err(),
+            "nothing is served while another node holds the lease"
+        );
         assert_eq!(hosted.borrow().len(), 1, "s2 was not allocated");
         // The other node releases: the coordinator takes over and serves under a higher token.
         assert!(other.release().await.unwrap());

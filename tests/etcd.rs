@@ -28,6 +28,8 @@ contract_suite!(
     test = #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 );
 
+actor_suite!(fixture = EtcdFixture::new(), run = common::run_real);
+
 fn settings(name: &str, owner: &str, ttl: Duration) -> LeaseSettings {
     LeaseSettings::builder(name, owner)
         .ttl(ttl)

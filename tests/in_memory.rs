@@ -59,6 +59,11 @@ impl Fixture for InMemoryFixture {
 
 contract_suite!(fixture = InMemoryFixture::default(), test = #[tokio::test(start_paused = true)]);
 
+actor_suite!(
+    fixture = InMemoryFixture::default(),
+    run = common::run_paused
+);
+
 /// The exact edges of the TTL, which only a paused clock can show: a crashed holder's lease is
 /// free exactly `ttl` after the store applied its last renewal.
 #[tokio::test(start_paused = true)]

@@ -165,6 +165,8 @@ contract_suite!(
     test = #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 );
 
+actor_suite!(fixture = KubeFixture::new().await, run = common::run_real);
+
 fn no_retries(settings: LeaseSettings) -> LeaseSettings {
     settings.to_builder().acquire_retries(0).build().unwrap()
 }

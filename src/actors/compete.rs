@@ -221,7 +221,10 @@ async fn run_round<L: Lease>(
             () = tokio::time::sleep(delay) => {}
         }
     }
-    if !matches!(cancelled.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+    if !matches!(
+        cancelled.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty)
+    ) {
         return;
     }
     // One attempt (no retries, no wait), finished even if the round is cancelled meanwhile.

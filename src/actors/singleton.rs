@@ -516,9 +516,7 @@ where
     /// once it has stopped (or the round has ended).
     fn stop_singleton(&mut self, then: AfterStop, ctx: &mut Context<Self>) {
         match std::mem::replace(&mut self.phase, Phase::Idle) {
-            Phase::Running {
-                instance, stop, ..
-            } => {
+            Phase::Running { instance, stop, .. } => {
                 stop.raise(StopSignal::STOP);
                 self.phase = Phase::Stopping {
                     instance,

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the generic lease contract suite and its fixtures.
 #![allow(dead_code)]
 
+pub mod actors;
 #[cfg(all(feature = "etcd", feature = "kubernetes"))]
 pub mod chaos;
 pub mod contract;
@@ -57,6 +58,11 @@ pub fn run_paused<F: std::future::Future>(f: F) -> F::Output {
             .expect("tokio runtime")
     })
     .block_on(f)
+}
+
+/// Runs `f` inside an actix `System` on a real clock (for tests against real servers).
+pub fn run_real<F: std::future::Future>(f: F) -> F::Output {
+    actix_rt::System::new().block_on(f)
 }
 
 /// How `child` ended, if it has (`None` while it runs, or when there is no child).
