@@ -672,8 +672,10 @@ impl<B: LeaseBackend> Instance for Shared<B> {
 }
 
 /// The live lease instances of this process, by (store, name, owner).
-static INSTANCES: LazyLock<Mutex<HashMap<Key, Vec<(u64, Weak<dyn Instance>)>>>> =
-    LazyLock::new(Default::default);
+static INSTANCES: LazyLock<Mutex<HashMap<Key, Vec<Registered>>>> = LazyLock::new(Default::default);
+
+/// A registered instance: its id and a weak handle.
+type Registered = (u64, Weak<dyn Instance>);
 
 /// This instance's entry in [`INSTANCES`]; removed on drop.
 struct InstanceKey {

@@ -242,12 +242,12 @@ enum Phase<A: Actor> {
 /// How the manager builds singletons: on its own arbiter (factories need not be `Send`), or on
 /// another arbiter.
 enum Factory<A: Actor<Context = Context<A>>> {
-    Local(Rc<dyn Fn(&SingletonInfo, &mut Context<A>) -> A>),
-    Arbiter(
-        actix_rt::ArbiterHandle,
-        Arc<dyn Fn(&SingletonInfo, &mut Context<A>) -> A + Send + Sync>,
-    ),
+    Local(Rc<LocalFactory<A>>),
+    Arbiter(actix_rt::ArbiterHandle, Arc<SendFactory<A>>),
 }
+
+type LocalFactory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A;
+type SendFactory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A + Send + Sync;
 
 /// Runs a singleton actor on whichever node holds the lease.
 ///

@@ -105,6 +105,15 @@ pub async fn wait_for_state<A, L>(
     }
 }
 
+/// Waits (up to `within`) until `condition` holds, checking every 5 ms.
+pub async fn wait_until(within: Duration, condition: impl Fn() -> bool) {
+    let give_up = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < give_up, "not within {within:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Checks, in the order the events happened, that at most one node ran a singleton at a time and
 /// that tokens rose. Returns the number of starts.
 pub fn assert_one_at_a_time(life: &Life) -> usize {
