@@ -43,6 +43,15 @@ impl Fixture for InMemoryFixture {
         self.store.heal(owner);
     }
 
+    async fn slow_answers(&self, owner: &str, delay: Duration) {
+        self.store
+            .set_owner_fault(owner, Some(actix_coordination::InMemoryFault::SlowAnswer(delay)));
+    }
+
+    async fn sent_by(&self, _: &str) -> u64 {
+        self.store.stats().calls
+    }
+
     fn paused_clock(&self) -> bool {
         true
     }

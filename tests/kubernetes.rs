@@ -147,6 +147,14 @@ impl Fixture for KubeFixture {
         self.set_mode(owner, ProxyMode::Pass).await;
     }
 
+    async fn slow_answers(&self, owner: &str, delay: Duration) {
+        self.set_mode(owner, ProxyMode::SlowAnswers(delay)).await;
+    }
+
+    async fn sent_by(&self, owner: &str) -> u64 {
+        self.proxy(owner).await.bytes_up()
+    }
+
     fn paused_clock(&self) -> bool {
         false
     }

@@ -24,6 +24,7 @@ macro_rules! actor_suite {
         $crate::actor_suite!(@cases [$fixture] [$run]
             release_through_a_shared_lease_actor_stops_the_singleton
             release_through_another_handle_moves_the_coordinator_to_a_new_tenure
+            shutdown_during_an_attempt_in_flight_releases_what_it_got
         );
     };
     (@cases [$fixture:expr] [$run:path] $($case:ident)*) => {
@@ -221,6 +222,40 @@ pub async fn release_through_another_handle_moves_the_coordinator_to_a_new_tenur
     .unwrap();
     assert!(allocated.fencing_token > first, "{allocated:?}");
     drop(coordinator);
+}
+
+/// `Shutdown` arrives while the manager's claim is in flight (the backend applies requests at
+/// once, answers come late). The attempt is not cut short: it finishes, what it got is released,
+/// and only then does `Shutdown` answer `Ok(true)`; the lease is free for the next node at once.
+pub async fn shutdown_during_an_attempt_in_flight_releases_what_it_got<F: Fixture>(f: &F) {
+    let name = f.unique_name("in-flight");
+    let a = Arc::new(f.lease(f.settings(&name, "a")).await);
+    let b = f.lease(f.settings(&name, "b")).await;
+    let settings = a.settings().clone();
+    // Warm the connection, so that the next request is the claim itself.
+    assert!(a.acquire().await.unwrap());
+    assert!(a.release().await.unwrap());
+    f.slow_answers("a", settings.operation_timeout() / 6).await;
+    let sent = f.sent_by("a").await;
+    let life = Life::default();
+    let manager = recorded_manager(Arc::clone(&a), 0, &life);
+    let give_up = Instant::now() + settings.ttl();
+    while f.sent_by("a").await == sent {
+        assert!(Instant::now() < give_up, "the manager sent no claim");
+        sleep(Duration::from_millis(1)).await;
+    }
+    let released = manager
+        .send(actix_coordination::Shutdown)
+        .await
+        .unwrap();
+    assert!(released.unwrap(), "released");
+    assert!(!a.check_alive());
+    f.heal("a").await;
+    assert!(
+        b.acquire_within(Duration::ZERO).await.unwrap(),
+        "Shutdown answered the truth: the lease is free"
+    );
+    assert!(b.release().await.unwrap());
 }
 
 /// Stops the actor it is sent to.

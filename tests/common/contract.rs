@@ -33,8 +33,14 @@ pub trait Fixture {
     /// Freezes `owner`'s traffic: its calls never answer (a paused process, a blackhole).
     fn pause(&self, owner: &str) -> impl Future<Output = ()>;
 
-    /// Undoes `partition` and `pause` for `owner`.
+    /// Undoes `partition`, `pause` and `slow_answers` for `owner`.
     fn heal(&self, owner: &str) -> impl Future<Output = ()>;
+
+    /// Delays every answer to `owner` by `delay`; its requests reach the backend at once.
+    fn slow_answers(&self, owner: &str, delay: Duration) -> impl Future<Output = ()>;
+
+    /// A counter that grows with every request `owner` sends (bytes or calls).
+    fn sent_by(&self, owner: &str) -> impl Future<Output = u64>;
 
     /// Whether the test runs under Tokio's paused clock (timings are then exact).
     fn paused_clock(&self) -> bool;

@@ -151,6 +151,17 @@ impl Fixture for EtcdFixture {
         self.owner(owner).await.proxy.set_mode(ProxyMode::Pass);
     }
 
+    async fn slow_answers(&self, owner: &str, delay: Duration) {
+        self.owner(owner)
+            .await
+            .proxy
+            .set_mode(ProxyMode::SlowAnswers(delay));
+    }
+
+    async fn sent_by(&self, owner: &str) -> u64 {
+        self.owner(owner).await.proxy.bytes_up()
+    }
+
     fn paused_clock(&self) -> bool {
         false
     }

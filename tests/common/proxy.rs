@@ -1,9 +1,12 @@
 //! A TCP fault proxy on loopback, put between one client and a real server to inject network
-//! faults: pass traffic, reset every connection (a partition the client notices at once), or
-//! blackhole it (a partition or a paused peer: requests never answer).
+//! faults: pass traffic, reset every connection (a partition the client notices at once),
+//! blackhole it (a partition or a paused peer: requests never answer), or delay the answers (the
+//! server applies a request at once, its answer comes late).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -18,12 +21,15 @@ pub enum ProxyMode {
     Reset,
     /// Accept connections but forward nothing, either way; existing connections go silent.
     Blackhole,
+    /// Forward both ways, each chunk from the server after this delay.
+    SlowAnswers(Duration),
 }
 
 /// A running proxy; it stops when dropped.
 pub struct FaultProxy {
     addr: SocketAddr,
     mode: Arc<watch::Sender<ProxyMode>>,
+    bytes_up: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -34,16 +40,28 @@ impl FaultProxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(watch::Sender::new(ProxyMode::Pass));
         let mode2 = Arc::clone(&mode);
+        let bytes_up = Arc::new(AtomicU64::new(0));
+        let up = Arc::clone(&bytes_up);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
                 let mode = mode2.subscribe();
-                tokio::spawn(serve(client, upstream, mode));
+                tokio::spawn(serve(client, upstream, mode, Arc::clone(&up)));
             }
         });
-        FaultProxy { addr, mode, task }
+        FaultProxy {
+            addr,
+            mode,
+            bytes_up,
+            task,
+        }
+    }
+
+    /// How many bytes clients sent to the server through the proxy so far.
+    pub fn bytes_up(&self) -> u64 {
+        self.bytes_up.load(Ordering::SeqCst)
     }
 
     /// The address clients connect to.
@@ -76,8 +94,14 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<ProxyMode>) {
+async fn serve(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut mode: watch::Receiver<ProxyMode>,
+    bytes_up: Arc<AtomicU64>,
+) {
     let current = *mode.borrow_and_update();
+    let mut delay = None;
     match current {
         ProxyMode::Reset => return reset(client),
         ProxyMode::Blackhole => {
@@ -86,6 +110,7 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
             let _ = mode.changed().await;
             return reset(client);
         }
+        ProxyMode::SlowAnswers(d) => delay = Some(d),
         ProxyMode::Pass => {}
     }
     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -105,15 +130,24 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receive
             },
             n = cr.read(&mut cbuf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(n) => if sw.write_all(&cbuf[..n]).await.is_err() { break } else { continue },
+                Ok(n) => {
+                    bytes_up.fetch_add(n as u64, Ordering::SeqCst);
+                    if sw.write_all(&cbuf[..n]).await.is_err() { break } else { continue }
+                }
             },
             n = sr.read(&mut sbuf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(n) => if cw.write_all(&sbuf[..n]).await.is_err() { break } else { continue },
+                Ok(n) => {
+                    if let Some(delay) = delay {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if cw.write_all(&sbuf[..n]).await.is_err() { break } else { continue }
+                }
             },
         };
         match new_mode {
-            ProxyMode::Pass => continue,
+            ProxyMode::Pass => delay = None,
+            ProxyMode::SlowAnswers(d) => delay = Some(d),
             ProxyMode::Reset => break,
             ProxyMode::Blackhole => {
                 // Go silent until the mode changes again, then drop the connection.
