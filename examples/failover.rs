@@ -33,7 +33,7 @@ const LEASE: &str = "demo-singleton";
 /// (node, fencing token, started, stopped)
 type Timeline = Rc<RefCell<Vec<(usize, u64, Duration, Option<Duration>)>>>;
 
-/// The singleton: "works" every 500 ms with its fencing token.
+/// The singleton: "works" every 500 ms with its fencing token, while its tenure's guard says so.
 struct Worker {
     node: usize,
     info: SingletonInfo,
@@ -56,6 +56,11 @@ impl Actor for Worker {
             .borrow_mut()
             .push((self.node, token, at, None));
         ctx.run_interval(Duration::from_millis(500), |act, _| {
+            // Gate every step on the tenure's guard, and fence every write with its token: the
+            // guard turns false before any other node can acquire the lease.
+            if !act.info.guard.check_alive() {
+                return;
+            }
             println!(
                 "{:>6.2}s  node-{} works, fencing token {}",
                 act.t0.elapsed().as_secs_f64(),

@@ -155,3 +155,26 @@ async fn chaos_kubernetes() {
     let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
     summarize(&report);
 }
+
+/// A frozen holder (SIGSTOP past its TTL) whose singleton runs on a `run_interval` timer: once
+/// resumed it runs nothing under its old tenure (no step, no tick), although the other node took
+/// over meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_holder_runs_nothing_etcd() {
+    let mut backend = EtcdChaos {
+        etcd: common::etcd::EtcdProcess::start("pause").await,
+    };
+    let report = chaos::pause_run(&mut backend, TTL).await;
+    println!("{report:?}");
+}
+
+/// The same on Kubernetes (a private kube-apiserver on the test cluster's etcd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_holder_runs_nothing_kubernetes() {
+    let mut backend = KubernetesChaos {
+        apiserver: None,
+        token_file: PathBuf::new(),
+    };
+    let report = chaos::pause_run(&mut backend, TTL).await;
+    println!("{report:?}");
+}

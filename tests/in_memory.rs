@@ -44,8 +44,10 @@ impl Fixture for InMemoryFixture {
     }
 
     async fn slow_answers(&self, owner: &str, delay: Duration) {
-        self.store
-            .set_owner_fault(owner, Some(actix_coordination::InMemoryFault::SlowAnswer(delay)));
+        self.store.set_owner_fault(
+            owner,
+            Some(actix_coordination::InMemoryFault::SlowAnswer(delay)),
+        );
     }
 
     async fn sent_by(&self, _: &str) -> u64 {

@@ -244,10 +244,7 @@ pub async fn shutdown_during_an_attempt_in_flight_releases_what_it_got<F: Fixtur
         assert!(Instant::now() < give_up, "the manager sent no claim");
         sleep(Duration::from_millis(1)).await;
     }
-    let released = manager
-        .send(actix_coordination::Shutdown)
-        .await
-        .unwrap();
+    let released = manager.send(actix_coordination::Shutdown).await.unwrap();
     assert!(released.unwrap(), "released");
     assert!(!a.check_alive());
     f.heal("a").await;
