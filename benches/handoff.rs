@@ -32,6 +32,8 @@
 //! `scripts/test-cluster.sh up DIR` to `DIR/env`) and fail with a message saying so when it is
 //! missing, or when the bench was built without the backend's feature.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -40,6 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_coordination::{InMemoryLease, InMemoryStore, Lease, LeaseSettings};
+use common::{ms, summarize};
 use tokio::time::{sleep, timeout, Instant};
 
 /// Client-go's figures, from the issue, for the tables.
@@ -82,52 +85,6 @@ fn unique(base: &str) -> String {
     )
 }
 
-// ---------------------------------------------------------------------------------------------
-// Statistics
-
-/// min / median / p99 / max of a sample, in milliseconds (p99 by nearest rank: with fewer than
-/// 100 samples it is the maximum).
-struct Summary {
-    n: usize,
-    min: f64,
-    median: f64,
-    p99: f64,
-    max: f64,
-}
-
-fn summarize(values: &[f64]) -> Summary {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    assert!(n > 0, "no samples");
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
-    Summary {
-        n,
-        min: v[0],
-        median,
-        p99: v[rank - 1],
-        max: v[n - 1],
-    }
-}
-
-impl std::fmt::Display for Summary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "n={} min={:.2} ms median={:.2} ms p99={:.2} ms max={:.2} ms",
-            self.n, self.min, self.median, self.p99, self.max
-        )
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 /// `a - b` in milliseconds, negative when `a` is earlier.
 fn signed_ms(a: Instant, b: Instant) -> f64 {

@@ -41,6 +41,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use futures_util::Stream;
 use tokio::sync::watch;
@@ -187,7 +188,7 @@ impl TenureWatch {
             }
             let sleep = async {
                 match deadline {
-                    Some(deadline) => sleep_until(deadline).await,
+                    Some(deadline) => sleep_until_precise(deadline).await,
                     None => std::future::pending().await,
                 }
             };
@@ -306,7 +307,7 @@ impl TenureGuard {
                 };
                 tokio::select! {
                     biased;
-                    () = sleep_until(deadline) => {}
+                    () = sleep_until_precise(deadline) => {}
                     changed = rx.changed() => {
                         if changed.is_err() {
                             // The publisher is gone without ending the tenure: nothing renews it.
@@ -326,6 +327,31 @@ impl TenureGuard {
     fn recorded_end(&self) -> TenureEnd {
         // The end is written before the value changes, so it is there once the tenure is gone.
         self.end.get().cloned().unwrap_or(TenureEnd::DeadlinePassed)
+    }
+}
+
+/// How much earlier than a deadline [`sleep_until_precise`] wakes from tokio's timer.
+const EARLY: Duration = Duration::from_millis(2);
+/// The longest [`sleep_until_precise`] yields (in real time) before it falls back to the timer.
+const YIELD_BOUND: Duration = Duration::from_millis(4);
+
+/// Sleeps until `deadline`, resolving within a fraction of a millisecond after it on a real
+/// clock. Tokio's timer counts whole milliseconds and rounds deadlines up, so on a runtime that
+/// parks it fires up to about 2 ms late; this wakes `EARLY` before the deadline on the timer, then
+/// yields until the deadline has passed (at the end of a tenure only: a renewal moves the
+/// deadline long before). Under a paused test clock, where time moves only while every task is
+/// idle, yielding would never see the deadline: after `YIELD_BOUND` of real time it falls back to
+/// the timer.
+async fn sleep_until_precise(deadline: Instant) {
+    if let Some(early) = deadline.checked_sub(EARLY) {
+        sleep_until(early).await;
+    }
+    let yielding_since = std::time::Instant::now();
+    while Instant::now() < deadline {
+        if yielding_since.elapsed() > YIELD_BOUND {
+            return sleep_until(deadline).await;
+        }
+        tokio::task::yield_now().await;
     }
 }
 
@@ -442,7 +468,6 @@ impl TenureCell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     use futures_util::StreamExt;
 
