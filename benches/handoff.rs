@@ -85,7 +85,6 @@ fn unique(base: &str) -> String {
     )
 }
 
-
 /// `a - b` in milliseconds, negative when `a` is earlier.
 fn signed_ms(a: Instant, b: Instant) -> f64 {
     if a >= b {

@@ -552,6 +552,46 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused by 10.0.0.1")]
+    struct Refused;
+
+    impl crate::backend::BackendError for Refused {
+        fn is_transient(&self) -> bool {
+            true
+        }
+    }
+
+    /// `Display` says what failed, the cause is only the `source` (error-chain reporters would
+    /// print it twice otherwise); a clone keeps the variant and the source.
+    #[test]
+    fn backend_errors_name_the_operation_and_keep_the_cause_as_source() {
+        let error = LeaseError::backend(Operation::Acquire, Refused);
+        assert_eq!(error.to_string(), "acquire failed");
+        let source = std::error::Error::source(&error).expect("a source");
+        assert_eq!(source.to_string(), "connection refused by 10.0.0.1");
+        let clone = error.clone();
+        assert!(matches!(
+            &clone,
+            LeaseError::Backend {
+                operation: Operation::Acquire,
+                transient: true,
+                ..
+            }
+        ));
+        assert!(
+            clone.backend_error::<Refused>().is_some(),
+            "same source type"
+        );
+        assert!(clone.is_transient());
+        let timeout = LeaseError::Timeout {
+            operation: Operation::Release,
+            timeout: Duration::from_secs(5),
+        };
+        assert!(matches!(timeout.clone(), LeaseError::Timeout { .. }));
+        assert_eq!(timeout.to_string(), "release timed out after 5s");
+    }
+
     #[test]
     fn reasons_read_well() {
         assert_eq!(

@@ -7,12 +7,19 @@
 //! partition.
 //!
 //! * [`Lease`] is the contract: `acquire`, `release`, `check_alive`, `on_lost`, plus a
-//!   [`FencingToken`] per tenure. Its module documentation explains the semantics and the races.
+//!   [`FencingToken`] per tenure. Its documentation explains the semantics and the races.
+//! * [`TenureWatch`] is the tenure as one observable value: every start, renewal and end (loss,
+//!   deadline, a release through any handle); a [`TenureGuard`] binds code to one tenure
+//!   (`check_alive`, `token`, and `ended`, which resolves at the deadline).
 //! * [`LeaseSettings`] are validated at construction.
 //! * Backends: [`InMemoryLease`] (always), `KubernetesLease` (feature `kubernetes`), `EtcdLease`
 //!   (feature `etcd`). They all implement [`LeaseBackend`], a small trait of single steps, and get
 //!   the contract from [`ManagedLease`].
 //! * [`LeaseProvider`] loads leases from configuration by (name, config key, owner).
+//! * The actor layer: [`LeaseActor`] (a lease driven by messages), [`ClusterSingletonManager`]
+//!   (one singleton actor across a fleet, stopped on every end of its tenure) and
+//!   [`ShardCoordinator`] / [`CoordinatorGate`] (a coordinator that serves only under a live
+//!   tenure). They never act outside a tenure they have just checked.
 //!
 //! ```
 //! use std::time::Duration;
@@ -98,7 +105,7 @@ pub mod prelude {
     pub use crate::{
         ClusterSingletonManager, FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseActor,
         LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, ShardCoordinator,
-        SharedLease, SingletonInfo,
+        SharedLease, SingletonInfo, TenureGuard, TenureWatch,
     };
 }
 
@@ -136,6 +143,11 @@ mod send_sync {
         assert_send_sync::<AcquireAttempt<InMemoryTenure>>();
         assert_send_sync::<RenewOutcome>();
         assert_send_sync::<ReleaseOutcome>();
+        // The tenure.
+        assert_send_sync::<Tenure>();
+        assert_send_sync::<TenureEnd>();
+        assert_send_sync::<TenureWatch>();
+        assert_send_sync::<TenureGuard>();
         // Errors.
         assert_send_sync::<LeaseError>();
         assert_send_sync::<ProviderError>();
@@ -160,6 +172,7 @@ mod send_sync {
         assert_send_sync::<Release>();
         assert_send_sync::<CheckAlive>();
         assert_send_sync::<GetFencingToken>();
+        assert_send_sync::<GetTenure>();
         assert_send_sync::<SubscribeLeaseLost>();
         assert_send_sync::<UnsubscribeLeaseLost>();
         assert_send_sync::<SubscriptionId>();
@@ -192,7 +205,11 @@ mod send_sync {
         let store = InMemoryStore::new();
         let lease = store.lease(LeaseSettings::new("n", "o").unwrap());
         assert_send(&lease.acquire());
+        assert_send(&lease.acquire_within(std::time::Duration::ZERO));
         assert_send(&lease.release());
+        let mut watch = lease.tenure().clone();
+        assert_send(&watch.changed());
+        assert_send(&lease.tenure().stream());
         let shared = SharedLease::new(store.lease(LeaseSettings::new("n", "p").unwrap()));
         assert_send(&shared.acquire());
     }

@@ -15,11 +15,9 @@
 //! their secret fields with [`deserialize_secret`], whose errors never contain the value.
 
 use std::borrow::Cow;
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
 use std::fmt;
 use std::ops::Range;
 
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
 use serde::de::{self, Deserializer, Visitor};
 
 /// What a secret value is replaced with.
@@ -94,7 +92,7 @@ pub(crate) fn redact_url(url: &str) -> Cow<'_, str> {
     }
 }
 
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
+#[cfg_attr(not(any(feature = "kubernetes", feature = "etcd")), allow(dead_code))]
 /// Reads the optional secret string `field`. serde's own "invalid type" errors print numbers and
 /// booleans (`invalid type: integer `42``), so a value of another type is refused with an error
 /// naming the field and the type only.
@@ -108,12 +106,12 @@ where
     deserializer.deserialize_option(SecretVisitor { field })
 }
 
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
+#[cfg_attr(not(any(feature = "kubernetes", feature = "etcd")), allow(dead_code))]
 struct SecretVisitor {
     field: &'static str,
 }
 
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
+#[cfg_attr(not(any(feature = "kubernetes", feature = "etcd")), allow(dead_code))]
 impl SecretVisitor {
     fn refuse<E: de::Error>(&self, found: &str) -> E {
         E::custom(format_args!(
@@ -123,7 +121,7 @@ impl SecretVisitor {
     }
 }
 
-#[cfg(any(feature = "kubernetes", feature = "etcd"))]
+#[cfg_attr(not(any(feature = "kubernetes", feature = "etcd")), allow(dead_code))]
 impl<'de> Visitor<'de> for SecretVisitor {
     type Value = Option<String>;
 

@@ -296,6 +296,18 @@ impl LeaseBackend for EtcdBackend {
     type Tenure = EtcdTenure;
     type Error = EtcdError;
 
+    /// The cluster (its endpoints, sorted) and the key prefix.
+    fn store_id(&self) -> Option<String> {
+        let settings = self.session.settings();
+        let mut endpoints = settings.endpoints().to_vec();
+        endpoints.sort();
+        Some(format!(
+            "etcd:{}:{}",
+            endpoints.join(","),
+            settings.prefix()
+        ))
+    }
+
     async fn try_acquire(
         &self,
         settings: &LeaseSettings,

@@ -731,6 +731,18 @@ impl LeaseBackend for KubernetesBackend {
     type Tenure = KubernetesTenure;
     type Error = KubernetesError;
 
+    /// The API server and namespace, for a lease built from [`KubernetesSettings`]; `None` (no
+    /// duplicate check) for one built with a ready client, whose server is not known.
+    fn store_id(&self) -> Option<String> {
+        match &self.client {
+            ClientSource::Lazy { config, .. } => Some(format!(
+                "kubernetes:{}/{}",
+                config.cluster_url, self.namespace
+            )),
+            ClientSource::Ready(_) => None,
+        }
+    }
+
     async fn try_acquire(
         &self,
         settings: &LeaseSettings,
