@@ -409,14 +409,15 @@ pub trait Lease: Send + Sync + 'static {
 
     /// Keeps trying until this owner holds the lease or `timeout` has passed: the way to wait for a
     /// lease. Resolves `Ok(true)` once held, `Ok(false)` when another owner still holds it at the
-    /// deadline. It never resolves later than `timeout` plus one operation timeout: no attempt
-    /// starts after the deadline.
+    /// deadline.
     ///
-    /// Backends built on [`ManagedLease`](crate::ManagedLease) wait between attempts on the
-    /// backend's own change notification (a watch), so a release is noticed within a round trip
-    /// and an expiry at its instant, without polling; this default implementation retries every
-    /// `acquire_retry_delay`. After a transient error the next attempt comes after
-    /// `acquire_retry_delay`.
+    /// Leases built on [`ManagedLease`](crate::ManagedLease) make single attempts, start none
+    /// after the deadline, and so never resolve later than `timeout` plus one operation timeout;
+    /// between attempts they wait on the backend's own change notification (a watch), so a
+    /// release is noticed within a round trip and an expiry at its instant, without polling, and
+    /// after a transient error they wait `acquire_retry_delay`. This default implementation calls
+    /// [`acquire`](Lease::acquire) (with its retries) every `acquire_retry_delay` instead, and can
+    /// resolve up to one whole `acquire` after the deadline.
     ///
     /// # Errors
     ///

@@ -345,21 +345,30 @@ fn shutdown_during_an_attempt_in_flight_releases_what_it_got() {
         let life = Life::default();
         let manager = recorded_manager(Arc::new(store.lease(settings("a"))), 0, &life);
         sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            store.holder(LEASE).as_deref(),
-            Some("a"),
-            "the claim landed"
-        );
-        let released = manager.send(Shutdown).await.unwrap();
-        assert!(released.unwrap(), "released");
-        assert_eq!(store.holder(LEASE), None, "Shutdown answered the truth");
+        shutdown_with_the_claim_in_flight(&store, &manager).await;
         assert!(life.borrow().is_empty(), "no singleton ran");
-        let b = store.lease(settings("b"));
-        assert!(
-            b.acquire_within(Duration::ZERO).await.unwrap(),
-            "free at once"
-        );
     });
+}
+
+/// `a`'s claim landed and its answer is on the way: `Shutdown` must answer `Ok(true)` only once
+/// the claim is really released, and the lease is then free for the next node at once.
+async fn shutdown_with_the_claim_in_flight(
+    store: &InMemoryStore,
+    manager: &Addr<ClusterSingletonManager<common::actors::Recorder, InMemoryLease>>,
+) {
+    assert_eq!(
+        store.holder(LEASE).as_deref(),
+        Some("a"),
+        "the claim landed"
+    );
+    let released = manager.send(Shutdown).await.unwrap();
+    assert!(released.unwrap(), "released");
+    assert_eq!(store.holder(LEASE), None, "Shutdown answered the truth");
+    let b = store.lease(settings("b"));
+    assert!(
+        b.acquire_within(Duration::ZERO).await.unwrap(),
+        "free at once"
+    );
 }
 
 /// Situation 7, an attempt inside a round's wait (the lease was released elsewhere and the waiting
@@ -377,19 +386,7 @@ fn shutdown_during_a_waiting_rounds_attempt_releases_what_it_got() {
         store.set_owner_fault("a", Some(InMemoryFault::SlowAnswer(Duration::from_secs(1))));
         assert!(holder.release().await.unwrap());
         sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            store.holder(LEASE).as_deref(),
-            Some("a"),
-            "the claim landed"
-        );
-        let released = manager.send(Shutdown).await.unwrap();
-        assert!(released.unwrap(), "released");
-        assert_eq!(store.holder(LEASE), None, "Shutdown answered the truth");
-        let b = store.lease(settings("b"));
-        assert!(
-            b.acquire_within(Duration::ZERO).await.unwrap(),
-            "free at once"
-        );
+        shutdown_with_the_claim_in_flight(&store, &manager).await;
     });
 }
 

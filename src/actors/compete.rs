@@ -181,6 +181,12 @@ impl<L: Lease> Competition<L> {
                 self.recovered();
                 Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)))
             }
+            Err(LeaseError::Busy { .. }) => {
+                // Another acquire or release of the same lease (through another handle) was in
+                // flight; it ends within an operation timeout: try again soon.
+                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "lease busy with another operation; competing again shortly");
+                Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)).min(MIN_ERROR_BACKOFF))
+            }
             Err(error) => {
                 self.errors = self.errors.saturating_add(1);
                 let delay = error_backoff(self.retry_delay, self.max_error_backoff, self.errors);

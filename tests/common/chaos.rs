@@ -256,6 +256,23 @@ async fn spawn_node<B: ChaosBackend>(
     }
 }
 
+/// A fresh run directory `target/chaos/<backend>[-pause]-<pid>` (the backend prepared in it) and
+/// a lease name of its own.
+async fn prepare_run<B: ChaosBackend>(backend: &mut B, kind: &str) -> (PathBuf, String) {
+    let suffix = if kind == "chaos" { "" } else { "-pause" };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("chaos")
+        .join(format!("{}{suffix}-{}", backend.name(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    backend.prepare(&dir).await;
+    (
+        dir,
+        format!("{kind}-{}-{}", backend.name(), std::process::id()),
+    )
+}
+
 /// Runs the harness for `duration` with `nodes` processes and returns what it saw; panics on a
 /// safety violation.
 pub async fn run<B: ChaosBackend>(
@@ -266,14 +283,7 @@ pub async fn run<B: ChaosBackend>(
     seed: u64,
 ) -> ChaosReport {
     let bin = node_binary();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target")
-        .join("chaos")
-        .join(format!("{}-{}", backend.name(), std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    backend.prepare(&dir).await;
-    let lease = format!("chaos-{}-{}", backend.name(), std::process::id());
+    let (dir, lease) = prepare_run(backend, "chaos").await;
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut generation = 0usize;
     let mut running: Vec<Node> = Vec::new();
@@ -506,14 +516,7 @@ pub struct PauseReport {
 /// that its singleton stops.
 pub async fn pause_run<B: ChaosBackend>(backend: &mut B, ttl: Duration) -> PauseReport {
     let bin = node_binary();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target")
-        .join("chaos")
-        .join(format!("{}-pause-{}", backend.name(), std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    backend.prepare(&dir).await;
-    let lease = format!("pause-{}-{}", backend.name(), std::process::id());
+    let (dir, lease) = prepare_run(backend, "pause").await;
     let mut nodes = Vec::new();
     for i in 0..2 {
         nodes.push(spawn_node(backend, &bin, &dir, &lease, ttl, i, 0).await);
