@@ -321,6 +321,7 @@ pub async fn run<B: ChaosBackend>(
         };
         let owner = running[target].owner.clone();
         let t0 = now_ns();
+        let mut resumed_ns = None;
         match fault {
             Fault::Kill => {
                 let mut node = running.remove(target);
@@ -337,6 +338,9 @@ pub async fn run<B: ChaosBackend>(
                 let pid = running[target].child.id();
                 signal(pid, "STOP");
                 sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
+                // The fault ends the instant before SIGCONT is sent: the node can run nothing
+                // earlier, and everything it runs from then on is checked.
+                resumed_ns = Some(now_ns());
                 signal(pid, "CONT");
             }
             Fault::Blackhole => {
@@ -368,7 +372,7 @@ pub async fn run<B: ChaosBackend>(
             fault,
             owner: (fault != Fault::ServerRestart).then_some(owner),
             start_ns: t0,
-            end_ns: now_ns(),
+            end_ns: resumed_ns.unwrap_or_else(now_ns),
         });
         // Give the cluster time to settle so that the next fault meets a holder.
         sleep(ttl).await;
