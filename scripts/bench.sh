@@ -54,6 +54,11 @@ if [[ $mode == chaos ]]; then
     exit 0
 fi
 
+if [[ $mode == quick ]]; then
+    BENCH_GUARD_ROUNDS=${BENCH_GUARD_ROUNDS:-30} bench guard --bench guard -- --check
+else
+    bench guard --bench guard -- --check
+fi
 bench handoff-memory --bench handoff -- memory handoff failover
 bench handoff-kubernetes --all-features --bench handoff -- kubernetes all
 bench handoff-etcd --all-features --bench handoff -- etcd all

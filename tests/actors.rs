@@ -551,3 +551,118 @@ fn coordinator_acquire_errors_back_off_up_to_the_cap() {
         assert_eq!(store.holder("coord").as_deref(), Some("c1"));
     });
 }
+
+/// The queue of requests waiting for the coordinator's lease is bounded: past the bound a request
+/// is refused at once, and one that waited longer than the wait bound is refused then.
+#[test]
+fn the_coordinators_queue_is_bounded_in_size_and_in_time() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let holder = store.lease(settings("coord", "elsewhere"));
+        assert!(holder.acquire().await.unwrap());
+        let wait = Duration::from_secs(5);
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1")))
+            .with_queue_bound(2, wait)
+            .start();
+        let start = Instant::now();
+        let first = coordinator.send(AllocateShard("s1".into()));
+        let second = coordinator.send(AllocateShard("s2".into()));
+        sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            coordinator.send(AllocateShard("s3".into())).await.unwrap(),
+            Err(GateError::QueueFull { capacity: 2 })
+        );
+        for queued in [first, second] {
+            let refused = queued.await.unwrap();
+            assert!(
+                matches!(refused, Err(GateError::QueueTimeout { waited }) if waited >= wait),
+                "{refused:?}"
+            );
+        }
+        assert!(start.elapsed() >= wait && start.elapsed() < wait + Duration::from_millis(100));
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Acquiring
+        );
+    });
+}
+
+/// Stops the coordinator from inside, as an application's handler would.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopCoordinator;
+
+impl Handler<StopCoordinator> for ShardCoordinator<actix_coordination::InMemoryLease> {
+    type Result = ();
+    fn handle(&mut self, _: StopCoordinator, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+/// Under `actix::Supervisor` the coordinator is restarted after it stops: it released its lease,
+/// competes again from scratch, and serves under a new tenure.
+#[test]
+fn a_supervised_coordinator_restarts_and_competes_again() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = Arc::new(store.lease(settings("coord", "c1")));
+        let coordinator = {
+            let lease = Arc::clone(&lease);
+            actix::Supervisor::start(move |_| ShardCoordinator::from_arc(Arc::clone(&lease)))
+        };
+        let (r1, _) = region(Duration::ZERO);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(r1.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        let first = lease.fencing_token().unwrap();
+        coordinator.send(StopCoordinator).await.unwrap();
+        // It stops, releases, restarts and competes again: a request waits for the new tenure.
+        let registered =
+            tokio::time::timeout(TTL, coordinator.send(RegisterRegion(r1.recipient())))
+                .await
+                .expect("served again")
+                .unwrap();
+        assert_eq!(registered, Ok(1), "a fresh coordinator");
+        let second = lease.fencing_token().expect("held again");
+        assert!(second > first, "a new tenure: {second} > {first}");
+        assert_eq!(
+            coordinator.send(GetGateState).await.unwrap(),
+            GateState::Open(second)
+        );
+    });
+}
+
+/// `GetTenure` hands out the lease's `TenureWatch`: it sees the tenure start through the actor
+/// and end through another handle of the shared lease.
+#[test]
+fn the_lease_actor_hands_out_its_tenure_watch() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = Arc::new(store.lease(settings("l", "a")));
+        let actor = LeaseActor::from_arc(Arc::clone(&lease)).start();
+        let watch = actor.send(actix_coordination::GetTenure).await.unwrap();
+        assert_eq!(watch.current(), None);
+        let started = {
+            let mut watch = watch.clone();
+            tokio::spawn(async move { watch.changed().await })
+        };
+        sleep(Duration::from_millis(1)).await;
+        assert!(actor.send(Acquire).await.unwrap().unwrap());
+        let tenure = started.await.unwrap().expect("a tenure started");
+        assert_eq!(Some(tenure.token()), lease.fencing_token());
+        let guard = watch.guard().unwrap();
+        let ended = tokio::spawn(async move {
+            let mut watch = watch;
+            watch.changed().await
+        });
+        sleep(Duration::from_millis(1)).await;
+        assert!(lease.release().await.unwrap(), "released through the Arc");
+        assert_eq!(ended.await.unwrap(), None);
+        assert_eq!(guard.end(), Some(TenureEnd::Released));
+        assert!(!actor.send(CheckAlive).await.unwrap());
+    });
+}

@@ -881,3 +881,25 @@ async fn watch_survives_a_broken_stream_and_a_compacted_history() {
         }
     );
 }
+
+/// Two instances of one lease (same cluster and prefix, name and owner) in one process would both
+/// believe they hold it (the second would reuse the first one's key): the second is refused while
+/// the first holds it, also when it comes from another session to the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_of_the_same_lease_is_refused() {
+    let prefix = unique_prefix("duplicate");
+    let session = EtcdSession::new(etcd_settings(&endpoint(), &prefix));
+    let other_session = EtcdSession::new(etcd_settings(&endpoint(), &prefix));
+    let first = EtcdLease::new(settings("dup", "a", Duration::from_secs(3)), &session);
+    let second = EtcdLease::new(settings("dup", "a", Duration::from_secs(3)), &other_session);
+    assert!(first.acquire().await.unwrap());
+    let error = second.acquire().await.unwrap_err();
+    assert!(
+        matches!(&error, actix_coordination::LeaseError::DuplicateInstance { owner, .. } if owner == "a"),
+        "{error}"
+    );
+    assert!(first.check_alive());
+    assert!(first.release().await.unwrap());
+    assert!(second.acquire().await.unwrap(), "free for it once released");
+    assert!(second.release().await.unwrap());
+}

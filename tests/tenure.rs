@@ -503,3 +503,24 @@ async fn an_abandoned_acquire_releases_its_claim() {
     );
     assert!(a.release().await.unwrap(), "reported once");
 }
+
+/// A `release` whose caller gives up while the backend call is in flight still releases: the
+/// tenure ended at the call, and the backend is told in the background.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_release_still_releases() {
+    let store = InMemoryStore::new();
+    let a = store.lease(settings("a"));
+    let guard = {
+        assert!(a.acquire().await.unwrap());
+        a.tenure().guard().unwrap()
+    };
+    // The release reaches the store only after a second (a cut-off call would never land).
+    store.set_owner_fault("a", Some(InMemoryFault::Delay(Duration::from_secs(1))));
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), a.release()).await;
+    assert!(gave_up.is_err());
+    assert!(!a.check_alive(), "ended at the call");
+    assert_eq!(guard.end(), Some(TenureEnd::Released));
+    assert_eq!(store.holder(LEASE).as_deref(), Some("a"), "not applied yet");
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(store.holder(LEASE), None, "the backend was told");
+}

@@ -106,7 +106,8 @@ impl Default for SingletonSettings {
 ///
 /// This is the way to shut a node down gracefully: await it before `System::stop` (which drops
 /// actors without running their `stopping` hooks, so the lease would only expire after its TTL).
-/// Sending it again, or to a manager that shut down already, answers the same result.
+/// Every `Shutdown` sent before the manager has stopped gets the same answer; once it has shut
+/// down the manager is stopped, and a send to it fails with `MailboxError::Closed`.
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "Result<bool, LeaseError>")]
 pub struct Shutdown;
