@@ -85,6 +85,9 @@ pub struct ChaosReport {
     /// The faults whose holder went on acting under the same tenure after the fault (a server
     /// restart shorter than the TTL).
     pub kept: Vec<Fault>,
+    /// Per pause of the acting holder: how long after the resume (the instant before `SIGCONT`)
+    /// its singleton stopped. (That it ran nothing in between is asserted.)
+    pub pause_stops: Vec<Duration>,
     pub svg: PathBuf,
     pub duration: Duration,
 }
@@ -444,6 +447,7 @@ pub async fn run<B: ChaosBackend>(
         );
     }
     let (takeovers, kept) = fault_outcomes(&faults, &events);
+    let pause_stops = pause_stops(&faults, &events);
     // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
     // the TTL like a crash.
     for (fault, takeover) in &takeovers {
@@ -462,6 +466,7 @@ pub async fn run<B: ChaosBackend>(
         faults,
         takeovers,
         kept,
+        pause_stops,
         svg,
         duration: started.elapsed(),
     };
@@ -603,6 +608,35 @@ pub async fn pause_run<B: ChaosBackend>(backend: &mut B, ttl: Duration) -> Pause
     }
 }
 
+/// For every pause of the node acting just before it (within 500 ms): how long after the resume
+/// the singleton of the tenure it acted under stopped.
+fn pause_stops(faults: &[FaultRecord], events: &[NodeEvent]) -> Vec<Duration> {
+    let mut stops = Vec::new();
+    for f in faults.iter().filter(|f| f.fault == Fault::Pause) {
+        let owner = f.owner.as_deref().unwrap_or_default();
+        let Some(token) = events
+            .iter()
+            .filter(|e| {
+                e.owner == owner
+                    && e.event == "act"
+                    && e.t_ns < f.start_ns
+                    && e.t_ns + 500_000_000 > f.start_ns
+            })
+            .map(|e| e.token)
+            .max()
+        else {
+            continue;
+        };
+        if let Some(stop) = events.iter().find(|e| {
+            e.owner == owner && e.event == "stop" && e.token == token && e.t_ns >= f.end_ns
+        }) {
+            stops.push(Duration::from_nanos((stop.t_ns - f.end_ns) as u64));
+        }
+    }
+    stops.sort();
+    stops
+}
+
 /// For every fault that hit the node acting just before it (for a server restart: whoever was
 /// acting), either how long until a new tenure acted, or that the tenure went on after the fault.
 fn fault_outcomes(
@@ -704,6 +738,17 @@ impl ChaosReport {
                 show(times.first().copied()),
                 show(median),
                 show(times.last().copied()),
+            );
+        }
+        if !self.pause_stops.is_empty() {
+            let n = self.pause_stops.len();
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let _ = writeln!(
+                out,
+                "paused holders: {n}, ticks or steps after the resume: 0, singleton stopped after the resume: {:.1} / {:.1} / {:.1} ms (min / median / max)",
+                ms(self.pause_stops[0]),
+                ms((self.pause_stops[(n - 1) / 2] + self.pause_stops[n / 2]) / 2),
+                ms(self.pause_stops[n - 1]),
             );
         }
         out
