@@ -285,7 +285,9 @@ async fn run(backend_name: String, count: usize) {
         .collect();
     let start = Instant::now();
     let acquired = stream::iter(leases.iter())
-        .map(|l| async move { l.acquire().await })
+        // `acquire_within`: keeps trying through a timed-out call (a loaded API server), which
+        // `acquire` reports at once.
+        .map(|l| async move { l.acquire_within(Duration::from_secs(30)).await })
         .buffer_unordered(64)
         .filter(|r| std::future::ready(matches!(r, Ok(true))))
         .count()
