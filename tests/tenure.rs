@@ -524,3 +524,63 @@ async fn an_abandoned_release_still_releases() {
     sleep(Duration::from_secs(2)).await;
     assert_eq!(store.holder(LEASE), None, "the backend was told");
 }
+
+/// A singleton that blocks its thread, started on an arbiter of its own with
+/// `ClusterSingletonManager::on_arbiter`, does not delay its manager or the lease's renewals.
+#[test]
+fn a_blocking_singleton_on_its_own_arbiter_does_not_delay_its_manager() {
+    struct Blocker {
+        thread: Arc<Mutex<Option<std::thread::ThreadId>>>,
+        block: Duration,
+    }
+    impl Actor for Blocker {
+        type Context = Context<Self>;
+        fn started(&mut self, ctx: &mut Self::Context) {
+            *self.thread.lock().unwrap() = Some(std::thread::current().id());
+            let block = self.block;
+            ctx.run_later(Duration::ZERO, move |_, _| std::thread::sleep(block));
+        }
+    }
+    actix_rt::System::new().block_on(async {
+        let ttl = Duration::from_millis(600);
+        let store = InMemoryStore::new();
+        let lease =
+            Arc::new(store.lease(LeaseSettings::builder(LEASE, "a").ttl(ttl).build().unwrap()));
+        let arbiter = actix_rt::Arbiter::new();
+        let thread = Arc::new(Mutex::new(None));
+        let manager = {
+            let thread = Arc::clone(&thread);
+            ClusterSingletonManager::on_arbiter(
+                Arc::clone(&lease),
+                arbiter.handle(),
+                move |_, _| Blocker {
+                    thread: Arc::clone(&thread),
+                    block: ttl * 4,
+                },
+            )
+            .start()
+        };
+        wait_for_state(&manager, SingletonState::Running, ttl * 3).await;
+        common::actors::wait_until(ttl, || thread.lock().unwrap().is_some()).await;
+        assert_ne!(
+            *thread.lock().unwrap(),
+            Some(std::thread::current().id()),
+            "the singleton runs on its own thread"
+        );
+        let token = lease.fencing_token().unwrap();
+        // The singleton's thread is blocked for four TTLs: the manager answers and the lease is
+        // renewed meanwhile.
+        let blocked_until = Instant::now() + ttl * 3;
+        while Instant::now() < blocked_until {
+            assert_eq!(
+                manager.send(GetStatus).await.unwrap().state,
+                SingletonState::Running
+            );
+            assert!(lease.check_alive(), "renewed while the singleton blocks");
+            sleep(ttl / 4).await;
+        }
+        assert_eq!(lease.fencing_token(), Some(token), "one tenure throughout");
+        assert!(manager.send(Shutdown).await.unwrap().unwrap());
+        arbiter.stop();
+    });
+}
