@@ -58,34 +58,44 @@ pub fn now_ns() -> u128 {
         .as_nanos()
 }
 
-/// The `singleton_node` example, built with every feature (cheap when up to date) and copied into
-/// `dir`: the target directory may be shared with other checkouts whose builds replace it.
-pub fn node_binary(dir: &Path) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--all-features",
-            "--example",
-            "singleton_node",
-        ])
-        .current_dir(manifest)
-        .status()
-        .expect("run cargo build");
-    assert!(
-        status.success(),
-        "building the singleton_node example failed"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(manifest).join("target"));
-    let built = target.join("debug").join("examples").join("singleton_node");
-    let bin = dir.join("singleton_node");
-    std::fs::copy(&built, &bin)
-        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), bin.display()));
-    bin
+/// The `singleton_node` example, built with every feature (cheap when up to date) and copied once
+/// per test process to `target/chaos/bin-<pid>/`: the target directory may be shared with other
+/// checkouts whose builds replace the example while a run uses it.
+pub fn node_binary() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let manifest = env!("CARGO_MANIFEST_DIR");
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "--all-features",
+                "--example",
+                "singleton_node",
+            ])
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "building the singleton_node example failed"
+        );
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(manifest).join("target"));
+        let built = target.join("debug").join("examples").join("singleton_node");
+        let dir = Path::new(manifest)
+            .join("target")
+            .join("chaos")
+            .join(format!("bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("singleton_node");
+        std::fs::copy(&built, &bin)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), bin.display()));
+        bin
+    })
+    .clone()
 }
 
 fn signal(pid: u32, signal: &str) {
@@ -202,8 +212,8 @@ pub async fn run<B: ChaosBackend>(
     duration: Duration,
     seed: u64,
 ) -> ChaosReport {
+    let bin = node_binary();
     let (dir, lease) = prepare_run(backend, "chaos").await;
-    let bin = node_binary(&dir);
     // The kinds of fault come from their own generator, so that a seed replays them whatever
     // the other draws (waits, targets when nobody acts).
     let mut schedule = FaultSchedule::new(seed);
@@ -237,13 +247,7 @@ pub async fn run<B: ChaosBackend>(
     {
         sleep(Duration::from_millis(rng.u64(1500..4000))).await;
         // The tenure acting right now, if any.
-        let events = read_events(&all_events);
-        let recent = now_ns().saturating_sub(500_000_000);
-        let holder = events
-            .iter()
-            .rev()
-            .find(|e| e.kind == EventKind::Act && e.t_ns >= recent)
-            .map(|e| (e.owner.clone(), e.token));
+        let holder = holder_at(&read_events(&all_events), now_ns(), None);
         let at_holder = holder
             .as_ref()
             .and_then(|(h, _)| running.iter().position(|n| &n.owner == h));
@@ -328,64 +332,37 @@ pub async fn run<B: ChaosBackend>(
         stop_gracefully(node).await;
     }
     let end_ns = now_ns();
-    let events = read_events(&all_events);
-    let tenures = tenures(&events);
-    let lifetimes = lifetimes(&events);
-    let fault_log: String = faults
-        .iter()
-        .map(|f| {
-            let quoted = |o: Option<&String>| o.map_or("null".to_owned(), |o| format!("\"{o}\""));
-            format!(
-                "{{\"fault\":\"{:?}\",\"owner\":{},\"holder\":{},\"holder_token\":{},\"start_ns\":{},\"end_ns\":{}}}\n",
-                f.fault,
-                quoted(f.owner.as_ref()),
-                quoted(f.holder.as_ref().map(|h| &h.0)),
-                f.holder.as_ref().map_or("null".to_owned(), |h| h.1.to_string()),
-                f.start_ns,
-                f.end_ns
-            )
-        })
-        .collect();
+    let fault_log: String = faults.iter().map(fault_line).collect();
     std::fs::write(dir.join("faults.jsonl"), fault_log).unwrap();
-    let svg = dir.join("timeline.svg");
+    let info = RunInfo {
+        backend: backend.name().to_owned(),
+        seed,
+        ttl,
+        nodes,
+        duration: started.elapsed(),
+    };
+    std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
+    // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
+    // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
+    let report = analyze(&dir, &info);
     std::fs::write(
-        &svg,
+        &report.svg,
         draw_svg(
             &format!(
                 "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults)",
                 backend.name(),
-                tenures.len(),
-                faults.len()
+                report.tenures.len(),
+                report.faults.len()
             ),
             nodes,
-            &tenures,
-            &lifetimes,
-            &faults,
+            &report.tenures,
+            &report.lifetimes,
+            &report.faults,
             start_ns,
             end_ns,
         ),
     )
     .unwrap();
-    // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
-    // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
-    let pauses: Vec<Pause> = faults.iter().filter_map(FaultRecord::pause).collect();
-    let violations = check_run(&events, &pauses).err().unwrap_or_default();
-    let report = ChaosReport {
-        backend: backend.name().to_owned(),
-        seed,
-        ttl,
-        nodes,
-        outcomes: fault_outcomes(&faults, &events),
-        pause_stops: pause_stops(&faults, &events),
-        ticks: tick_counts(&events),
-        forbidden: forbidden_answers(&node_logs(&dir)),
-        tenures,
-        lifetimes,
-        faults,
-        violations,
-        svg,
-        duration: started.elapsed(),
-    };
     std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
     assert!(
         report.violations.is_empty(),
@@ -436,8 +413,9 @@ pub async fn pause_run<B: ChaosBackend>(
         NodeMode::Safe => "pause",
         NodeMode::IgnoreGuard => "unsafe",
     };
+    let bin = node_binary();
     let (dir, lease) = prepare_run(backend, kind).await;
-    let bin = node_binary(&dir);
+    let start_ns = now_ns();
     let mut nodes = vec![spawn_node(backend, &bin, &dir, &lease, ttl, 0, 0, holder_mode).await];
     let mut paths = vec![nodes[0].events.clone()];
     let first_act = |paths: &[PathBuf], owner: &str, after: u128| {
@@ -496,11 +474,46 @@ pub async fn pause_run<B: ChaosBackend>(
         stopped_ns,
         resumed_ns,
     };
-    let violations = check_run(&events, &[pause]).err().unwrap_or_default();
+    let violations = check_run(&events, std::slice::from_ref(&pause))
+        .err()
+        .unwrap_or_default();
     for node in &mut nodes {
         signal(node.child.id(), "CONT");
         stop_gracefully(node).await;
     }
+    let pause_fault = FaultRecord {
+        fault: Fault::Pause,
+        owner: Some(pause.owner.clone()),
+        holder: Some((holder.owner.clone(), holder.token)),
+        start_ns: stopped_ns,
+        end_ns: resumed_ns,
+    };
+    std::fs::write(
+        dir.join("timeline.svg"),
+        draw_svg(
+            &format!(
+                "{}: {} holder frozen past its TTL, then resumed (ttl {ttl:?}, {})",
+                backend.name(),
+                if holder_mode == NodeMode::Safe {
+                    "a safe"
+                } else {
+                    "an UNSAFE (--unsafe-ignore-guard)"
+                },
+                if violations.is_empty() {
+                    "no violation".to_owned()
+                } else {
+                    format!("{} violations", violations.len())
+                }
+            ),
+            2,
+            &tenures(&events),
+            &lifetimes(&events),
+            &[pause_fault],
+            start_ns,
+            now_ns(),
+        ),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("summary.txt"),
         if violations.is_empty() {

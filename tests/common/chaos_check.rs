@@ -674,6 +674,167 @@ pub fn node_logs(dir: &Path) -> Vec<(String, String)> {
     logs
 }
 
+/// The nodes' event logs (`node-*.jsonl`) of a run directory.
+pub fn event_logs(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("node-") && n.ends_with(".jsonl"))
+        })
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The acting tenure (owner, token) whose last step came within 500 ms before `t_ns`, of `owner`
+/// if given: how the harness finds the holder a fault meets.
+pub fn holder_at(events: &[NodeEvent], t_ns: u128, owner: Option<&str>) -> Option<(String, u64)> {
+    events
+        .iter()
+        .rev()
+        .filter(|e| e.t_ns < t_ns)
+        .take_while(|e| e.t_ns + 500_000_000 >= t_ns)
+        .find(|e| e.kind == EventKind::Act && owner.is_none_or(|o| e.owner == o))
+        .map(|e| (e.owner.clone(), e.token))
+}
+
+/// One line of `faults.jsonl`.
+pub fn fault_line(f: &FaultRecord) -> String {
+    let quoted = |o: Option<&String>| o.map_or("null".to_owned(), |o| format!("\"{o}\""));
+    format!(
+        "{{\"fault\":\"{:?}\",\"owner\":{},\"holder\":{},\"holder_token\":{},\"start_ns\":{},\"end_ns\":{}}}\n",
+        f.fault,
+        quoted(f.owner.as_ref()),
+        quoted(f.holder.as_ref().map(|h| &h.0)),
+        f.holder
+            .as_ref()
+            .map_or("null".to_owned(), |h| h.1.to_string()),
+        f.start_ns,
+        f.end_ns
+    )
+}
+
+/// The faults of a `faults.jsonl`. Logs written before the harness recorded the holder (no
+/// `holder` field) get it from `events` as the harness finds it ([`holder_at`]).
+pub fn parse_faults(text: &str, events: &[NodeEvent]) -> Vec<FaultRecord> {
+    text.lines()
+        .filter_map(|line| {
+            let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
+            let fault = *Fault::ALL
+                .iter()
+                .find(|k| format!("{k:?}") == v["fault"].as_str().unwrap_or_default())?;
+            let owner = v["owner"].as_str().map(str::to_owned);
+            let start_ns = u128::from(v["start_ns"].as_u64()?);
+            let holder = if v.get("holder").is_some() {
+                v["holder"]
+                    .as_str()
+                    .zip(v["holder_token"].as_u64())
+                    .map(|(o, t)| (o.to_owned(), t))
+            } else {
+                holder_at(events, start_ns, owner.as_deref())
+            };
+            Some(FaultRecord {
+                fault,
+                owner,
+                holder,
+                start_ns,
+                end_ns: u128::from(v["end_ns"].as_u64()?),
+            })
+        })
+        .collect()
+}
+
+/// What a run was, as `run.json` in its directory says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInfo {
+    pub backend: String,
+    pub seed: u64,
+    pub ttl: Duration,
+    pub nodes: usize,
+    pub duration: Duration,
+}
+
+impl RunInfo {
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"backend\":\"{}\",\"seed\":{},\"ttl_ms\":{},\"nodes\":{},\"duration_ms\":{}}}\n",
+            self.backend,
+            self.seed,
+            self.ttl.as_millis(),
+            self.nodes,
+            self.duration.as_millis()
+        )
+    }
+
+    /// From `run.json`, or for a run older than it from the first line of its `summary.txt`
+    /// (`<backend> chaos run: seed S, ttl 3s, [N nodes, ]609s, ...`; 3 nodes if not given).
+    pub fn read(dir: &Path) -> Option<Self> {
+        if let Ok(text) = std::fs::read_to_string(dir.join("run.json")) {
+            let v = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+            return Some(Self {
+                backend: v["backend"].as_str()?.to_owned(),
+                seed: v["seed"].as_u64()?,
+                ttl: Duration::from_millis(v["ttl_ms"].as_u64()?),
+                nodes: usize::try_from(v["nodes"].as_u64()?).ok()?,
+                duration: Duration::from_millis(v["duration_ms"].as_u64()?),
+            });
+        }
+        let summary = std::fs::read_to_string(dir.join("summary.txt")).ok()?;
+        let (backend, rest) = summary.lines().next()?.split_once(" chaos run: ")?;
+        let fields: Vec<&str> = rest.split(", ").collect();
+        let field = |prefix: &str| {
+            fields
+                .iter()
+                .find_map(|f| f.strip_prefix(prefix))
+                .map(str::to_owned)
+        };
+        let seconds = |s: &str| s.strip_suffix('s')?.parse::<u64>().ok();
+        Some(Self {
+            backend: backend.to_owned(),
+            seed: field("seed ")?.parse().ok()?,
+            ttl: Duration::from_secs(seconds(&field("ttl ")?)?),
+            nodes: fields
+                .iter()
+                .find_map(|f| f.strip_suffix(" nodes")?.parse().ok())
+                .unwrap_or(3),
+            duration: Duration::from_secs(fields.iter().find_map(|f| seconds(f))?),
+        })
+    }
+}
+
+/// Every verdict and figure of a run, from the files in its directory: the nodes' event logs
+/// and logs and `faults.jsonl`. The harness writes `summary.txt` from this; it also re-checks a
+/// run made before a verdict was added.
+pub fn analyze(dir: &Path, info: &RunInfo) -> ChaosReport {
+    let events = read_events(&event_logs(dir));
+    let faults = parse_faults(
+        &std::fs::read_to_string(dir.join("faults.jsonl")).unwrap_or_default(),
+        &events,
+    );
+    let pauses: Vec<Pause> = faults.iter().filter_map(FaultRecord::pause).collect();
+    ChaosReport {
+        backend: info.backend.clone(),
+        seed: info.seed,
+        ttl: info.ttl,
+        nodes: info.nodes,
+        tenures: tenures(&events),
+        lifetimes: lifetimes(&events),
+        outcomes: fault_outcomes(&faults, &events),
+        pause_stops: pause_stops(&faults, &events),
+        ticks: tick_counts(&events),
+        forbidden: forbidden_answers(&node_logs(dir)),
+        violations: check_run(&events, &pauses).err().unwrap_or_default(),
+        faults,
+        svg: dir.join("timeline.svg"),
+        duration: info.duration,
+    }
+}
+
 /// What a run found.
 #[derive(Debug)]
 pub struct ChaosReport {
