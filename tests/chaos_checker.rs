@@ -493,7 +493,7 @@ fn outcomes_and_the_summary_report_every_figure() {
 #[test]
 fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
     let (events, _) = clean_log();
-    let faults = vec![
+    let faults = [
         fault(Fault::Kill, Some(("node-0.0", 3)), 2020, 2520),
         fault(Fault::ServerRestart, None, 3000, 4000),
     ];
