@@ -16,6 +16,12 @@
 //! JSON line (the chaos harness reads them to prove that no two nodes ever acted at once, and that
 //! a resumed node runs no timer at all once its tenure ended).
 //! SIGTERM or ctrl-c stops the singleton, releases the lease and exits.
+//!
+//! `--unsafe-ignore-guard` makes the node deliberately unsafe, to show that the chaos harness
+//! catches an unsafe singleton: its work runs on a detached task (not the actor's timer) that never
+//! checks the guard, so neither the guard nor the manager, which stops the singleton actor when
+//! the tenure ends, stops it: it goes on stepping (and logging `act`) under its old fencing token
+//! after its tenure ended. Never use it for anything else.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -56,6 +62,8 @@ struct Worker {
     info: SingletonInfo,
     events: Events,
     steps: u64,
+    /// `--unsafe-ignore-guard`: work on a detached task that never checks the guard.
+    unsafe_ignore_guard: bool,
 }
 
 impl Actor for Worker {
@@ -68,6 +76,20 @@ impl Actor for Worker {
             self.info.owner
         );
         self.events.log(&self.info.owner, "start", token, now_ns());
+        if self.unsafe_ignore_guard {
+            // Deliberately wrong: a task that outlives the actor and ignores the guard.
+            let (owner, events) = (self.info.owner.clone(), self.events.clone());
+            actix_rt::spawn(async move {
+                let mut timer = tokio::time::interval(Duration::from_millis(50));
+                loop {
+                    timer.tick().await;
+                    let t = now_ns();
+                    events.log(&owner, "tick", token, t);
+                    events.log(&owner, "act", token, t);
+                }
+            });
+            return;
+        }
         ctx.run_interval(Duration::from_millis(50), |act, _| act.step());
     }
 
@@ -108,6 +130,7 @@ struct Args {
     lease: String,
     owner: String,
     events: Option<String>,
+    unsafe_ignore_guard: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -116,6 +139,7 @@ fn parse_args() -> Result<Args, String> {
     let mut lease = "example-singleton".to_owned();
     let mut owner = std::env::var("POD_NAME").ok();
     let mut events = None;
+    let mut unsafe_ignore_guard = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -125,6 +149,7 @@ fn parse_args() -> Result<Args, String> {
             "--lease" => lease = value()?,
             "--owner" => owner = Some(value()?),
             "--events" => events = Some(value()?),
+            "--unsafe-ignore-guard" => unsafe_ignore_guard = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -138,6 +163,7 @@ fn parse_args() -> Result<Args, String> {
         lease,
         owner,
         events,
+        unsafe_ignore_guard,
     })
 }
 
@@ -157,7 +183,7 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE]"))?;
+    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE] [--unsafe-ignore-guard]"))?;
     let config: CoordinationConfig = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
     let provider = LeaseProvider::new(config);
     let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
@@ -179,10 +205,15 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
     // Back off at most one TTL after errors (a server restart): a node waiting behind a long
     // backoff would miss a graceful handover.
     let max_error_backoff = lease.settings().ttl();
+    let unsafe_ignore_guard = args.unsafe_ignore_guard;
+    if unsafe_ignore_guard {
+        println!("[{}] UNSAFE: the singleton ignores its guard", args.owner);
+    }
     ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Worker {
         info: info.clone(),
         events: events.clone(),
         steps: 0,
+        unsafe_ignore_guard,
     })
     .settings(SingletonSettings {
         handle_signals: true,

@@ -1,11 +1,12 @@
 //! The chaos harness: several real processes (`examples/singleton_node.rs`) compete for one lease
 //! on a real server while the harness SIGKILLs holders, freezes them with SIGSTOP for longer than the
-//! TTL, blackholes their traffic, and restarts the server. Every process logs each step its singleton
-//! takes (timestamp taken *before* `check_alive()`), so the harness can prove afterwards that no two
-//! processes ever acted at once and that a frozen holder never acted after it was resumed. It draws
-//! the timeline as an SVG.
+//! TTL, blackholes their traffic, stops them gracefully and restarts the server. Every process logs
+//! its singleton's start and stop, every timer tick (timestamp taken *before* `check_alive()`) and
+//! every step the guard allowed, so the harness can prove afterwards (with the verdicts of
+//! `chaos_check.rs`) that no two singletons ever ran at once, no two processes ever acted at once,
+//! and a frozen holder ran nothing after it was resumed. It draws the timeline as an SVG and writes
+//! every figure of docs/chaos/RESULTS.md to `summary.txt`.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::{sleep, Instant};
 
+pub use super::chaos_check::*;
 use super::proxy::{FaultProxy, ProxyMode};
 
 /// What the harness needs from a backend.
@@ -29,67 +31,6 @@ pub trait ChaosBackend {
     fn config_toml(&self, proxy: SocketAddr, lease_ttl: Duration) -> String;
     /// Stops the server and starts it again.
     fn restart_server(&mut self) -> impl std::future::Future<Output = ()>;
-}
-
-/// The kinds of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    Kill,
-    Pause,
-    Blackhole,
-    ServerRestart,
-    /// SIGTERM: the node stops its singleton, releases the lease and exits; a new process
-    /// replaces it. The next tenure must start well before the TTL.
-    GracefulStop,
-}
-
-/// A fault as it happened.
-#[derive(Debug, Clone)]
-pub struct FaultRecord {
-    pub fault: Fault,
-    pub owner: Option<String>,
-    pub start_ns: u128,
-    pub end_ns: u128,
-}
-
-/// One step a node's singleton took, or a start / stop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeEvent {
-    pub owner: String,
-    pub event: String,
-    pub token: u64,
-    pub t_ns: u128,
-}
-
-/// The interval in which one owner acted under one token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenure {
-    pub owner: String,
-    pub token: u64,
-    pub first_ns: u128,
-    pub last_ns: u128,
-    pub steps: usize,
-}
-
-/// What a run found.
-#[derive(Debug)]
-pub struct ChaosReport {
-    pub backend: String,
-    pub seed: u64,
-    pub ttl: Duration,
-    pub tenures: Vec<Tenure>,
-    pub faults: Vec<FaultRecord>,
-    /// Per fault that hit the acting holder (for a server restart: whoever was acting): how long
-    /// from the start of the fault until a new tenure acted.
-    pub takeovers: Vec<(Fault, Duration)>,
-    /// The faults whose holder went on acting under the same tenure after the fault (a server
-    /// restart shorter than the TTL).
-    pub kept: Vec<Fault>,
-    /// Per pause of the acting holder: how long after the resume (the instant before `SIGCONT`)
-    /// its singleton stopped. (That it ran nothing in between is asserted.)
-    pub pause_stops: Vec<Duration>,
-    pub svg: PathBuf,
-    pub duration: Duration,
 }
 
 struct Node {
@@ -117,31 +58,44 @@ pub fn now_ns() -> u128 {
         .as_nanos()
 }
 
-/// The `singleton_node` example, built with every feature (cheap when up to date).
+/// The `singleton_node` example, built with every feature (cheap when up to date) and copied once
+/// per test process to `target/chaos/bin-<pid>/`: the target directory may be shared with other
+/// checkouts whose builds replace the example while a run uses it.
 pub fn node_binary() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--all-features",
-            "--example",
-            "singleton_node",
-        ])
-        .current_dir(manifest)
-        .status()
-        .expect("run cargo build");
-    assert!(
-        status.success(),
-        "building the singleton_node example failed"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(manifest).join("target"));
-    let bin = target.join("debug").join("examples").join("singleton_node");
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let manifest = env!("CARGO_MANIFEST_DIR");
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "--all-features",
+                "--example",
+                "singleton_node",
+            ])
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "building the singleton_node example failed"
+        );
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(manifest).join("target"));
+        let built = target.join("debug").join("examples").join("singleton_node");
+        let dir = Path::new(manifest)
+            .join("target")
+            .join("chaos")
+            .join(format!("bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("singleton_node");
+        std::fs::copy(&built, &bin)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), bin.display()));
+        bin
+    })
+    .clone()
 }
 
 fn signal(pid: u32, signal: &str) {
@@ -153,72 +107,18 @@ fn signal(pid: u32, signal: &str) {
         .status();
 }
 
-pub fn read_events(paths: &[PathBuf]) -> Vec<NodeEvent> {
-    let mut events = Vec::new();
-    for path in paths {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue; // a line cut by SIGKILL
-            };
-            events.push(NodeEvent {
-                owner: v["owner"].as_str().unwrap_or_default().to_owned(),
-                event: v["event"].as_str().unwrap_or_default().to_owned(),
-                token: v["token"].as_u64().unwrap_or_default(),
-                t_ns: v["t_ns"]
-                    .as_u64()
-                    .map(u128::from)
-                    .or_else(|| v["t_ns"].as_str().and_then(|s| s.parse().ok()))
-                    .unwrap_or_default(),
-            });
-        }
-    }
-    events.sort_by_key(|e| e.t_ns);
-    events
+/// How a node is started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NodeMode {
+    /// As shipped: the singleton steps only while its guard allows.
+    #[default]
+    Safe,
+    /// `--unsafe-ignore-guard`: the singleton's work runs on a detached task that never checks
+    /// the guard and outlives the tenure (for showing that the checker catches it).
+    IgnoreGuard,
 }
 
-/// Groups the steps into tenures and checks that tenures of different owners never overlap and
-/// that tokens rise from one tenure to the next.
-pub fn tenures(events: &[NodeEvent]) -> Vec<Tenure> {
-    let mut by_key: BTreeMap<(String, u64), Tenure> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.event == "act") {
-        by_key
-            .entry((e.owner.clone(), e.token))
-            .and_modify(|t| {
-                t.first_ns = t.first_ns.min(e.t_ns);
-                t.last_ns = t.last_ns.max(e.t_ns);
-                t.steps += 1;
-            })
-            .or_insert(Tenure {
-                owner: e.owner.clone(),
-                token: e.token,
-                first_ns: e.t_ns,
-                last_ns: e.t_ns,
-                steps: 1,
-            });
-    }
-    let mut tenures: Vec<Tenure> = by_key.into_values().collect();
-    tenures.sort_by_key(|t| t.first_ns);
-    tenures
-}
-
-pub fn assert_no_overlap(tenures: &[Tenure]) {
-    for pair in tenures.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            b.first_ns > a.last_ns,
-            "overlap: {} (token {}) acted until {} but {} (token {}) acted from {}",
-            a.owner,
-            a.token,
-            a.last_ns,
-            b.owner,
-            b.token,
-            b.first_ns
-        );
-        assert!(b.token > a.token, "token went back from {a:?} to {b:?}");
-    }
-}
-
+#[allow(clippy::too_many_arguments)]
 async fn spawn_node<B: ChaosBackend>(
     backend: &B,
     bin: &Path,
@@ -227,6 +127,7 @@ async fn spawn_node<B: ChaosBackend>(
     ttl: Duration,
     index: usize,
     generation: usize,
+    mode: NodeMode,
 ) -> Node {
     let owner = format!("node-{index}.{generation}");
     let events = dir.join(format!("{owner}.jsonl"));
@@ -234,7 +135,8 @@ async fn spawn_node<B: ChaosBackend>(
     let config = dir.join(format!("{owner}.toml"));
     std::fs::write(&config, backend.config_toml(proxy.addr(), ttl)).unwrap();
     let log = std::fs::File::create(dir.join(format!("{owner}.log"))).unwrap();
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .args([
             "--config",
             config.to_str().unwrap(),
@@ -243,7 +145,11 @@ async fn spawn_node<B: ChaosBackend>(
             "--owner",
             &owner,
         ])
-        .args(["--events", events.to_str().unwrap()])
+        .args(["--events", events.to_str().unwrap()]);
+    if mode == NodeMode::IgnoreGuard {
+        command.arg("--unsafe-ignore-guard");
+    }
+    let child = command
         .env("RUST_LOG", "actix_coordination=debug")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
@@ -259,10 +165,14 @@ async fn spawn_node<B: ChaosBackend>(
     }
 }
 
-/// A fresh run directory `target/chaos/<backend>[-pause]-<pid>` (the backend prepared in it) and
+/// A fresh run directory `target/chaos/<backend>[-<kind>]-<pid>` (the backend prepared in it) and
 /// a lease name of its own.
 async fn prepare_run<B: ChaosBackend>(backend: &mut B, kind: &str) -> (PathBuf, String) {
-    let suffix = if kind == "chaos" { "" } else { "-pause" };
+    let suffix = if kind == "chaos" {
+        String::new()
+    } else {
+        format!("-{kind}")
+    };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target")
         .join("chaos")
@@ -276,8 +186,25 @@ async fn prepare_run<B: ChaosBackend>(backend: &mut B, kind: &str) -> (PathBuf, 
     )
 }
 
-/// Runs the harness for `duration` with `nodes` processes and returns what it saw; panics on a
-/// safety violation.
+/// SIGTERM to `node`, then waits (up to 20 s) for it to exit.
+async fn stop_gracefully(node: &mut Node) {
+    signal(node.child.id(), "TERM");
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while node.child.try_wait().ok().flatten().is_none() {
+        if Instant::now() >= give_up {
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+            panic!("{} did not exit after SIGTERM", node.owner);
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs the harness with `nodes` processes for at least `duration`, and in any case until every
+/// kind of fault has met an acting holder once (the [`FaultSchedule`] opens with every kind; a run
+/// gives up on that after `2 × duration + 60 s`). Writes `summary.txt`, `faults.jsonl` and
+/// `timeline.svg` into the run's directory, then panics on any safety violation; returns what it
+/// saw otherwise.
 pub async fn run<B: ChaosBackend>(
     backend: &mut B,
     nodes: usize,
@@ -287,41 +214,45 @@ pub async fn run<B: ChaosBackend>(
 ) -> ChaosReport {
     let bin = node_binary();
     let (dir, lease) = prepare_run(backend, "chaos").await;
-    let mut rng = fastrand::Rng::with_seed(seed);
+    // The kinds of fault come from their own generator, so that a seed replays them whatever
+    // the other draws (waits, targets when nobody acts).
+    let mut schedule = FaultSchedule::new(seed);
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut generation = 0usize;
     let mut running: Vec<Node> = Vec::new();
     let mut all_events: Vec<PathBuf> = Vec::new();
     for i in 0..nodes {
-        let node = spawn_node(backend, &bin, &dir, &lease, ttl, i, generation).await;
+        let node = spawn_node(
+            backend,
+            &bin,
+            &dir,
+            &lease,
+            ttl,
+            i,
+            generation,
+            NodeMode::Safe,
+        )
+        .await;
         all_events.push(node.events.clone());
         running.push(node);
     }
     let started = Instant::now();
+    let give_up_coverage = duration * 2 + Duration::from_secs(60);
     let start_ns = now_ns();
     let mut faults = Vec::new();
     // Let a first holder settle.
     sleep(ttl).await;
-    while started.elapsed() < duration {
+    while started.elapsed() < duration
+        || (!schedule.covered() && started.elapsed() < give_up_coverage)
+    {
         sleep(Duration::from_millis(rng.u64(1500..4000))).await;
-        // The node acting right now, if any.
-        let events = read_events(&all_events);
-        let recent = now_ns().saturating_sub(500_000_000);
-        let holder = events
-            .iter()
-            .rev()
-            .find(|e| e.event == "act" && e.t_ns >= recent)
-            .map(|e| e.owner.clone());
-        let target = holder
+        // The tenure acting right now, if any.
+        let holder = holder_at(&read_events(&all_events), now_ns(), None);
+        let at_holder = holder
             .as_ref()
-            .and_then(|h| running.iter().position(|n| &n.owner == h))
-            .unwrap_or_else(|| rng.usize(0..running.len()));
-        let fault = match rng.u8(0..10) {
-            0..=1 => Fault::Kill,
-            2..=3 => Fault::Pause,
-            4..=5 => Fault::Blackhole,
-            6..=7 => Fault::GracefulStop,
-            _ => Fault::ServerRestart,
-        };
+            .and_then(|(h, _)| running.iter().position(|n| &n.owner == h));
+        let target = at_holder.unwrap_or_else(|| rng.usize(0..running.len()));
+        let fault = schedule.next_fault();
         let owner = running[target].owner.clone();
         let t0 = now_ns();
         let mut resumed_ns = None;
@@ -332,8 +263,17 @@ pub async fn run<B: ChaosBackend>(
                 let _ = node.child.wait();
                 sleep(Duration::from_millis(500)).await;
                 generation += 1;
-                let replacement =
-                    spawn_node(backend, &bin, &dir, &lease, ttl, target, generation).await;
+                let replacement = spawn_node(
+                    backend,
+                    &bin,
+                    &dir,
+                    &lease,
+                    ttl,
+                    target,
+                    generation,
+                    NodeMode::Safe,
+                )
+                .await;
                 all_events.push(replacement.events.clone());
                 running.insert(target, replacement);
             }
@@ -354,26 +294,30 @@ pub async fn run<B: ChaosBackend>(
             Fault::ServerRestart => backend.restart_server().await,
             Fault::GracefulStop => {
                 let mut node = running.remove(target);
-                signal(node.child.id(), "TERM");
-                let give_up = Instant::now() + Duration::from_secs(20);
-                while node.child.try_wait().ok().flatten().is_none() {
-                    if Instant::now() >= give_up {
-                        let _ = node.child.kill();
-                        let _ = node.child.wait();
-                        panic!("{} did not exit after SIGTERM", node.owner);
-                    }
-                    sleep(Duration::from_millis(20)).await;
-                }
+                stop_gracefully(&mut node).await;
                 generation += 1;
-                let replacement =
-                    spawn_node(backend, &bin, &dir, &lease, ttl, target, generation).await;
+                let replacement = spawn_node(
+                    backend,
+                    &bin,
+                    &dir,
+                    &lease,
+                    ttl,
+                    target,
+                    generation,
+                    NodeMode::Safe,
+                )
+                .await;
                 all_events.push(replacement.events.clone());
                 running.insert(target, replacement);
             }
         }
+        // A node fault aimed at a node that was not acting tests nothing a holder is for.
+        let met_holder = holder.is_some() && (fault == Fault::ServerRestart || at_holder.is_some());
+        schedule.done(fault, met_holder);
         faults.push(FaultRecord {
             fault,
             owner: (fault != Fault::ServerRestart).then_some(owner),
+            holder: if met_holder { holder } else { None },
             start_ns: t0,
             end_ns: resumed_ns.unwrap_or_else(now_ns),
         });
@@ -384,126 +328,60 @@ pub async fn run<B: ChaosBackend>(
     for node in &running {
         signal(node.child.id(), "TERM");
     }
-    let give_up = Instant::now() + Duration::from_secs(20);
     for node in &mut running {
-        loop {
-            if node.child.try_wait().ok().flatten().is_some() {
-                break;
-            }
-            if Instant::now() >= give_up {
-                let _ = node.child.kill();
-                let _ = node.child.wait();
-                panic!("{} did not exit after SIGTERM", node.owner);
-            }
-            sleep(Duration::from_millis(50)).await;
-        }
+        stop_gracefully(node).await;
     }
     let end_ns = now_ns();
-    let events = read_events(&all_events);
-    let tenures = tenures(&events);
-    let fault_log: String = faults
-        .iter()
-        .map(|f| {
-            format!(
-                "{{\"fault\":\"{:?}\",\"owner\":{},\"start_ns\":{},\"end_ns\":{}}}\n",
-                f.fault,
-                f.owner
-                    .as_ref()
-                    .map_or("null".to_owned(), |o| format!("\"{o}\"")),
-                f.start_ns,
-                f.end_ns
-            )
-        })
-        .collect();
+    let fault_log: String = faults.iter().map(fault_line).collect();
     std::fs::write(dir.join("faults.jsonl"), fault_log).unwrap();
-    let svg = dir.join("timeline.svg");
+    let info = RunInfo {
+        backend: backend.name().to_owned(),
+        seed,
+        ttl,
+        nodes,
+        duration: started.elapsed(),
+    };
+    std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
+    // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
+    // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
+    let report = analyze(&dir, &info);
     std::fs::write(
-        &svg,
+        &report.svg,
         draw_svg(
             &format!(
                 "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults)",
                 backend.name(),
-                tenures.len(),
-                faults.len()
+                report.tenures.len(),
+                report.faults.len()
             ),
             nodes,
-            &tenures,
-            &faults,
+            &report.tenures,
+            &report.lifetimes,
+            &report.faults,
             start_ns,
             end_ns,
         ),
     )
     .unwrap();
-    assert_no_overlap(&tenures);
-    // A paused holder (frozen past its TTL) runs nothing at all under its old token once resumed:
-    // no step, and not even a timer tick (the guard's watcher stops the singleton before its
-    // timers run).
-    for f in faults.iter().filter(|f| f.fault == Fault::Pause) {
-        assert_resumed_holder_ran_nothing(
-            &events,
-            f.owner.as_deref().unwrap(),
-            f.start_ns,
-            f.end_ns,
-        );
-    }
-    let (takeovers, kept) = fault_outcomes(&faults, &events);
-    let pause_stops = pause_stops(&faults, &events);
+    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    assert!(
+        report.violations.is_empty(),
+        "{}\n(run directory: {})",
+        describe(&report.violations),
+        dir.display()
+    );
     // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
     // the TTL like a crash.
-    for (fault, takeover) in &takeovers {
-        if *fault == Fault::GracefulStop {
+    for o in &report.outcomes {
+        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
             assert!(
-                *takeover < ttl / 2,
-                "a graceful stop took {takeover:?} to hand over (ttl {ttl:?})"
+                t.after < ttl / 2,
+                "a graceful stop took {:?} to hand over (ttl {ttl:?})",
+                t.after
             );
         }
     }
-    let report = ChaosReport {
-        backend: backend.name().to_owned(),
-        seed,
-        ttl,
-        tenures,
-        faults,
-        takeovers,
-        kept,
-        pause_stops,
-        svg,
-        duration: started.elapsed(),
-    };
-    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
     report
-}
-
-/// Checks that `owner`, frozen from `stopped_ns` to `resumed_ns` (past its TTL), took no step and
-/// ran no timer tick under the token it acted with before, after it was resumed.
-pub fn assert_resumed_holder_ran_nothing(
-    events: &[NodeEvent],
-    owner: &str,
-    stopped_ns: u128,
-    resumed_ns: u128,
-) {
-    let before = events
-        .iter()
-        .filter(|e| e.owner == owner && e.event == "act" && e.t_ns < stopped_ns)
-        .map(|e| e.token)
-        .max();
-    if let Some(token) = before {
-        let late: Vec<&NodeEvent> = events
-            .iter()
-            .filter(|e| {
-                e.owner == owner
-                    && (e.event == "act" || e.event == "tick")
-                    && e.t_ns >= resumed_ns
-                    && e.token == token
-            })
-            .collect();
-        assert!(
-            late.is_empty(),
-            "{owner} ran {} ticks or steps after SIGCONT with its old token {token}: {:?}",
-            late.len(),
-            late.first()
-        );
-    }
 }
 
 /// What [`pause_run`] saw.
@@ -517,46 +395,55 @@ pub struct PauseReport {
     pub other_acted_before_resume: Duration,
     /// From the resume to the frozen node's singleton stop event.
     pub stopped_after_resume: Duration,
+    /// Every violation the checker found in the run's event logs.
+    pub violations: Vec<Violation>,
 }
 
-/// Two nodes; the one acting is frozen (SIGSTOP) until the other has acted for a while, then
-/// resumed (SIGCONT). Asserts that the resumed node takes no step and runs no timer tick under
-/// its old token after it was resumed (so none after the other node's first step either), and
-/// that its singleton stops.
-pub async fn pause_run<B: ChaosBackend>(backend: &mut B, ttl: Duration) -> PauseReport {
+/// Two nodes: `node-0` (started as `holder_mode` says) and, once `node-0` acts, `node-1`. The
+/// holder `node-0` is frozen (SIGSTOP) until `node-1` has taken over and acted for a TTL, then
+/// resumed (SIGCONT); the run ends a bounded while after `node-0`'s singleton stopped. Returns the
+/// checker's verdict over the event logs, with the pause ([`check_run`]); panics only if the
+/// scenario does not unfold (no step, no takeover, no stop in time).
+pub async fn pause_run<B: ChaosBackend>(
+    backend: &mut B,
+    ttl: Duration,
+    holder_mode: NodeMode,
+) -> PauseReport {
+    let kind = match holder_mode {
+        NodeMode::Safe => "pause",
+        NodeMode::IgnoreGuard => "unsafe",
+    };
     let bin = node_binary();
-    let (dir, lease) = prepare_run(backend, "pause").await;
-    let mut nodes = Vec::new();
-    for i in 0..2 {
-        nodes.push(spawn_node(backend, &bin, &dir, &lease, ttl, i, 0).await);
-    }
-    let paths: Vec<PathBuf> = nodes.iter().map(|n| n.events.clone()).collect();
-    let first_act = |owner: Option<&str>, after: u128| {
-        read_events(&paths)
+    let (dir, lease) = prepare_run(backend, kind).await;
+    let start_ns = now_ns();
+    let mut nodes = vec![spawn_node(backend, &bin, &dir, &lease, ttl, 0, 0, holder_mode).await];
+    let mut paths = vec![nodes[0].events.clone()];
+    let first_act = |paths: &[PathBuf], owner: &str, after: u128| {
+        read_events(paths)
             .into_iter()
-            .find(|e| e.event == "act" && e.t_ns > after && owner.is_none_or(|o| e.owner == o))
+            .find(|e| e.kind == EventKind::Act && e.t_ns > after && e.owner == owner)
     };
     let wait_for = |what: &'static str, within: Duration| {
         let give_up = Instant::now() + within;
         move || assert!(Instant::now() < give_up, "no {what} within {within:?}")
     };
-    // A holder acts.
+    // node-0 acts; then node-1 joins.
     let check = wait_for("first step", ttl * 10);
     let holder = loop {
-        if let Some(e) = first_act(None, 0) {
+        if let Some(e) = first_act(&paths, "node-0.0", 0) {
             break e;
         }
         check();
         sleep(Duration::from_millis(20)).await;
     };
-    let frozen = nodes.iter().position(|n| n.owner == holder.owner).unwrap();
-    let other = nodes[1 - frozen].owner.clone();
+    nodes.push(spawn_node(backend, &bin, &dir, &lease, ttl, 1, 0, NodeMode::Safe).await);
+    paths.push(nodes[1].events.clone());
     let stopped_ns = now_ns();
-    signal(nodes[frozen].child.id(), "STOP");
+    signal(nodes[0].child.id(), "STOP");
     // The other node takes over (after the TTL) and acts for a while.
     let check = wait_for("takeover", ttl * 10);
     let takeover = loop {
-        if let Some(e) = first_act(Some(&other), stopped_ns) {
+        if let Some(e) = first_act(&paths, "node-1.0", stopped_ns) {
             break e;
         }
         check();
@@ -566,15 +453,14 @@ pub async fn pause_run<B: ChaosBackend>(backend: &mut B, ttl: Duration) -> Pause
     // the point: it cannot do anything while stopped).
     sleep(ttl).await;
     let resumed_ns = now_ns();
-    signal(nodes[frozen].child.id(), "CONT");
+    signal(nodes[0].child.id(), "CONT");
     // Its singleton stops.
     let check = wait_for("stop of the resumed singleton", ttl * 5);
     let stop = loop {
         let events = read_events(&paths);
-        if let Some(e) = events
-            .iter()
-            .find(|e| e.owner == holder.owner && e.event == "stop" && e.token == holder.token)
-        {
+        if let Some(e) = events.iter().find(|e| {
+            e.owner == holder.owner && e.kind == EventKind::Stop && e.token == holder.token
+        }) {
             break e.clone();
         }
         check();
@@ -583,175 +469,66 @@ pub async fn pause_run<B: ChaosBackend>(backend: &mut B, ttl: Duration) -> Pause
     // A bounded absence check: whatever the resumed node would still run, it runs within this.
     sleep(Duration::from_millis(500)).await;
     let events = read_events(&paths);
-    assert_resumed_holder_ran_nothing(&events, &holder.owner, stopped_ns, resumed_ns);
-    let late_steps = events
-        .iter()
-        .filter(|e| {
-            e.owner == holder.owner
-                && (e.event == "act" || e.event == "tick")
-                && e.t_ns >= takeover.t_ns
-        })
-        .count();
-    assert_eq!(
-        late_steps, 0,
-        "the resumed node ran after the other node's first step"
-    );
-    assert!(takeover.token > holder.token);
-    for node in &nodes {
-        signal(node.child.id(), "TERM");
+    let pause = Pause {
+        owner: holder.owner.clone(),
+        stopped_ns,
+        resumed_ns,
+    };
+    let violations = check_run(&events, std::slice::from_ref(&pause))
+        .err()
+        .unwrap_or_default();
+    for node in &mut nodes {
+        signal(node.child.id(), "CONT");
+        stop_gracefully(node).await;
     }
+    let pause_fault = FaultRecord {
+        fault: Fault::Pause,
+        owner: Some(pause.owner.clone()),
+        holder: Some((holder.owner.clone(), holder.token)),
+        start_ns: stopped_ns,
+        end_ns: resumed_ns,
+    };
+    std::fs::write(
+        dir.join("timeline.svg"),
+        draw_svg(
+            &format!(
+                "{}: {} holder frozen past its TTL, then resumed (ttl {ttl:?}, {})",
+                backend.name(),
+                if holder_mode == NodeMode::Safe {
+                    "a safe"
+                } else {
+                    "an UNSAFE (--unsafe-ignore-guard)"
+                },
+                if violations.is_empty() {
+                    "no violation".to_owned()
+                } else {
+                    format!("{} violations", violations.len())
+                }
+            ),
+            2,
+            &tenures(&events),
+            &lifetimes(&events),
+            &[pause_fault],
+            start_ns,
+            now_ns(),
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("summary.txt"),
+        if violations.is_empty() {
+            "no violation\n".to_owned()
+        } else {
+            describe(&violations)
+        },
+    )
+    .unwrap();
     PauseReport {
         paused: (holder.owner.clone(), holder.token),
         took_over: (takeover.owner.clone(), takeover.token),
         other_acted_before_resume: Duration::from_nanos((resumed_ns - takeover.t_ns) as u64),
         stopped_after_resume: Duration::from_nanos(stop.t_ns.saturating_sub(resumed_ns) as u64),
-    }
-}
-
-/// For every pause of the node acting just before it (within 500 ms): how long after the resume
-/// the singleton of the tenure it acted under stopped.
-fn pause_stops(faults: &[FaultRecord], events: &[NodeEvent]) -> Vec<Duration> {
-    let mut stops = Vec::new();
-    for f in faults.iter().filter(|f| f.fault == Fault::Pause) {
-        let owner = f.owner.as_deref().unwrap_or_default();
-        let Some(token) = events
-            .iter()
-            .filter(|e| {
-                e.owner == owner
-                    && e.event == "act"
-                    && e.t_ns < f.start_ns
-                    && e.t_ns + 500_000_000 > f.start_ns
-            })
-            .map(|e| e.token)
-            .max()
-        else {
-            continue;
-        };
-        if let Some(stop) = events.iter().find(|e| {
-            e.owner == owner && e.event == "stop" && e.token == token && e.t_ns >= f.end_ns
-        }) {
-            stops.push(Duration::from_nanos((stop.t_ns - f.end_ns) as u64));
-        }
-    }
-    stops.sort();
-    stops
-}
-
-/// For every fault that hit the node acting just before it (for a server restart: whoever was
-/// acting), either how long until a new tenure acted, or that the tenure went on after the fault.
-fn fault_outcomes(
-    faults: &[FaultRecord],
-    events: &[NodeEvent],
-) -> (Vec<(Fault, Duration)>, Vec<Fault>) {
-    let acts: Vec<&NodeEvent> = events.iter().filter(|e| e.event == "act").collect();
-    let (mut takeovers, mut kept) = (Vec::new(), Vec::new());
-    for f in faults {
-        let Some(holder) = acts.iter().rev().find(|e| {
-            e.t_ns < f.start_ns
-                && e.t_ns + 300_000_000 > f.start_ns
-                && f.owner.as_ref().is_none_or(|o| *o == e.owner)
-        }) else {
-            continue;
-        };
-        let same = |e: &NodeEvent| e.owner == holder.owner && e.token == holder.token;
-        let next = acts.iter().find(|e| e.t_ns > f.start_ns && !same(e));
-        let survived = acts
-            .iter()
-            .any(|e| same(e) && e.t_ns >= f.end_ns && next.is_none_or(|n| e.t_ns < n.t_ns));
-        if survived {
-            kept.push(f.fault);
-        } else if let Some(next) = next {
-            takeovers.push((
-                f.fault,
-                Duration::from_nanos((next.t_ns - f.start_ns) as u64),
-            ));
-        }
-    }
-    (takeovers, kept)
-}
-
-impl ChaosReport {
-    /// The run in figures: faults by kind, tenures, takeover times by fault kind.
-    pub fn summary(&self) -> String {
-        const KINDS: [Fault; 5] = [
-            Fault::Kill,
-            Fault::Pause,
-            Fault::Blackhole,
-            Fault::ServerRestart,
-            Fault::GracefulStop,
-        ];
-        let mut out = format!(
-            "{} chaos run: seed {}, ttl {:?}, {:.0?}, {} faults, {} tenures (tokens {}..={}); timeline: {}\n",
-            self.backend,
-            self.seed,
-            self.ttl,
-            self.duration,
-            self.faults.len(),
-            self.tenures.len(),
-            self.tenures.iter().map(|t| t.token).min().unwrap_or_default(),
-            self.tenures.iter().map(|t| t.token).max().unwrap_or_default(),
-            self.svg.display()
-        );
-        // How close the run came to an overlap: the shortest time between one tenure's last step
-        // and the next tenure's first.
-        if let Some((a, b)) = self
-            .tenures
-            .windows(2)
-            .map(|p| (&p[0], &p[1]))
-            .min_by_key(|(a, b)| b.first_ns.saturating_sub(a.last_ns))
-        {
-            let _ = writeln!(
-                out,
-                "closest handover: {:.3}s from {}'s last step (token {}) to {}'s first (token {})",
-                b.first_ns.saturating_sub(a.last_ns) as f64 / 1e9,
-                a.owner,
-                a.token,
-                b.owner,
-                b.token
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{:<14} {:>6} {:>9} {:>5} {:>9} {:>9} {:>9}",
-            "fault", "faults", "takeovers", "kept", "min", "median", "max"
-        );
-        for kind in KINDS {
-            let mut times: Vec<Duration> = self
-                .takeovers
-                .iter()
-                .filter(|(f, _)| *f == kind)
-                .map(|(_, d)| *d)
-                .collect();
-            times.sort();
-            let show = |d: Option<Duration>| {
-                d.map_or("-".to_owned(), |d| format!("{:.2}s", d.as_secs_f64()))
-            };
-            let n = times.len();
-            let median = (n > 0).then(|| (times[(n - 1) / 2] + times[n / 2]) / 2);
-            let _ = writeln!(
-                out,
-                "{:<14} {:>6} {:>9} {:>5} {:>9} {:>9} {:>9}",
-                format!("{kind:?}"),
-                self.faults.iter().filter(|f| f.fault == kind).count(),
-                times.len(),
-                self.kept.iter().filter(|f| **f == kind).count(),
-                show(times.first().copied()),
-                show(median),
-                show(times.last().copied()),
-            );
-        }
-        if !self.pause_stops.is_empty() {
-            let n = self.pause_stops.len();
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let _ = writeln!(
-                out,
-                "paused holders: {n}, ticks or steps after the resume: 0, singleton stopped after the resume: {:.1} / {:.1} / {:.1} ms (min / median / max)",
-                ms(self.pause_stops[0]),
-                ms((self.pause_stops[(n - 1) / 2] + self.pause_stops[n / 2]) / 2),
-                ms(self.pause_stops[n - 1]),
-            );
-        }
-        out
+        violations,
     }
 }
 
@@ -776,13 +553,15 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
 }
 
 /// The timeline as an SVG: one row per node slot (a killed node's replacement takes its row), a
-/// bar per tenure labelled with its fencing token, each fault as a band under the node it hit
-/// (server restarts across every row), and any overlap of tenures in red. Long runs wrap into
-/// panels of two minutes.
+/// bar per tenure labelled with its fencing token, a thin line under it for the singleton's
+/// lifetime (start to last tick), each fault as a band under the node it hit (server restarts
+/// across every row), and any overlap of tenures or lifetimes in red. Long runs wrap into panels
+/// of two minutes.
 pub fn draw_svg(
     title: &str,
     nodes: usize,
     tenures: &[Tenure],
+    lifetimes: &[Lifetime],
     faults: &[FaultRecord],
     start_ns: u128,
     end_ns: u128,
@@ -806,13 +585,19 @@ pub fn draw_svg(
     };
     let panels = total_s.div_ceil(panel_s) as usize;
     let panel_h = 14.0 + row * rows as f64 + 22.0;
-    let top = 58.0;
+    let top = 72.0;
     let height = top + panel_h * panels as f64 + 4.0;
     let px_per_ns = width / (panel_s * SECOND) as f64;
     let overlaps: Vec<(u128, u128)> = tenures
         .windows(2)
         .filter(|p| p[1].first_ns <= p[0].last_ns)
         .map(|p| (p[1].first_ns, p[0].last_ns.min(p[1].last_ns)))
+        .chain(
+            lifetimes
+                .windows(2)
+                .filter(|p| p[1].start_ns <= p[0].end_ns)
+                .map(|p| (p[1].start_ns, p[0].end_ns.min(p[1].end_ns))),
+        )
         .collect();
 
     let mut svg = String::new();
@@ -828,25 +613,29 @@ pub fn draw_svg(
         "hsl(200,60%,62%)".into(),
         "tenure, labelled with its fencing token".into(),
     )];
-    for kind in [
-        Fault::Kill,
-        Fault::Pause,
-        Fault::Blackhole,
-        Fault::ServerRestart,
-        Fault::GracefulStop,
-    ] {
+    for kind in Fault::ALL {
         let (colour, what) = fault_style(kind);
         legend.push((colour.into(), format!("{kind:?}: {what}")));
     }
+    legend.push((
+        "#555".into(),
+        "thin line: the singleton's lifetime (start to last tick)".into(),
+    ));
     legend.push(("red".into(), "overlap (a violation)".into()));
-    let mut lx = 8.0;
+    // Two lines of legend.
+    let (mut lx, mut ly) = (8.0, 31.0);
     for (colour, text) in legend {
+        let item = 34.0 + 5.3 * text.len() as f64;
+        if lx + item > left + width && lx > 8.0 {
+            (lx, ly) = (8.0, ly + 15.0);
+        }
         let _ = writeln!(
             svg,
-            r##"<rect x="{lx:.0}" y="31" width="18" height="10" fill="{colour}"/><text x="{:.0}" y="40" font-size="10">{text}</text>"##,
-            lx + 22.0
+            r##"<rect x="{lx:.0}" y="{ly:.0}" width="18" height="10" fill="{colour}"/><text x="{:.0}" y="{:.0}" font-size="10">{text}</text>"##,
+            lx + 22.0,
+            ly + 9.0
         );
-        lx += 34.0 + 5.3 * text.len() as f64;
+        lx += item;
     }
 
     for p in 0..panels {
@@ -927,6 +716,21 @@ pub fn draw_svg(
                 );
             }
             svg.push('\n');
+        }
+        // Lifetimes: a thin line under the tenure's bar.
+        for l in lifetimes.iter().filter(|l| visible(l.start_ns, l.end_ns)) {
+            let y = y0 + 14.0 + row * slot(&l.owner) as f64 + bar - 1.0;
+            let (x0, x1) = (x(l.start_ns), x(l.end_ns).max(x(l.start_ns) + 1.0));
+            let _ = writeln!(
+                svg,
+                r##"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="1.5" fill="#555"><title>{} token {}: alive {:.2}s..{:.2}s, {} ticks</title></rect>"##,
+                x1 - x0,
+                l.owner,
+                l.token,
+                (l.start_ns.saturating_sub(start_ns)) as f64 / 1e9,
+                (l.end_ns.saturating_sub(start_ns)) as f64 / 1e9,
+                l.ticks
+            );
         }
         // Faults on one node: a band under its row.
         for f in faults.iter().filter(|f| visible(f.start_ns, f.end_ns)) {

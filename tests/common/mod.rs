@@ -4,6 +4,7 @@
 pub mod actors;
 #[cfg(all(feature = "etcd", feature = "kubernetes"))]
 pub mod chaos;
+pub mod chaos_check;
 pub mod contract;
 #[cfg(feature = "etcd")]
 pub mod etcd;
