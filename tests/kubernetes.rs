@@ -69,9 +69,6 @@ fn admin() -> Api<LeaseObject> {
 fn settings(name: &str, owner: &str) -> LeaseSettings {
     LeaseSettings::builder(name, owner)
         .ttl(TTL)
-        // A wide margin keeps the holder's local expiry well ahead of a contender's, even when
-        // the holder's timer fires late on a busy machine.
-        .clock_drift_margin(Duration::from_millis(300))
         .build()
         .unwrap()
 }

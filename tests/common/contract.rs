@@ -79,6 +79,11 @@ impl LostProbe {
             .expect("probe channel closed")
     }
 
+    /// The next notification if one has arrived already, without waiting.
+    pub fn try_next(&mut self) -> Option<(Instant, LeaseLost)> {
+        self.rx.try_recv().ok()
+    }
+
     /// Asserts that no notification arrives within `within`.
     pub async fn none(&mut self, within: Duration) {
         if let Ok(Some((_, lost))) = timeout(within, self.rx.recv()).await {
