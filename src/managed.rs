@@ -170,8 +170,10 @@ struct Counters {
     watch_breaks: AtomicU64,
 }
 
+/// Counts an event after it took effect: a reader that sees the count (`Acquire`) also sees the
+/// effect (a renewal's new deadline, for example).
 fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+    counter.fetch_add(1, Ordering::Release);
 }
 
 struct Renewal<T> {
@@ -229,7 +231,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
     /// event (a renewal, a broken watch) instead of for a span of time.
     pub fn stats(&self) -> LeaseStats {
         let c = &self.shared.counters;
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let read = |counter: &AtomicU64| counter.load(Ordering::Acquire);
         LeaseStats {
             acquire_attempts: read(&c.acquire_attempts),
             renewals: read(&c.renewals),
