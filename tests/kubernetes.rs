@@ -1280,3 +1280,166 @@ async fn kubectl_holder_column_shows_the_owner() {
         "no holder after release: {released}"
     );
 }
+
+/// The TCP sockets of this process connected to `peer`, each with whether `TCP_NODELAY` is set on
+/// it: read from the sockets themselves (`/proc/self/fd`, `getpeername`, `getsockopt`).
+fn sockets_connected_to(peer: SocketAddr) -> Vec<bool> {
+    use std::os::fd::BorrowedFd;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+    {
+        let Ok(link) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        let Ok(fd) = entry.file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        // SAFETY: `fd` was open in this process a moment ago and is only borrowed for two
+        // `getpeername`/`getsockopt` calls. Had it been closed meanwhile, the calls fail; had its
+        // number been reused, the peer address filters the other socket out.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&fd);
+        if socket.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
+            if let Ok(nodelay) = socket.tcp_nodelay() {
+                found.push(nodelay);
+            }
+        }
+    }
+    found
+}
+
+/// Every connection a Kubernetes lease opens has `TCP_NODELAY` set (the README's claim: without
+/// it every write waits up to 40 ms for a delayed ACK), checked on the sockets themselves: for a
+/// lease built from `KubernetesSettings` and for one on a client from `kubernetes_client` (the
+/// fixture's). Each lease talks through its own proxy, so its sockets are the only ones connected
+/// to that proxy's address (the proxy's own legs have their own, different, peers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_set_tcp_nodelay() {
+    let f = KubeFixture::new().await;
+    let proxy = FaultProxy::start(env().upstream).await;
+    let name = unique("nodelay");
+    let from_settings = KubernetesLease::new(
+        settings(&name, "a"),
+        KubernetesSettings::new(&env().namespace)
+            .with_api_url(format!("https://{}", proxy.addr()))
+            .with_token(&env().token)
+            .with_ca_file(&env().ca),
+    )
+    .unwrap();
+    let from_client = f.lease(no_retries(settings(&name, "b"))).await;
+    assert!(from_settings.acquire().await.unwrap());
+    assert!(!from_client.acquire().await.unwrap());
+    // The holder's renewal task opens a second connection for its watch.
+    timeout(Duration::from_secs(10), async {
+        while from_settings.backend().stats().watches == 0 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the tenure watches its object");
+    for (lease, addr) in [
+        ("KubernetesSettings", proxy.addr()),
+        ("kubernetes_client", f.proxy("b").await.addr()),
+    ] {
+        let sockets = sockets_connected_to(addr);
+        assert!(!sockets.is_empty(), "{lease}: no connection found");
+        assert!(
+            sockets.iter().all(|nodelay| *nodelay),
+            "{lease}: TCP_NODELAY on each connection: {sockets:?}"
+        );
+    }
+    assert!(from_settings.release().await.unwrap());
+}
+
+/// A CA that did not sign the test API server's certificate (a self-signed EC P-256 CA, valid
+/// until 2126): `openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout
+/// /dev/null -days 36500 -subj /CN=actix-coordination-test-wrong-ca`.
+const WRONG_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBrTCCAVOgAwIBAgIUMTjQCBun94doAS+eypOnPw+YwGIwCgYIKoZIzj0EAwIw
+KzEpMCcGA1UEAwwgYWN0aXgtY29vcmRpbmF0aW9uLXRlc3Qtd3JvbmctY2EwIBcN
+MjYxMTIzMTczNzM5WhgPMjEyNjEwMzAxNzM3MzlaMCsxKTAnBgNVBAMMIGFjdGl4
+LWNvb3JkaW5hdGlvbi10ZXN0LXdyb25nLWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0D
+AQcDQgAEO0BFWb53d7zggx2yQHsltTyrgcBhxkruh/HM2iJfWZ7jRMvRiM3kkR2x
+XjSZHopjNuu4lMHgB4UVEDAiTt6jIqNTMFEwHQYDVR0OBBYEFCaUC7l1jameEFUv
+UTOggSRY44XfMB8GA1UdIwQYMBaAFCaUC7l1jameEFUvUTOggSRY44XfMA8GA1Ud
+EwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIgKhdYkV4TO1brbAPEkHpyaGjT
+FSEjFrJzwArskgyFBYECIQCgo6Pcu5amYQ1VcXUCFfISRMueZ+Jvt3bfRM0+FOiW
+VA==
+-----END CERTIFICATE-----
+";
+
+/// Acquires `lease` once, holding the shared gate only for that (so that the request-count test
+/// is not kept waiting by a test that polls for a minute).
+async fn gated_acquire(lease: &KubernetesLease) -> Result<bool, LeaseError> {
+    let _gate = GATE.clone().read_owned().await;
+    lease.acquire().await
+}
+
+/// The README's "token file and CA file are re-read about once a minute, so rotation works":
+/// leases built once, with credentials the API server refuses, work after the files are rotated
+/// in place. One has the right CA and the token of a user without the Role in its token file
+/// (403), the other the right token and a CA file with another CA (the TLS handshake fails); both
+/// files are then overwritten with the right credentials, and each lease acquires within two
+/// minutes (kube re-reads a token file 50 s after reading it, a CA file 60 s after loading it).
+/// Fails if either file is read only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_token_and_ca_files_are_picked_up() {
+    let dir = env().dir.join(format!("rotation-{}", *RUN));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (token_file, ca_file) = (dir.join("token"), dir.join("ca.crt"));
+    std::fs::write(&token_file, &env().norole_token).unwrap();
+    std::fs::write(&ca_file, WRONG_CA).unwrap();
+    let (by_token, by_ca) = (unique("rotated-token"), unique("rotated-ca"));
+    let lease = |name: &str, credentials: KubernetesSettings| {
+        KubernetesLease::new(no_retries(settings(name, "a")), credentials).unwrap()
+    };
+    let server = || KubernetesSettings::new(&env().namespace).with_api_url(&env().url);
+    let by_token = lease(
+        &by_token,
+        server()
+            .with_token_file(&token_file)
+            .with_ca_file(&env().ca),
+    );
+    let by_ca = lease(
+        &by_ca,
+        server().with_token(&env().token).with_ca_file(&ca_file),
+    );
+    let err = gated_acquire(&by_token).await.unwrap_err();
+    assert!(
+        matches!(
+            err.backend_error::<KubernetesError>(),
+            Some(KubernetesError::Forbidden { .. })
+        ),
+        "the token without a Role: {err:?}"
+    );
+    let err = gated_acquire(&by_ca).await.unwrap_err();
+    assert!(err.is_transient(), "the unknown CA: {err:?}");
+
+    // Rotated in place, as the kubelet does.
+    let rotate = |path: &std::path::Path, content: &[u8]| {
+        let next = path.with_extension("next");
+        std::fs::write(&next, content).unwrap();
+        std::fs::rename(&next, path).unwrap();
+    };
+    rotate(&token_file, env().token.as_bytes());
+    rotate(&ca_file, &std::fs::read(&env().ca).unwrap());
+    let picked_up = |lease: KubernetesLease| async move {
+        timeout(Duration::from_secs(120), async {
+            while !matches!(gated_acquire(&lease).await, Ok(true)) {
+                sleep(Duration::from_secs(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{} never used its rotated file", lease.name()));
+        lease
+    };
+    let (by_token, by_ca) = tokio::join!(picked_up(by_token), picked_up(by_ca));
+    assert!(by_token.release().await.unwrap());
+    assert!(by_ca.release().await.unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+}
