@@ -457,8 +457,11 @@ pub trait Lease: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`LeaseError`] when it is unknown whether the backend released the lease; it then expires
-    /// after its TTL at the latest. Also the error of releasing a claim that a dropped `acquire`
-    /// made, when that failed and nothing was held since.
+    /// after its TTL at the latest. Until then every further `release` answers that same error
+    /// (never `Ok(true)` while the record may still be held), unless an `acquire` reached the
+    /// store meanwhile; once the TTL (plus the clock drift margin) has passed since the failure,
+    /// `release` answers `Ok(true)`. The same holds for a claim that a dropped `acquire` made and
+    /// whose release in the background failed.
     ///
     /// # Cancel safety
     ///

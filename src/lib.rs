@@ -64,7 +64,7 @@ pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
     LostSubscription, Operation, SharedError,
 };
-pub use managed::ManagedLease;
+pub use managed::{LeaseStats, ManagedLease};
 pub use memory::{
     InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease, InMemoryRecord, InMemoryStats,
     InMemoryStore, InMemoryTenure,

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::lease::{
     Operation,
 };
 use crate::settings::LeaseSettings;
-use crate::tenure::{TenureCell, TenureEnd, TenureWatch};
+use crate::tenure::{sleep_until_precise, TenureCell, TenureEnd, TenureWatch};
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -51,6 +52,24 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 /// * the backend reports the loss (a renewal's compare-and-swap fails, or its watch sees another
 ///   holder or a deletion): `on_lost` with that reason;
 /// * the lease is dropped: [`TenureEnd::Dropped`].
+///
+/// The renewal task wakes for the deadline the way [`TenureGuard::ended`](crate::TenureGuard::ended)
+/// does: a little early on the timer, then yielding until the deadline has passed, so that
+/// `on_lost` is not up to a timer tick late (tokio's timer rounds deadlines up to the next
+/// millisecond). A contender can hold the lease `clock_drift_margin` after the deadline at the
+/// earliest; the contract suite checks on every backend, at the default margin, that `on_lost`
+/// comes first (`partitioned_holder_is_told_before_the_contender_wins`).
+///
+/// # A release that fails
+///
+/// A `release` whose backend call fails (outcome unknown) leaves the record possibly held until
+/// its TTL: every `release` after it answers the same error until then (see [`Lease::release`]),
+/// so that `Ok(true)` always means "not held by us in the store".
+///
+/// # Counters
+///
+/// [`ManagedLease::stats`] counts attempts, renewals, renewal failures and watch (re)starts, so
+/// that monitoring and tests can follow what the lease does without timing it.
 ///
 /// # Never cut a call short and report success
 ///
@@ -86,14 +105,75 @@ struct Shared<B: LeaseBackend> {
     abort: Mutex<Option<AbortHandle>>,
     /// Serialises `acquire` and `release`; a task that finishes an abandoned call holds it.
     ops: Arc<tokio::sync::Mutex<Ops<B::Tenure>>>,
+    counters: Counters,
 }
 
 /// What only `acquire` and `release` touch, under the `ops` lock.
 struct Ops<T> {
     renewal: Option<Renewal<T>>,
-    /// The error of releasing a claim that an abandoned `acquire` made; reported by the next
-    /// `release` that finds nothing held.
-    abandoned: Option<LeaseError>,
+    /// A claim of ours whose release failed (outcome unknown): until it has surely expired, a
+    /// `release` that finds nothing held reports that error instead of `Ok(true)`.
+    unreleased: Option<Unreleased>,
+}
+
+/// A release whose outcome is unknown: the record may still be held by this owner until `until`.
+struct Unreleased {
+    error: LeaseError,
+    until: Instant,
+}
+
+impl Unreleased {
+    /// The failure of releasing a claim just now: the record expires by its TTL at the latest,
+    /// measured from now (no write of ours can land later), plus the clock drift margin for a
+    /// store whose clock runs faster than ours.
+    fn now(error: LeaseError, settings: &LeaseSettings) -> Self {
+        Self {
+            error,
+            until: Instant::now() + settings.ttl() + settings.clock_drift_margin(),
+        }
+    }
+
+    /// The error while the record may still be held, `None` once it has surely expired.
+    fn pending(&self) -> Option<LeaseError> {
+        (Instant::now() < self.until).then(|| self.error.clone())
+    }
+}
+
+/// Counters of what a [`ManagedLease`] asked of its backend, for monitoring and for tests that
+/// wait on events instead of time (see [`ManagedLease::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// [`LeaseBackend::try_acquire`] calls started (each attempt of `acquire` and
+    /// `acquire_within`).
+    pub acquire_attempts: u64,
+    /// Renewals that succeeded (each moved the deadline).
+    pub renewals: u64,
+    /// Renewals that failed with an error (retried after a backoff).
+    pub renewal_errors: u64,
+    /// Renewals that timed out (retried at once).
+    pub renewal_timeouts: u64,
+    /// [`LeaseBackend::watch_lost`] calls started: one per tenure, and one per re-establishment
+    /// of a broken watch.
+    pub watch_starts: u64,
+    /// [`LeaseBackend::watch_lost`] calls that ended with an error (a broken watch).
+    pub watch_breaks: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    acquire_attempts: AtomicU64,
+    renewals: AtomicU64,
+    renewal_errors: AtomicU64,
+    renewal_timeouts: AtomicU64,
+    watch_starts: AtomicU64,
+    watch_breaks: AtomicU64,
+}
+
+/// Counts an event after it took effect: a reader that sees the count (`Acquire`) also sees the
+/// effect (a renewal's new deadline, for example).
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Release);
 }
 
 struct Renewal<T> {
@@ -133,8 +213,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
             abort: Mutex::new(None),
             ops: Arc::new(tokio::sync::Mutex::new(Ops {
                 renewal: None,
-                abandoned: None,
+                unreleased: None,
             })),
+            counters: Counters::default(),
         });
         let instance = instance.map(|key| InstanceKey::register(key, &shared));
         Self { shared, instance }
@@ -143,6 +224,22 @@ impl<B: LeaseBackend> ManagedLease<B> {
     /// The backend of this lease.
     pub fn backend(&self) -> &B {
         &self.shared.backend
+    }
+
+    /// What this lease asked of its backend so far: attempts, renewals and their failures, watch
+    /// (re)starts. The counters only grow; compare two snapshots. Tests use them to wait for an
+    /// event (a renewal, a broken watch) instead of for a span of time.
+    pub fn stats(&self) -> LeaseStats {
+        let c = &self.shared.counters;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Acquire);
+        LeaseStats {
+            acquire_attempts: read(&c.acquire_attempts),
+            renewals: read(&c.renewals),
+            renewal_errors: read(&c.renewal_errors),
+            renewal_timeouts: read(&c.renewal_timeouts),
+            watch_starts: read(&c.watch_starts),
+            watch_breaks: read(&c.watch_breaks),
+        }
     }
 
     /// `acquire`: up to `acquire_retries` more attempts while another owner holds the lease or
@@ -269,6 +366,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
             operation: Operation::Acquire,
         })?;
         let start = Instant::now();
+        bump(&shared.counters.acquire_attempts);
         let call = runtime.spawn({
             let shared = Arc::clone(shared);
             async move {
@@ -288,7 +386,11 @@ impl<B: LeaseBackend> ManagedLease<B> {
         };
         let outcome = in_flight.call.as_mut().expect("set").await;
         let (_, mut ops) = in_flight.disarm();
-        match flatten(outcome, Operation::Acquire, settings)? {
+        let attempt = flatten(outcome, Operation::Acquire, settings)?;
+        // The store answered: what it holds now supersedes a claim whose release failed (it is
+        // ours again, reused as this tenure, or someone else's).
+        ops.unreleased = None;
+        match attempt {
             AcquireAttempt::Acquired {
                 tenure,
                 token,
@@ -306,7 +408,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
                         timeout: settings.operation_timeout(),
                     });
                 }
-                ops.abandoned = None;
                 ops.renewal = Some(self.start_tenure(&runtime, tenure, token, start, deadline));
                 tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "lease acquired");
                 Ok(true)
@@ -353,8 +454,15 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let shared = &self.shared;
         let mut ops = Arc::clone(&shared.ops).lock_owned().await;
         let Some(renewal) = ops.renewal.take() else {
-            // Nothing held; unless a claim an abandoned `acquire` made could not be released.
-            return ops.abandoned.take().map_or(Ok(true), Err);
+            // Nothing held; unless a release of ours failed and the record may still be held:
+            // then the same error, until the record has surely expired.
+            return match ops.unreleased.as_ref().and_then(Unreleased::pending) {
+                Some(error) => Err(error),
+                None => {
+                    ops.unreleased = None;
+                    Ok(true)
+                }
+            };
         };
         // End the tenure for every reader first: a tenure already past its deadline is lost
         // (and reported once), a live one released.
@@ -376,13 +484,18 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let call = runtime.spawn({
             let shared = Arc::clone(shared);
             async move {
-                let _ops = ops;
+                let mut ops = ops;
                 let Some(tenure) = stop_renewal(renewal).await else {
                     // The tenure was lost before the release; there is nothing of ours to
                     // release.
                     return Ok(true);
                 };
-                shared.release_tenure(tenure).await
+                let released = shared.release_tenure(tenure).await;
+                if let Err(error) = &released {
+                    tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = error as &dyn StdError, "release failed; the record may stay held until its TTL");
+                    ops.unreleased = Some(Unreleased::now(error.clone(), &shared.settings));
+                }
+                released
             }
         });
         call.await.unwrap_or_else(|join_error| {
@@ -435,8 +548,8 @@ impl<B: LeaseBackend> Drop for InFlight<B> {
     }
 }
 
-/// Releases a claim nobody will use, holding the `ops` lock; a failure is kept for the next
-/// `release`.
+/// Releases a claim nobody will use, holding the `ops` lock; a failure is reported by every
+/// `release` until the claim has surely expired.
 fn spawn_release_abandoned<B: LeaseBackend>(
     runtime: &tokio::runtime::Handle,
     shared: Arc<Shared<B>>,
@@ -445,10 +558,10 @@ fn spawn_release_abandoned<B: LeaseBackend>(
 ) {
     runtime.spawn(async move {
         match shared.release_tenure(tenure).await {
-            Ok(_) => ops.abandoned = None,
+            Ok(_) => ops.unreleased = None,
             Err(error) => {
                 tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it expires after its TTL");
-                ops.abandoned = Some(error);
+                ops.unreleased = Some(Unreleased::now(error, &shared.settings));
             }
         }
     });
@@ -567,7 +680,7 @@ async fn renewal_loop<B: LeaseBackend>(
         tokio::select! {
             biased;
             _ = &mut stop => return Some(tenure),
-            _ = sleep_until(deadline) => {
+            _ = sleep_until_precise(deadline) => {
                 return shared.lost_or_released(generation, LostReason::Expired { last_error }, tenure);
             }
             reason = &mut watch => {
@@ -578,7 +691,7 @@ async fn renewal_loop<B: LeaseBackend>(
         let start = Instant::now();
         let outcome = tokio::select! {
             biased;
-            _ = sleep_until(deadline) => {
+            _ = sleep_until_precise(deadline) => {
                 return shared.lost_or_released(generation, LostReason::Expired { last_error }, tenure);
             }
             reason = &mut watch => {
@@ -602,6 +715,7 @@ async fn renewal_loop<B: LeaseBackend>(
                         tenure,
                     );
                 }
+                bump(&shared.counters.renewals);
                 tracing::trace!("lease renewed");
                 last_error = None;
                 backoff = RENEW_BACKOFF_START;
@@ -611,6 +725,7 @@ async fn renewal_loop<B: LeaseBackend>(
                 return shared.lost_or_released(generation, reason, tenure);
             }
             Ok(Err(error)) => {
+                bump(&shared.counters.renewal_errors);
                 tracing::warn!(
                     error = &error as &dyn StdError,
                     transient = error.is_transient(),
@@ -621,6 +736,7 @@ async fn renewal_loop<B: LeaseBackend>(
                 backoff = (backoff * 2).min(max_backoff);
             }
             Err(_) => {
+                bump(&shared.counters.renewal_timeouts);
                 // A whole operation timeout has passed already: retry at once.
                 tracing::warn!(timeout = ?settings.operation_timeout(), "lease renewal timed out, retrying until the deadline");
                 last_error = Some(format!(
@@ -641,9 +757,11 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
     let mut backoff = WATCH_BACKOFF_START;
     loop {
         let started = Instant::now();
+        bump(&shared.counters.watch_starts);
         match shared.backend.watch_lost(settings, token).await {
             Ok(reason) => return reason,
             Err(error) => {
+                bump(&shared.counters.watch_breaks);
                 // A watch that worked for a while before breaking starts the backoff over.
                 if started.elapsed() >= max_backoff {
                     backoff = WATCH_BACKOFF_START;

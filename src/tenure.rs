@@ -342,7 +342,7 @@ const YIELD_BOUND: Duration = Duration::from_millis(4);
 /// deadline long before). Under a paused test clock, where time moves only while every task is
 /// idle, yielding would never see the deadline: after `YIELD_BOUND` of real time it falls back to
 /// the timer.
-async fn sleep_until_precise(deadline: Instant) {
+pub(crate) async fn sleep_until_precise(deadline: Instant) {
     if let Some(early) = deadline.checked_sub(EARLY) {
         sleep_until(early).await;
     }

@@ -20,8 +20,9 @@ use common::contract::{next_renewal, LostProbe};
 use common::etcd::{
     admin_client, endpoint, etcd_settings, unique_prefix, EtcdFixture, EtcdProcess,
 };
+use common::proxy::{FaultProxy, ProxyMode};
 use futures_util::future::join_all;
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep, timeout, Instant};
 
 contract_suite!(
     fixture = EtcdFixture::new(),
@@ -120,8 +121,9 @@ async fn key_layout_value_token_and_cleanup() {
     assert!(session.shared_lease_ids().await.is_empty());
 }
 
-/// Another client overwriting or deleting the key takes the lease away at once (the watch), long
-/// before the holder's deadline.
+/// Another client overwriting or deleting the key takes the lease away through the watch: an
+/// etcd renewal only asks for a keep-alive and never reads the key, so `TakenOver` and `Deleted`
+/// can only come from the watch (a renewal would report `Expired`, at the deadline 10 s away).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_and_deletion_are_reported_at_once() {
     let endpoint = endpoint();
@@ -134,17 +136,11 @@ async fn takeover_and_deletion_are_reported_at_once() {
 
     assert!(a.acquire().await.unwrap());
     let token = a.fencing_token().unwrap();
-    let put_at = Instant::now();
     admin
         .put(format!("{prefix}watched"), "intruder", None)
         .await
         .unwrap();
-    let (lost_at, lost) = probe.next(Duration::from_secs(3)).await;
-    assert!(
-        lost_at - put_at < Duration::from_secs(2),
-        "reported {:?} late",
-        lost_at - put_at
-    );
+    let (_, lost) = probe.next(ttl).await;
     assert_eq!(
         lost.reason,
         LostReason::TakenOver {
@@ -154,6 +150,7 @@ async fn takeover_and_deletion_are_reported_at_once() {
     assert_eq!(lost.fencing_token, Some(token));
     assert!(!a.check_alive());
     assert!(!a.acquire().await.unwrap(), "the intruder holds it");
+    // Once per loss (checked for a bounded time).
     probe.none(Duration::from_millis(500)).await;
 
     admin
@@ -161,21 +158,21 @@ async fn takeover_and_deletion_are_reported_at_once() {
         .await
         .unwrap();
     assert!(a.acquire().await.unwrap());
-    let deleted_at = Instant::now();
     admin
         .delete(format!("{prefix}watched"), None)
         .await
         .unwrap();
-    let (lost_at, lost) = probe.next(Duration::from_secs(3)).await;
-    assert!(lost_at - deleted_at < Duration::from_secs(2));
+    let (_, lost) = probe.next(ttl).await;
     assert_eq!(lost.reason, LostReason::Deleted);
     assert!(!a.check_alive());
 }
 
-/// A contender waiting with retries is woken by the release through its watch, long before its
-/// retry delay would have let it try again.
+/// A contender waiting with retries is woken by the release through its watch: it gets the lease
+/// long before its retry delay (a minute) would have let it try again, with one refused claim
+/// before and one claim after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_contender_is_woken_by_the_release() {
+    const RETRY_DELAY: Duration = Duration::from_secs(60);
     let endpoint = endpoint();
     let prefix = unique_prefix("wake");
     let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
@@ -186,14 +183,14 @@ async fn waiting_contender_is_woken_by_the_release() {
         LeaseSettings::builder("wake", "b")
             .ttl(ttl)
             .acquire_retries(3)
-            .acquire_retry_delay(Duration::from_secs(8))
+            .acquire_retry_delay(RETRY_DELAY)
             .build()
             .unwrap(),
     );
     assert!(a.acquire().await.unwrap());
-    let start = Instant::now();
-    let ((got, got_at), (released, released_at)) =
-        tokio::join!(async { (b.acquire().await, Instant::now()) }, async {
+    let (got, released) = timeout(
+        RETRY_DELAY / 2,
+        futures_util::future::join(b.acquire(), async {
             // Release once b was refused (it then waits on its watch, not on its retry delay).
             let b = b.backend();
             eventually(
@@ -202,8 +199,11 @@ async fn waiting_contender_is_woken_by_the_release() {
                 async || b.claims_refused() >= 1,
             )
             .await;
-            (a.release().await, Instant::now())
-        });
+            a.release().await
+        }),
+    )
+    .await
+    .expect("b was woken by the release, not by its retry delay");
     assert!(released.unwrap());
     assert_eq!(
         (b.backend().claims_sent(), b.backend().claims_refused()),
@@ -211,13 +211,6 @@ async fn waiting_contender_is_woken_by_the_release() {
         "one refused claim, then the one after the release: no polling"
     );
     assert!(got.unwrap(), "b gets the released lease");
-    assert!(
-        got_at - released_at < Duration::from_secs(1),
-        "b acquired {:?} after the release, not woken by it ({:?} after it started waiting, \
-         its retry delay is 8 s)",
-        got_at - released_at,
-        got_at - start
-    );
     assert!(b.release().await.unwrap());
 }
 
@@ -348,34 +341,41 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
         "every key on the shared etcd lease"
     );
 
-    // Held across more than a TTL of renewals, all through the one etcd lease, with about one
-    // keep-alive per renewal interval for all 200 leases together (not one per lease).
+    // Held across more than a TTL of renewals (every lease renews three more times: three
+    // intervals, one TTL), all through the one etcd lease, with about one keep-alive per renewal
+    // interval for all 200 leases together (not one per lease).
+    const MORE: u64 = 3;
     let interval = leases[0].settings().renewal_interval();
-    let deadlines_before: Vec<Instant> = leases.iter().map(|l| l.deadline().unwrap()).collect();
+    let renewals_before: Vec<u64> = leases.iter().map(|l| l.stats().renewals).collect();
     let (keep_alives_before, counted_from) = (session.keep_alives_sent(), Instant::now());
-    let held_until = Instant::now() + ttl + Duration::from_secs(1);
-    while Instant::now() < held_until {
-        assert!(leases.iter().all(|l| l.check_alive()), "all held");
-        sleep(Duration::from_millis(250)).await;
-    }
+    let leases2 = &leases;
+    eventually(ttl * 3, "every lease renews three more times", async || {
+        assert!(leases2.iter().all(|l| l.check_alive()), "all held");
+        leases2
+            .iter()
+            .zip(&renewals_before)
+            .all(|(l, before)| l.stats().renewals >= before + MORE)
+    })
+    .await;
     let keep_alives = session.keep_alives_sent() - keep_alives_before;
     let intervals = counted_from.elapsed().as_secs_f64() / interval.as_secs_f64();
-    // Every one of the 200 renewed meanwhile.
-    for (i, (lease, before)) in leases.iter().zip(&deadlines_before).enumerate() {
-        let after = lease.deadline().unwrap();
-        assert!(
-            after >= *before + interval,
-            "lease {i} renewed: {:?}",
-            after.checked_duration_since(*before)
-        );
-    }
-    println!("{keep_alives} keep-alives for {N} leases in {intervals:.1} renewal intervals");
-    // A renewal reuses a keep-alive sent less than half an interval before it started, so two
-    // keep-alives are at least half an interval apart: at most two per interval (when the
-    // leases' renewals are spread over more than half an interval), plus one at the window's edge.
+    let renewals: u64 = leases
+        .iter()
+        .zip(&renewals_before)
+        .map(|(l, before)| l.stats().renewals - before)
+        .sum();
+    println!(
+        "{keep_alives} keep-alives for {renewals} renewals of {N} leases in {intervals:.1} \
+         renewal intervals"
+    );
+    assert!(keep_alives >= 1, "the renewals were backed by keep-alives");
+    // A renewal reuses a keep-alive sent less than half an interval before it started, so the
+    // session never sends two keep-alives less than half an interval apart: at most two per
+    // interval, plus one at the window's edge, however many leases renew. A bound that load can
+    // only loosen (a longer window allows more), unlike a lower bound on the count.
     let bound = (2.0 * intervals).floor() as u64 + 1;
     assert!(
-        keep_alives >= (intervals.floor() as u64).saturating_sub(1) && keep_alives <= bound,
+        keep_alives <= bound,
         "{keep_alives} keep-alives in {intervals:.1} renewal intervals (at most {bound}): one \
          heartbeat per interval for the whole session, not one per lease"
     );
@@ -403,7 +403,8 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
     .await;
     let told_within = revoked_at.elapsed();
     assert!(leases.iter().all(|l| !l.check_alive()));
-    // Exactly once, whatever reported it first (the key's deletion or the keep-alive's ttl 0).
+    // Exactly once, whatever reported it first (the key's deletion or the keep-alive's ttl 0):
+    // no second notification within a bounded time after every lease was told.
     sleep(Duration::from_secs(2)).await;
     let fired: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
     assert!(fired.iter().all(|n| *n == 1), "on_lost counts {fired:?}");
@@ -417,10 +418,10 @@ async fn one_session_shares_one_etcd_lease_and_loses_all_leases_with_it() {
     println!("{N} leases told within {told_within:?}");
 }
 
-/// etcd frozen while a lease is held, then killed and restarted soon after the holder's deadline:
-/// the holder is told at its deadline, and a contender that keeps trying from the moment etcd
-/// froze gets the lease only in an attempt that started after that, while the holder's
-/// `check_alive` is false.
+/// etcd frozen while a lease is held, then killed and restarted once the holder was told of the
+/// loss: the holder is told at (not before) its deadline, and a contender that keeps trying from
+/// the moment etcd froze gets the lease only in an attempt that started after that, while the
+/// holder's `check_alive` is false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires() {
     let mut etcd = EtcdProcess::start("stopped").await;
@@ -429,6 +430,11 @@ async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires
     let session_a = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
     let a = session_a.lease(settings("stopped", "a", ttl));
     let mut probe = LostProbe::new(&a);
+    let told = Arc::new(tokio::sync::Notify::new());
+    let _told = a.on_lost({
+        let told = Arc::clone(&told);
+        move |_| told.notify_one()
+    });
     assert!(a.acquire().await.unwrap());
     let token_a = a.fencing_token().unwrap();
     next_renewal(&a, ttl).await;
@@ -467,10 +473,9 @@ async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires
             sleep(Duration::from_millis(50)).await;
         }
     };
-    // etcd comes back soon after a's deadline (and after a's shared etcd lease expired in a's
-    // session, which then never renews it again).
+    // etcd comes back once a was told.
     let restarter = async {
-        sleep_until(deadline + Duration::from_millis(500)).await;
+        told.notified().await;
         etcd.restart().await;
         Instant::now()
     };
@@ -498,6 +503,7 @@ async fn etcd_stopped_while_holding_tells_the_holder_before_anyone_else_acquires
     assert!(b.fencing_token().unwrap() > token_a);
     assert!(!a.check_alive());
     assert!(!a.acquire().await.unwrap(), "b holds it now");
+    // Once (checked for a bounded time).
     probe.none(Duration::from_millis(200)).await;
     assert!(b.release().await.unwrap());
 }
@@ -515,6 +521,8 @@ async fn etcd_restarted_within_the_ttl_keeps_the_lease() {
     assert!(a.acquire().await.unwrap());
     let token = a.fencing_token().unwrap();
 
+    // The lease stays alive all through the restart (etcd starts in about a second; the TTL is
+    // ten: a restart that took longer would be a broken precondition, reported here).
     let restarting = Instant::now();
     let watch_alive = async {
         loop {
@@ -528,19 +536,16 @@ async fn etcd_restarted_within_the_ttl_keeps_the_lease() {
     }
     let restarted = Instant::now();
     println!("etcd restarted in {:?}", restarted - restarting);
-    assert!(
-        restarted - restarting < ttl / 2,
-        "etcd took too long to restart"
-    );
 
     // Renewals resume: the deadline moves past what a pre-restart renewal could give.
     let a2 = &a;
-    eventually(ttl / 2, "a renewal after the restart", async || {
-        assert!(a2.check_alive());
+    eventually(ttl, "a renewal after the restart", async || {
+        assert!(a2.check_alive(), "alive until renewed after the restart");
         a2.deadline().unwrap() > restarted + a2.settings().local_validity()
     })
     .await;
     assert_eq!(a.fencing_token(), Some(token), "same tenure");
+    // No loss was reported (checked for a bounded time after the renewal).
     probe.none(Duration::from_millis(200)).await;
 
     let session_b = EtcdSession::new(etcd_settings(&etcd.endpoint(), &prefix));
@@ -747,7 +752,7 @@ async fn auth_and_permission_errors_are_not_transient() {
     assert!(matches!(err, EtcdError::Unauthenticated { .. }), "{err:?}");
     assert!(!err.is_transient());
     let lease = EtcdSession::new(with("/app/leases/", "wrong")).lease(lease_settings());
-    let started = Instant::now();
+    assert!(lease.settings().acquire_retries() > 0);
     let err = lease.acquire().await.unwrap_err();
     assert!(!err.is_transient(), "{err}");
     assert!(
@@ -757,7 +762,7 @@ async fn auth_and_permission_errors_are_not_transient() {
         ),
         "{err:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(2), "no retries");
+    assert_eq!(lease.stats().acquire_attempts, 1, "no retries");
 
     let err = EtcdSession::connect(with("/elsewhere/", "app-pw"))
         .await
@@ -800,16 +805,13 @@ async fn dropped_lease_expires_while_its_shared_etcd_lease_lives_on() {
             .build()
             .unwrap(),
     );
+    // Freed at all (the session deletes it: the shared etcd lease would keep it forever), and
+    // not before the TTL.
     let acquired_at = acquire_within(&b, ttl * 3).await;
     assert!(
         acquired_at >= renewed_at + ttl,
         "taken {:?} before the ttl ran out",
         (renewed_at + ttl) - acquired_at
-    );
-    let late = acquired_at - (renewed_at + ttl);
-    assert!(
-        late < Duration::from_millis(2500),
-        "freed {late:?} after the ttl"
     );
     // The other lease of the process kept its key and its etcd lease all along.
     assert!(y.check_alive());
@@ -823,18 +825,23 @@ async fn dropped_lease_expires_while_its_shared_etcd_lease_lives_on() {
 
 /// When the watch stream breaks and the history since the claim was compacted meanwhile, the
 /// holder checks the key and watches on: it keeps the lease, and a later takeover is still
-/// reported at once.
+/// reported by the watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_survives_a_broken_stream_and_a_compacted_history() {
     let endpoint = endpoint();
     let prefix = unique_prefix("compacted");
-    let proxy = common::proxy::FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
     let session = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
     let ttl = Duration::from_secs(10);
     let a = session.lease(settings("compacted", "a", ttl));
     let mut probe = LostProbe::new(&a);
     assert!(a.acquire().await.unwrap());
     let token = a.fencing_token().unwrap();
+    let a2 = &a;
+    eventually(ttl / 2, "the tenure's watch started", async || {
+        a2.stats().watch_starts >= 1
+    })
+    .await;
 
     let mut admin = admin_client(&endpoint).await;
     let mut revision = 0;
@@ -845,41 +852,97 @@ async fn watch_survives_a_broken_stream_and_a_compacted_history() {
             .unwrap();
         revision = put.header().unwrap().revision();
     }
-    // Break every stream of the session for a moment (well within the ttl)...
-    proxy.set_mode(common::proxy::ProxyMode::Reset);
-    sleep(Duration::from_millis(300)).await;
-    // ...and compact the history past the claim before the watch comes back.
+    // Break every stream of the session (well within the ttl)...
+    proxy.set_mode(ProxyMode::Reset);
+    eventually(ttl / 2, "the watch broke", async || {
+        a2.stats().watch_breaks >= 1
+    })
+    .await;
+    // ...and compact the history past the claim before the watch can come back.
     admin.compact(revision, None).await.unwrap();
-    proxy.set_mode(common::proxy::ProxyMode::Pass);
-    // Renewals resume, the watch is re-established from the current revision.
+    proxy.set_mode(ProxyMode::Pass);
+    // The watch is re-established, finds the history compacted, reads the key (still a's) and
+    // watches on from the current revision.
+    eventually(
+        ttl / 2,
+        "the watch resumed past the compaction",
+        async || a2.backend().compacted_watch_resumes() >= 1,
+    )
+    .await;
+    // Renewals resume too.
     let resumed = Instant::now();
-    let a2 = &a;
     eventually(ttl / 2, "a renewal after the partition", async || {
         a2.deadline().unwrap() > resumed + a2.settings().local_validity()
     })
     .await;
-    sleep(Duration::from_secs(2)).await;
-    probe.none(Duration::ZERO).await;
+    // No loss was reported (checked for a bounded time after the resumption).
+    probe.none(Duration::from_millis(200)).await;
     assert!(a.check_alive());
     assert_eq!(a.fencing_token(), Some(token));
 
-    let put_at = Instant::now();
     admin
         .put(format!("{prefix}compacted"), "intruder", None)
         .await
         .unwrap();
-    let (lost_at, lost) = probe.next(Duration::from_secs(4)).await;
-    assert!(
-        lost_at - put_at < Duration::from_secs(2),
-        "reported {:?} after the takeover",
-        lost_at - put_at
-    );
+    // Only the watch reports a takeover on etcd (a renewal never reads the key).
+    let (_, lost) = probe.next(ttl).await;
     assert_eq!(
         lost.reason,
         LostReason::TakenOver {
             holder: Some("intruder".into())
         }
     );
+}
+
+/// A takeover written while the holder's watch stream is broken (and cannot be re-established)
+/// is still reported once the watch comes back: the watch resumes from the revision of the claim,
+/// so the write in between is not missed. Only the watch can report it: an etcd renewal asks for
+/// a keep-alive and never reads the key, and the keep-alives go on (the shared etcd lease is
+/// fine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_written_while_the_watch_is_broken_is_reported() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("broken-watch");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let session = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let ttl = Duration::from_secs(10);
+    let a = session.lease(settings("broken", "a", ttl));
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+    let a2 = &a;
+    eventually(ttl / 2, "the tenure's watch started", async || {
+        a2.stats().watch_starts >= 1
+    })
+    .await;
+
+    // Cut the session off: the watch stream breaks, and no new one can open while the proxy
+    // resets every connection.
+    proxy.set_mode(ProxyMode::Reset);
+    eventually(ttl / 2, "the watch broke", async || {
+        a2.stats().watch_breaks >= 1
+    })
+    .await;
+    let mut admin = admin_client(&endpoint).await;
+    let put = admin
+        .put(format!("{prefix}broken"), "intruder", None)
+        .await
+        .unwrap();
+    assert!(put.header().unwrap().revision() as u64 > token.value());
+    assert!(a.check_alive(), "nothing could tell a yet");
+    proxy.set_mode(ProxyMode::Pass);
+
+    let (_, lost) = probe.next(ttl).await;
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("intruder".into())
+        },
+        "reported by the resumed watch, before the deadline"
+    );
+    assert_eq!(lost.fencing_token, Some(token));
+    assert!(!a.check_alive());
+    assert!(a.stats().watch_starts >= 2, "the watch was re-established");
 }
 
 /// Two instances of one lease (same cluster and prefix, name and owner) in one process would both

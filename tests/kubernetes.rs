@@ -33,7 +33,9 @@ use tokio::time::{sleep, timeout, Instant};
 /// The TTL of the contract suite's leases: short, and a whole number of seconds (Kubernetes
 /// stores whole seconds).
 const TTL: Duration = Duration::from_secs(3);
-/// Generous: a noisy 2-core machine runs the API server, etcd and two tests at once.
+/// How much longer than the contract allows a test waits for an event before it fails: generous,
+/// a noisy 2-core machine runs the API server, etcd and two tests at once. Never asserted as a
+/// bound on lateness (see `common::contract`).
 const SLACK: Duration = Duration::from_millis(1000);
 
 /// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
@@ -69,9 +71,6 @@ fn admin() -> Api<LeaseObject> {
 fn settings(name: &str, owner: &str) -> LeaseSettings {
     LeaseSettings::builder(name, owner)
         .ttl(TTL)
-        // A wide margin keeps the holder's local expiry well ahead of a contender's, even when
-        // the holder's timer fires late on a busy machine.
-        .clock_drift_margin(Duration::from_millis(300))
         .build()
         .unwrap()
 }
@@ -232,6 +231,9 @@ async fn two_clients_race_for_fresh_leases() {
 }
 
 /// A crashed holder's lease goes to the contender after the TTL, not before, with the next token.
+/// The contender judges expiry by its own clock from when it first saw the holder's last write:
+/// every attempt that started a TTL after the end of its first attempt after the crash (which saw
+/// that write) wins, every one before the TTL since the last renewal is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
     let f = KubeFixture::new().await;
@@ -244,12 +246,13 @@ async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
     // Drop it right after a renewal, which contenders must respect for a whole TTL.
     let renewed_at = next_renewal(&a, TTL).await - a.settings().local_validity();
     drop(a);
+    // (start, end, won) of every attempt of b.
     let mut attempts = Vec::new();
     let acquired_at = loop {
         let start = Instant::now();
         let got = b.acquire().await.unwrap();
         let end = Instant::now();
-        attempts.push((start, got));
+        attempts.push((start, end, got));
         if got {
             break end;
         }
@@ -260,12 +263,17 @@ async fn dropped_holder_is_taken_over_after_the_ttl_and_not_before() {
         acquired_at >= renewed_at + TTL,
         "taken over before the TTL ran out"
     );
+    let (_, first_seen, _) = attempts[0];
     assert!(
-        acquired_at <= renewed_at + TTL + SLACK,
-        "taken over {:?} after the TTL ran out",
-        acquired_at - (renewed_at + TTL)
+        !attempts[0].2,
+        "refused at first: the holder had just renewed"
     );
-    assert!(attempts.len() > 10, "b kept trying: {}", attempts.len());
+    for (start, _, won) in &attempts {
+        assert!(
+            *won || *start < first_seen + TTL,
+            "refused an attempt that started a TTL after b saw the last renewal: {attempts:?}"
+        );
+    }
     assert_eq!(b.fencing_token().unwrap().value(), token.value() + 1);
     let object = read(&name).await;
     assert_eq!(spec(&object).holder_identity.as_deref(), Some("b"));
@@ -348,8 +356,8 @@ async fn blackholed_holder_is_told_before_the_contender_acquires() {
     assert!(b.release().await.unwrap());
 }
 
-/// A takeover written by someone else reaches the holder through its watch, long before its next
-/// renewal would notice.
+/// A takeover written by someone else reaches the holder through its watch, before its next
+/// renewal (10 s away): the holder sends no request between the write and `on_lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_and_deletion_are_reported_by_the_watch() {
     let f = KubeFixture::new().await;
@@ -371,17 +379,14 @@ async fn takeover_and_deletion_are_reported_by_the_watch() {
     let spec = object.spec.as_mut().unwrap();
     spec.holder_identity = Some("intruder".into());
     spec.lease_transitions = Some(token.value() as i32 + 1);
-    let written = Instant::now();
+    let before = a.backend().stats();
     admin
         .replace(&object_name(&name), &PostParams::default(), &object)
         .await
         .unwrap();
-    let (lost_at, lost) = probe.next(Duration::from_secs(5)).await;
-    assert!(
-        lost_at - written < Duration::from_secs(2),
-        "reported after {:?}",
-        lost_at - written
-    );
+    let (_, lost) = probe.next(Duration::from_secs(30)).await;
+    // Not one request since the takeover: the watch reported it, not a renewal.
+    assert_eq!(a.backend().stats().requests(), before.requests());
     assert_eq!(
         lost.reason,
         LostReason::TakenOver {
@@ -401,21 +406,27 @@ async fn takeover_and_deletion_are_reported_by_the_watch() {
     let a = f.lease(long(&name, "a")).await;
     let mut probe = LostProbe::new(&a);
     assert!(a.acquire().await.unwrap());
-    let deleted = Instant::now();
+    let before = a.backend().stats();
     admin
         .delete(&object_name(&name), &DeleteParams::default())
         .await
         .unwrap();
-    let (lost_at, lost) = probe.next(Duration::from_secs(5)).await;
-    assert!(lost_at - deleted < Duration::from_secs(2));
+    let (_, lost) = probe.next(Duration::from_secs(30)).await;
+    assert_eq!(
+        a.backend().stats().requests(),
+        before.requests(),
+        "by the watch"
+    );
     assert_eq!(lost.reason, LostReason::Deleted);
     assert!(!a.check_alive());
 }
 
 /// A contender waiting between attempts watches the object: the holder's renewals cost it
-/// nothing, and a release wakes it within a round trip.
+/// nothing, and the release wakes it: it gets the lease long before its retry delay (a minute)
+/// could have passed, with one read and one claim after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_contender_sees_the_release_at_once() {
+    const RETRY_DELAY: Duration = Duration::from_secs(60);
     let f = KubeFixture::new().await;
     let name = unique("wake");
     let a = f.lease(settings(&name, "a")).await;
@@ -424,35 +435,27 @@ async fn waiting_contender_sees_the_release_at_once() {
             settings(&name, "b")
                 .to_builder()
                 .acquire_retries(3)
-                .acquire_retry_delay(Duration::from_secs(20))
+                .acquire_retry_delay(RETRY_DELAY)
                 .build()
                 .unwrap(),
         )
         .await;
     assert!(a.acquire().await.unwrap());
     let before = b.backend().stats();
-    let renewals_before = a.backend().stats().updates;
-    let released_at = Arc::new(Mutex::new(None::<Instant>));
-    let (got, _) = tokio::join!(b.acquire(), async {
-        // a renews twice while b waits.
-        timeout(TTL * 2, async {
-            while a.backend().stats().updates < renewals_before + 2 {
+    let renewals_before = a.stats().renewals;
+    let (got, _) = timeout(
+        RETRY_DELAY / 2,
+        futures_util::future::join(b.acquire(), async {
+            // a renews twice while b waits.
+            while a.stats().renewals < renewals_before + 2 {
                 sleep(Duration::from_millis(5)).await;
             }
-        })
-        .await
-        .expect("a renews while b waits");
-        assert!(a.release().await.unwrap());
-        *released_at.lock().unwrap() = Some(Instant::now());
-    });
-    let acquired_at = Instant::now();
+            assert!(a.release().await.unwrap());
+        }),
+    )
+    .await
+    .expect("b was woken by the release, not by its retry delay");
     assert!(got.unwrap(), "b got the released lease");
-    let released_at = released_at.lock().unwrap().unwrap();
-    assert!(
-        acquired_at - released_at < Duration::from_secs(1),
-        "woken {:?} after the release (the retry delay is 20 s)",
-        acquired_at - released_at
-    );
     // One read before waiting, one watch through a's renewals, one read and one claim after the
     // release: no polling.
     let spent = b.backend().stats();
@@ -473,7 +476,9 @@ async fn waiting_contender_sees_the_release_at_once() {
 }
 
 /// A Lease written by client-go's leader election (same fields, no annotation) is respected: it
-/// is held until leaseDurationSeconds after *we* first saw it, whatever its renewTime says.
+/// is held until leaseDurationSeconds after *we* first saw it, whatever its renewTime says: no
+/// attempt wins before 3 s after the first one started, and none that started 3 s after the first
+/// one ended is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_go_lease_is_respected() {
     let f = KubeFixture::new().await;
@@ -521,7 +526,11 @@ async fn client_go_lease_is_respected() {
                     break end;
                 }
                 falses.push(start);
-                assert!(end < start + Duration::from_secs(20), "never acquired");
+                let (first_start, _) = first.unwrap();
+                assert!(
+                    end < first_start + Duration::from_secs(20),
+                    "never acquired"
+                );
                 sleep(Duration::from_millis(50)).await;
             };
             let (first_start, first_end) = first.unwrap();
@@ -537,7 +546,6 @@ async fn client_go_lease_is_respected() {
                     "{name}: refused after expiry"
                 );
             }
-            assert!(acquired_at <= first_end + Duration::from_secs(3) + SLACK);
             assert_eq!(
                 b.fencing_token().unwrap().value(),
                 1,
@@ -552,15 +560,18 @@ async fn client_go_lease_is_respected() {
     futures_util::future::join_all(runs).await;
 }
 
-/// Acquires with `lease`, which must fail at once (not retried) with a permanent error that is
-/// a `KubernetesError`, without touching the lease object `name`; returns that error.
-async fn permanent_acquire_error<L: Lease>(lease: &L, name: &str) -> LeaseError {
-    let start = Instant::now();
+/// Acquires with `lease` (which has retries), which must fail at once (one attempt, one request:
+/// not retried) with a permanent error that is a `KubernetesError`, without touching the lease
+/// object `name`; returns that error.
+async fn permanent_acquire_error(lease: &KubernetesLease, name: &str) -> LeaseError {
+    assert!(lease.settings().acquire_retries() > 0);
     let err = lease.acquire().await.unwrap_err();
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
+    assert_eq!(
+        lease.stats().acquire_attempts,
+        1,
         "not retried: a permanent error does not heal"
     );
+    assert_eq!(lease.backend().stats().requests(), 1, "one request");
     assert!(!err.is_transient(), "{err}");
     assert!(!lease.check_alive());
     assert!(lease.fencing_token().is_none());
@@ -803,50 +814,88 @@ async fn provider_builds_leases_from_configuration() {
     std::fs::remove_file(&token_file).ok();
 }
 
-/// The lease's cost: exactly one request per renewal interval while held, counted by the API
-/// server (its metrics, with this test running alone) and by the backend.
+/// The lease's cost: exactly one request per renewal, and renewals at least one renewal interval
+/// apart (so at most one request per interval), while held; counted by the API server (its
+/// metrics, with this test running alone) and by the backend. The spacing is read from the
+/// lease's own deadlines (each renewal's start is its deadline minus the local validity), which
+/// load can only stretch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_sends_one_request_per_renewal_interval() {
+    const RENEWALS: u64 = 10;
     let f = KubeFixture::exclusive().await;
+    let admin = client(&env().url, &env().admin_token);
+    // Every lease request the API server counts from here on is this test's.
+    let m_start = lease_requests(&admin).await;
     let name = unique("cost");
     let a = f.lease(settings(&name, "a")).await;
     let interval = a.settings().renewal_interval();
     assert!(a.acquire().await.unwrap());
-    let admin = client(&env().url, &env().admin_token);
-    // Start counting just after a renewal, so that the window boundaries sit between renewals.
-    let wait_updates = |target: u64| {
+    // A snapshot of the server's counts that includes every update the backend has had answered
+    // (the server counts a request just after it answered it).
+    let settled = || {
+        let (a, admin, m_start) = (&a, &admin, &m_start);
+        async move {
+            timeout(Duration::from_secs(10), async {
+                loop {
+                    let stats = a.backend().stats();
+                    let metrics = lease_requests(admin).await;
+                    let puts = metrics.get("PUT").copied().unwrap_or(0)
+                        - m_start.get("PUT").copied().unwrap_or(0);
+                    if puts == stats.updates && a.backend().stats() == stats {
+                        return (metrics, stats);
+                    }
+                    sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the API server counted the backend's updates")
+        }
+    };
+    let wait_renewals = |target: u64| {
         let a = &a;
         async move {
-            timeout(interval * 15, async {
-                while a.backend().stats().updates < target {
+            let mut starts = Vec::new();
+            timeout(interval * (RENEWALS as u32 + 5), async {
+                let mut last = a.deadline();
+                loop {
+                    // The count first: a renewal moves the deadline before it is counted.
+                    let renewals = a.stats().renewals;
+                    let now = a.deadline();
+                    if now != last {
+                        starts.push(now.expect("held") - a.settings().local_validity());
+                        last = now;
+                    }
+                    if renewals >= target {
+                        break;
+                    }
                     sleep(Duration::from_millis(5)).await;
                 }
             })
             .await
             .expect("renewals go on");
-            sleep(interval / 4).await;
+            starts
         }
     };
-    wait_updates(a.backend().stats().updates + 1).await;
-    let (m0, s0, t0) = (
-        lease_requests(&admin).await,
-        a.backend().stats(),
-        Instant::now(),
-    );
-    wait_updates(s0.updates + 10).await;
-    let (m1, s1, t1) = (
-        lease_requests(&admin).await,
-        a.backend().stats(),
-        Instant::now(),
-    );
-    let elapsed = t1 - t0;
-    assert_eq!(s1.updates - s0.updates, 10);
-    assert_eq!(s1.requests() - s0.requests(), 10, "{s0:?} -> {s1:?}");
+    wait_renewals(a.stats().renewals + 1).await;
+    let (m0, s0) = settled().await;
+    let renewals0 = a.stats().renewals;
+    let starts = wait_renewals(renewals0 + RENEWALS).await;
+    let (m1, s1) = settled().await;
+    assert_eq!(a.stats().renewals - renewals0, RENEWALS);
+    assert_eq!(s1.updates - s0.updates, RENEWALS, "one update per renewal");
+    assert_eq!(s1.requests() - s0.requests(), RENEWALS, "{s0:?} -> {s1:?}");
     assert_eq!(s1.watches, s0.watches, "the watch stays open");
-    assert!(
-        elapsed >= interval * 9 && elapsed <= interval * 12,
-        "10 renewals took {elapsed:?} (interval {interval:?})"
+    assert_eq!(
+        starts.len() as u64,
+        RENEWALS,
+        "every renewal moved the deadline: {starts:?}"
     );
+    for pair in starts.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= interval,
+            "two renewals less than an interval apart: {starts:?}"
+        );
+    }
     let delta: BTreeMap<&str, u64> = m1
         .iter()
         .map(|(verb, n)| (verb.as_str(), n - m0.get(verb).copied().unwrap_or(0)))
@@ -854,13 +903,8 @@ async fn holder_sends_one_request_per_renewal_interval() {
         .collect();
     assert_eq!(
         delta,
-        BTreeMap::from([("PUT", 10)]),
-        "requests on leases seen by the API server in {elapsed:?}"
-    );
-    println!(
-        "{} lease requests in {elapsed:?} ({:.2} per {interval:?} renewal interval)",
-        s1.requests() - s0.requests(),
-        (s1.requests() - s0.requests()) as f64 / (elapsed.as_secs_f64() / interval.as_secs_f64())
+        BTreeMap::from([("PUT", RENEWALS)]),
+        "requests on leases seen by the API server over {RENEWALS} renewals"
     );
     assert!(a.release().await.unwrap());
 }
@@ -929,6 +973,8 @@ async fn lease_survives_an_apiserver_restart_within_the_ttl() {
     server.kill();
     let killed_at = Instant::now();
     server.spawn();
+    // A precondition of the scenario, not a bound on the lease: the server must be back well
+    // within the TTL (it takes about 10 s of the 30).
     server
         .ready(deadline_at_kill - Duration::from_secs(3))
         .await;
@@ -944,6 +990,7 @@ async fn lease_survives_an_apiserver_restart_within_the_ttl() {
     .expect("renewed after the restart");
     assert!(a.check_alive());
     assert_eq!(a.fencing_token(), Some(token), "the same tenure");
+    // No loss was reported (checked for a bounded time after the renewal).
     probe.none(Duration::from_millis(100)).await;
     // Everyone else still sees it held.
     let b = f.lease(no_retries(settings(&name, "b"))).await;
@@ -1232,4 +1279,167 @@ async fn kubectl_holder_column_shows_the_owner() {
         released.is_null() || released == "" || released == "<none>",
         "no holder after release: {released}"
     );
+}
+
+/// The TCP sockets of this process connected to `peer`, each with whether `TCP_NODELAY` is set on
+/// it: read from the sockets themselves (`/proc/self/fd`, `getpeername`, `getsockopt`).
+fn sockets_connected_to(peer: SocketAddr) -> Vec<bool> {
+    use std::os::fd::BorrowedFd;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+    {
+        let Ok(link) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        let Ok(fd) = entry.file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        // SAFETY: `fd` was open in this process a moment ago and is only borrowed for two
+        // `getpeername`/`getsockopt` calls. Had it been closed meanwhile, the calls fail; had its
+        // number been reused, the peer address filters the other socket out.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&fd);
+        if socket.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
+            if let Ok(nodelay) = socket.tcp_nodelay() {
+                found.push(nodelay);
+            }
+        }
+    }
+    found
+}
+
+/// Every connection a Kubernetes lease opens has `TCP_NODELAY` set (the README's claim: without
+/// it every write waits up to 40 ms for a delayed ACK), checked on the sockets themselves: for a
+/// lease built from `KubernetesSettings` and for one on a client from `kubernetes_client` (the
+/// fixture's). Each lease talks through its own proxy, so its sockets are the only ones connected
+/// to that proxy's address (the proxy's own legs have their own, different, peers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_set_tcp_nodelay() {
+    let f = KubeFixture::new().await;
+    let proxy = FaultProxy::start(env().upstream).await;
+    let name = unique("nodelay");
+    let from_settings = KubernetesLease::new(
+        settings(&name, "a"),
+        KubernetesSettings::new(&env().namespace)
+            .with_api_url(format!("https://{}", proxy.addr()))
+            .with_token(&env().token)
+            .with_ca_file(&env().ca),
+    )
+    .unwrap();
+    let from_client = f.lease(no_retries(settings(&name, "b"))).await;
+    assert!(from_settings.acquire().await.unwrap());
+    assert!(!from_client.acquire().await.unwrap());
+    // The holder's renewal task opens a second connection for its watch.
+    timeout(Duration::from_secs(10), async {
+        while from_settings.backend().stats().watches == 0 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the tenure watches its object");
+    for (lease, addr) in [
+        ("KubernetesSettings", proxy.addr()),
+        ("kubernetes_client", f.proxy("b").await.addr()),
+    ] {
+        let sockets = sockets_connected_to(addr);
+        assert!(!sockets.is_empty(), "{lease}: no connection found");
+        assert!(
+            sockets.iter().all(|nodelay| *nodelay),
+            "{lease}: TCP_NODELAY on each connection: {sockets:?}"
+        );
+    }
+    assert!(from_settings.release().await.unwrap());
+}
+
+/// A CA that did not sign the test API server's certificate (a self-signed EC P-256 CA, valid
+/// until 2126): `openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout
+/// /dev/null -days 36500 -subj /CN=actix-coordination-test-wrong-ca`.
+const WRONG_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBrTCCAVOgAwIBAgIUMTjQCBun94doAS+eypOnPw+YwGIwCgYIKoZIzj0EAwIw
+KzEpMCcGA1UEAwwgYWN0aXgtY29vcmRpbmF0aW9uLXRlc3Qtd3JvbmctY2EwIBcN
+MjYxMTIzMTczNzM5WhgPMjEyNjEwMzAxNzM3MzlaMCsxKTAnBgNVBAMMIGFjdGl4
+LWNvb3JkaW5hdGlvbi10ZXN0LXdyb25nLWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0D
+AQcDQgAEO0BFWb53d7zggx2yQHsltTyrgcBhxkruh/HM2iJfWZ7jRMvRiM3kkR2x
+XjSZHopjNuu4lMHgB4UVEDAiTt6jIqNTMFEwHQYDVR0OBBYEFCaUC7l1jameEFUv
+UTOggSRY44XfMB8GA1UdIwQYMBaAFCaUC7l1jameEFUvUTOggSRY44XfMA8GA1Ud
+EwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIgKhdYkV4TO1brbAPEkHpyaGjT
+FSEjFrJzwArskgyFBYECIQCgo6Pcu5amYQ1VcXUCFfISRMueZ+Jvt3bfRM0+FOiW
+VA==
+-----END CERTIFICATE-----
+";
+
+/// Acquires `lease` once, holding the shared gate only for that (so that the request-count test
+/// is not kept waiting by a test that polls for a minute).
+async fn gated_acquire(lease: &KubernetesLease) -> Result<bool, LeaseError> {
+    let _gate = GATE.clone().read_owned().await;
+    lease.acquire().await
+}
+
+/// The README's "token file and CA file are re-read about once a minute, so rotation works":
+/// leases built once, with credentials the API server refuses, work after the files are rotated
+/// in place. One has the right CA and the token of a user without the Role in its token file
+/// (403), the other the right token and a CA file with another CA (the TLS handshake fails); both
+/// files are then overwritten with the right credentials, and each lease acquires within two
+/// minutes (kube re-reads a token file 50 s after reading it, a CA file 60 s after loading it).
+/// Fails if either file is read only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_token_and_ca_files_are_picked_up() {
+    let dir = env().dir.join(format!("rotation-{}", *RUN));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (token_file, ca_file) = (dir.join("token"), dir.join("ca.crt"));
+    std::fs::write(&token_file, &env().norole_token).unwrap();
+    std::fs::write(&ca_file, WRONG_CA).unwrap();
+    let (by_token, by_ca) = (unique("rotated-token"), unique("rotated-ca"));
+    let lease = |name: &str, credentials: KubernetesSettings| {
+        KubernetesLease::new(no_retries(settings(name, "a")), credentials).unwrap()
+    };
+    let server = || KubernetesSettings::new(&env().namespace).with_api_url(&env().url);
+    let by_token = lease(
+        &by_token,
+        server()
+            .with_token_file(&token_file)
+            .with_ca_file(&env().ca),
+    );
+    let by_ca = lease(
+        &by_ca,
+        server().with_token(&env().token).with_ca_file(&ca_file),
+    );
+    let err = gated_acquire(&by_token).await.unwrap_err();
+    assert!(
+        matches!(
+            err.backend_error::<KubernetesError>(),
+            Some(KubernetesError::Forbidden { .. })
+        ),
+        "the token without a Role: {err:?}"
+    );
+    let err = gated_acquire(&by_ca).await.unwrap_err();
+    assert!(err.is_transient(), "the unknown CA: {err:?}");
+
+    // Rotated in place, as the kubelet does.
+    let rotate = |path: &std::path::Path, content: &[u8]| {
+        let next = path.with_extension("next");
+        std::fs::write(&next, content).unwrap();
+        std::fs::rename(&next, path).unwrap();
+    };
+    rotate(&token_file, env().token.as_bytes());
+    rotate(&ca_file, &std::fs::read(&env().ca).unwrap());
+    let picked_up = |lease: KubernetesLease| async move {
+        timeout(Duration::from_secs(120), async {
+            while !matches!(gated_acquire(&lease).await, Ok(true)) {
+                sleep(Duration::from_secs(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{} never used its rotated file", lease.name()));
+        lease
+    };
+    let (by_token, by_ca) = tokio::join!(picked_up(by_token), picked_up(by_ca));
+    assert!(by_token.release().await.unwrap());
+    assert!(by_ca.release().await.unwrap());
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -20,7 +20,7 @@ use actix_coordination::{
 use common::actors::{assert_one_at_a_time, recorded_manager, wait_for_state, Life};
 use common::run_paused;
 use futures_util::FutureExt;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
 const TTL: Duration = Duration::from_secs(9);
 const LEASE: &str = "tenure";
@@ -467,7 +467,7 @@ async fn a_second_instance_of_the_same_lease_is_refused() {
 
 /// An `acquire` whose caller gave up while the claim was in flight does not leave the claim
 /// behind: it is finished and released in the background; a failure to release it is reported by
-/// the next `release`.
+/// every `release` until the claim has surely expired.
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_acquire_releases_its_claim() {
     let store = InMemoryStore::new();
@@ -485,12 +485,55 @@ async fn an_abandoned_acquire_releases_its_claim() {
     assert!(a.release().await.unwrap());
     assert_eq!(store.holder(LEASE), None, "released");
 
-    // This time releasing the abandoned claim fails: the next release says so.
+    // This time releasing the abandoned claim fails: the next releases say so, as long as the
+    // claim may be held.
     let gave_up = tokio::time::timeout(Duration::from_millis(100), a.acquire()).await;
     assert!(gave_up.is_err());
     store.set_owner_fault("a", Some(InMemoryFault::Unavailable));
     sleep(Duration::from_secs(2)).await;
+    let failed_at = Instant::now();
+    for _ in 0..2 {
+        let error = a.release().await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                LeaseError::Backend {
+                    operation: Operation::Release,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+    assert_eq!(store.holder(LEASE).as_deref(), Some("a"), "still held");
+    let settings = settings("a");
+    sleep_until(failed_at + settings.ttl() + settings.clock_drift_margin()).await;
+    assert_eq!(store.holder(LEASE), None, "expired");
+    assert!(
+        a.release().await.unwrap(),
+        "nothing of a's is held any more"
+    );
+}
+
+/// A `release` that fails (outcome unknown) must not let the next `release` claim success while
+/// the record is still held: it answers the same error until the record has surely expired
+/// (TTL plus the drift margin after the failure), then `Ok(true)`. An `acquire` that reaches the
+/// store meanwhile supersedes it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_not_followed_by_a_false_success() {
+    let store = InMemoryStore::new();
+    let a = store.lease(settings("a"));
+    let b = store.lease(
+        settings("b")
+            .to_builder()
+            .acquire_retries(0)
+            .build()
+            .unwrap(),
+    );
+    assert!(a.acquire().await.unwrap());
+    store.set_owner_fault("a", Some(InMemoryFault::Unavailable));
     let error = a.release().await.unwrap_err();
+    let failed_at = Instant::now();
     assert!(
         matches!(
             error,
@@ -501,7 +544,39 @@ async fn an_abandoned_acquire_releases_its_claim() {
         ),
         "{error}"
     );
-    assert!(a.release().await.unwrap(), "reported once");
+    assert!(!a.check_alive(), "the tenure ended at the call");
+    assert_eq!(
+        store.holder(LEASE).as_deref(),
+        Some("a"),
+        "the record stays"
+    );
+    // The store is reachable again, but this instance has nothing left to release with: until
+    // the record expires, every release reports the failure.
+    store.set_owner_fault("a", None);
+    sleep_until(failed_at + TTL - Duration::from_millis(1)).await;
+    let again = a.release().await.unwrap_err();
+    assert_eq!(format!("{again:?}"), format!("{error:?}"), "the same error");
+    assert!(!b.acquire().await.unwrap(), "held indeed, b is kept out");
+    // The store's TTL ran out, but a store whose clock runs faster may still hold it: the drift
+    // margin is waited out too.
+    let until = failed_at + TTL + settings("a").clock_drift_margin();
+    sleep_until(until - Duration::from_millis(1)).await;
+    assert_eq!(store.holder(LEASE), None, "expired by its TTL");
+    assert!(a.release().await.is_err(), "within the drift margin");
+    sleep_until(until).await;
+    assert!(a.release().await.unwrap());
+    assert!(b.acquire().await.unwrap());
+    assert!(b.release().await.unwrap());
+
+    // An acquire that reached the store answers for the record: the failure is forgotten.
+    assert!(a.acquire().await.unwrap());
+    store.set_owner_fault("a", Some(InMemoryFault::Unavailable));
+    assert!(a.release().await.is_err());
+    store.set_owner_fault("a", None);
+    assert!(a.acquire().await.unwrap(), "its own record, reused");
+    assert!(a.release().await.unwrap());
+    assert_eq!(store.holder(LEASE), None);
+    assert!(a.release().await.unwrap());
 }
 
 /// A `release` whose caller gives up while the backend call is in flight still releases: the

@@ -33,6 +33,8 @@ pub struct EtcdBackend {
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
     claims_refused: AtomicU64,
+    /// Loss watches that found the history compacted and watched on after reading the key.
+    compacted_watch_resumes: AtomicU64,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -130,6 +132,7 @@ impl EtcdBackend {
             observed: Mutex::new(None),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
+            compacted_watch_resumes: AtomicU64::new(0),
         }
     }
 
@@ -148,6 +151,13 @@ impl EtcdBackend {
     /// existed (held by someone), or changed since it was read (a lost race).
     pub fn claims_refused(&self) -> u64 {
         self.claims_refused.load(Ordering::Relaxed)
+    }
+
+    /// How many times the loss watch of a tenure found the history since its claim compacted
+    /// (after a broken watch stream), read the key, found it still its own and watched on from
+    /// the current revision; for tests, which wait on it instead of for a while.
+    pub fn compacted_watch_resumes(&self) -> u64 {
+        self.compacted_watch_resumes.load(Ordering::Acquire)
     }
 
     /// Sends one claiming transaction and counts it.
@@ -477,6 +487,7 @@ impl LeaseBackend for EtcdBackend {
                         .inner()
                         .watch(self.key.clone(), now.saturating_add(1), false)
                         .await?;
+                    self.compacted_watch_resumes.fetch_add(1, Ordering::Release);
                 }
                 Some(HubEvent::Broken(message)) => return Err(EtcdError::Watch { message }),
                 None => {
