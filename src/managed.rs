@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -73,10 +75,11 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 ///
 /// # Never cut a call short and report success
 ///
-/// Backend calls of `acquire` and `release` run on their own task: dropping the caller's future
-/// (a timeout around it, an aborted actor round) does not abort them. An attempt whose caller is
-/// gone is finished, and a claim it made is released at once; the next `acquire` or `release` of
-/// this instance waits for that. A claim whose answer arrives after its own validity is released
+/// Backend calls of `acquire` and `release` are polled by the caller's future, but never cut
+/// short: if that future is dropped (a timeout around it, an aborted actor round) while a call is
+/// in flight, the call is moved to a task of its own and finished there. An attempt whose caller
+/// is gone is finished, and a claim it made is released at once; the next `acquire` or `release`
+/// of this instance waits for that. A claim whose answer arrives after its own validity is released
 /// too, and `acquire` reports a timeout.
 ///
 /// # One instance per (store, name, owner)
@@ -367,7 +370,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         })?;
         let start = Instant::now();
         bump(&shared.counters.acquire_attempts);
-        let call = runtime.spawn({
+        let call: BoxCall<AttemptOutcome<B>> = Box::pin({
             let shared = Arc::clone(shared);
             async move {
                 timeout(
@@ -377,7 +380,8 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 .await
             }
         });
-        // If this future is dropped while the call is in flight, the guard finishes it.
+        // Polled right here; if this future is dropped while the call is in flight, the guard
+        // moves the call to a task of its own and finishes it there.
         let mut in_flight = InFlight {
             call: Some(call),
             ops: Some(ops),
@@ -479,9 +483,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
             operation: Operation::Release,
         })?;
-        // Stopping the renewal and telling the backend run on their own task: dropping this
-        // future does not abort the backend call.
-        let call = runtime.spawn({
+        // Stopping the renewal and telling the backend are polled right here, but never cut
+        // short: if this future is dropped first, they are finished on a task of their own.
+        let call = FinishOnDrop::new(&runtime, {
             let shared = Arc::clone(shared);
             async move {
                 let mut ops = ops;
@@ -498,20 +502,59 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 released
             }
         });
-        call.await.unwrap_or_else(|join_error| {
-            Err(LeaseError::Backend {
-                operation: Operation::Release,
-                transient: false,
-                source: Arc::new(Panicked(join_error.to_string())),
-            })
-        })
+        call.await
+    }
+}
+
+/// A boxed backend call, owned by whoever polls it.
+type BoxCall<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A future polled by its caller that is never cut short: if the caller's future is dropped
+/// before it completed, it is moved to a task of its own and finished there (its output is then
+/// dropped: it must do its own bookkeeping).
+struct FinishOnDrop<T: Send + 'static> {
+    call: Option<BoxCall<T>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    fn new(
+        runtime: &tokio::runtime::Handle,
+        call: impl Future<Output = T> + Send + 'static,
+    ) -> Self {
+        Self {
+            call: Some(Box::pin(call)),
+            runtime: runtime.clone(),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let this = self.get_mut();
+        let call = this.call.as_mut().expect("polled after completion");
+        let output = std::task::ready!(call.as_mut().poll(cx));
+        this.call = None;
+        std::task::Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            self.runtime.spawn(async move {
+                call.await;
+            });
+        }
     }
 }
 
 /// An `acquire` call in flight: if the caller's future is dropped before the answer, the call is
 /// finished on its own task, and a claim it made is released (holding the `ops` lock meanwhile).
 struct InFlight<B: LeaseBackend> {
-    call: Option<JoinHandle<AttemptOutcome<B>>>,
+    call: Option<BoxCall<AttemptOutcome<B>>>,
     ops: Option<OpsGuard<B::Tenure>>,
     shared: Arc<Shared<B>>,
     runtime: tokio::runtime::Handle,
@@ -523,7 +566,7 @@ type AttemptOutcome<B> = Result<
 >;
 
 impl<B: LeaseBackend> InFlight<B> {
-    fn disarm(&mut self) -> (Option<JoinHandle<AttemptOutcome<B>>>, OpsGuard<B::Tenure>) {
+    fn disarm(&mut self) -> (Option<BoxCall<AttemptOutcome<B>>>, OpsGuard<B::Tenure>) {
         (self.call.take(), self.ops.take().expect("set"))
     }
 }
@@ -538,7 +581,7 @@ impl<B: LeaseBackend> Drop for InFlight<B> {
         self.runtime.spawn(async move {
             let settings = &shared.settings;
             match call.await {
-                Ok(Ok(Ok(AcquireAttempt::Acquired { tenure, token, .. }))) => {
+                Ok(Ok(AcquireAttempt::Acquired { tenure, token, .. })) => {
                     tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "an abandoned acquire got the lease; releasing it");
                     spawn_release_abandoned(&runtime, Arc::clone(&shared), ops, tenure);
                 }
@@ -567,37 +610,27 @@ fn spawn_release_abandoned<B: LeaseBackend>(
     });
 }
 
-/// The outcome of a backend call run on its own task, as a `LeaseError` on failure.
+/// The outcome of a backend call bounded by the operation timeout, as a `LeaseError` on failure.
 fn flatten<T, E: BackendError>(
-    outcome: Result<Result<Result<T, E>, tokio::time::error::Elapsed>, tokio::task::JoinError>,
+    outcome: Result<Result<T, E>, tokio::time::error::Elapsed>,
     operation: Operation,
     settings: &LeaseSettings,
 ) -> Result<T, LeaseError> {
     match outcome {
-        Ok(Ok(Ok(value))) => Ok(value),
-        Ok(Ok(Err(error))) => {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => {
             tracing::debug!(lease = %settings.name(), owner = %settings.owner(), error = &error as &dyn StdError, transient = error.is_transient(), "{operation} failed");
             Err(LeaseError::backend(operation, error))
         }
-        Ok(Err(_)) => {
+        Err(_) => {
             tracing::debug!(lease = %settings.name(), owner = %settings.owner(), "{operation} timed out");
             Err(LeaseError::Timeout {
                 operation,
                 timeout: settings.operation_timeout(),
             })
         }
-        Err(join_error) => Err(LeaseError::Backend {
-            operation,
-            transient: false,
-            source: Arc::new(Panicked(join_error.to_string())),
-        }),
     }
 }
-
-/// A backend call that panicked (or was cancelled by a runtime shutting down).
-#[derive(Debug, thiserror::Error)]
-#[error("the backend call did not complete: {0}")]
-struct Panicked(String);
 
 /// Stops a renewal task and returns its tenure, or `None` if the tenure was lost.
 async fn stop_renewal<T>(renewal: Renewal<T>) -> Option<T> {
@@ -644,7 +677,7 @@ impl<B: LeaseBackend> Shared<B> {
             self.backend.release(settings, tenure),
         )
         .await;
-        match flatten(Ok(outcome), Operation::Release, settings)? {
+        match flatten(outcome, Operation::Release, settings)? {
             ReleaseOutcome::Released => {
                 tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released");
                 Ok(true)
