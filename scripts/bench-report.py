@@ -255,8 +255,9 @@ def t_targets(d):
         if all(t is not None for t in ticks):
             text += f", {sum(ticks)} timer ticks"
         if stops:
-            text += f"; singleton stopped {min(stops):.1f}–{max(stops):.1f} ms after `SIGCONT`"
-        return text + f" ({len(rounds)} rounds)"
+            span = f"{min(stops):.1f}" if len(stops) == 1 else f"{min(stops):.1f}–{max(stops):.1f}"
+            text += f"; singleton stopped {span} ms after `SIGCONT`"
+        return text + f" ({len(rounds)} round{'s' if len(rounds) != 1 else ''})"
 
     row("frozen holder acting after `SIGCONT`", "never", frozen,
         ["frozen-acts", "frozen-ticks", "frozen-stopped"], ["pause"])
@@ -456,10 +457,14 @@ def t_readme_measured(d):
     h = d.get("handoff", "kubernetes")
     if h:
         s = h["stats"]["latency"]
-        missed = [c["id"] for c in h["checks"] if not c["met"]]
+        missed = [
+            what
+            for cid, what in (("handoff-median", "the median its 10 ms"), ("handoff-p99", "the p99 its 50 ms"))
+            if any(c["id"] == cid and not c["met"] for c in h["checks"])
+        ]
         note = ""
-        if "handoff-median" in missed:
-            note = " (the median misses its 10 ms target, see [BENCHMARKS.md](BENCHMARKS.md))"
+        if missed:
+            note = f" ({' and '.join(missed)} target missed, see [BENCHMARKS.md](BENCHMARKS.md))"
         parts.append(
             f"Graceful handoff on the real kube-apiserver: {s['median']:.1f} ms median, "
             f"{s['p99']:.0f} ms p99{note}"
