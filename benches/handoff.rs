@@ -1,6 +1,9 @@
 //! Fast handoff, measured: graceful handoff latency, crash failover beyond the TTL, backend
 //! requests per held lease and per waiting contender, and how long a frozen holder acts after it
-//! is resumed. The figures are recorded in BENCHMARKS.md.
+//! is resumed. Every measurement appends its results, with the targets it checked, to the
+//! results file (see `benches/common/mod.rs`); `scripts/bench-report.py` writes BENCHMARKS.md's
+//! tables from it. With `--check` the bench exits with status 1 when a target is missed (a
+//! documented known miss is reported, not failed).
 //!
 //! ```text
 //! cargo bench --bench handoff -- memory                     # in-memory: handoff + failover
@@ -17,17 +20,25 @@
 //! * `handoff`: holder A holds, contender B waits in `acquire_within`, A releases; the latency is
 //!   from the start of A's `release()` to B's `acquire_within` resolving `Ok(true)`.
 //! * `failover`: A holds, B waits, A is dropped without releasing (its renewal stops as in a crash);
-//!   reports how long after `A's last successful renewal start + ttl` B got the lease.
-//! * `kill`: the same with A a real `singleton_node` process killed with SIGKILL (real servers).
+//!   reports how long after `A's last successful renewal start + ttl` B got the lease (the start
+//!   is A's deadline minus `local_validity()`). Targets: p99 ≤ 100 ms; B never holds before A's
+//!   own deadline.
+//! * `kill`: the same with A a real `singleton_node` process killed with SIGKILL right after a
+//!   renewal (real servers). The reference point is the same: the start of the node's last
+//!   successful renewal, which the node logs as a `renewal` event (its new deadline minus
+//!   `local_validity()`, converted to the wall clock); B's instant is read on the wall clock too.
 //! * `requests`: backend requests per minute of a holder alone and of a waiting contender, from the
-//!   server's own metrics (kube-apiserver `/metrics`, etcd `/metrics`; real servers).
+//!   server's own metrics (kube-apiserver `/metrics`, etcd `/metrics`; real servers). Targets:
+//!   exactly `60 s / renewal interval` for the holder, 0 for the contender.
 //! * `pause`: a `singleton_node` holder is frozen with SIGSTOP for 20 s while B takes over, then
-//!   resumed; reports how long it went on acting after SIGCONT (real servers).
+//!   resumed; reports how long it went on acting after SIGCONT (real servers). Targets: no step
+//!   and no timer tick under the old tenure after SIGCONT, and its singleton stopped.
 //! * `all`: every measurement that applies to the backend.
 //!
 //! Without a measurement: `handoff failover`. Environment: `BENCH_HANDOFF_ROUNDS` (100),
 //! `BENCH_FAILOVER_ROUNDS` (30), `BENCH_KILL_ROUNDS` (20), `BENCH_PAUSE_ROUNDS` (3),
-//! `BENCH_PAUSE_SECS` (20), `BENCH_WINDOW_SECS` (60, the request-count window; 10 for a quick run).
+//! `BENCH_PAUSE_SECS` (20), `BENCH_WINDOW_SECS` (60, the request-count window, a multiple of the
+//! 10 s renewal interval; 20 for a quick run), `BENCH_RESULTS_FILE` (the results file).
 //! The real backends read the test cluster's environment (`ACTIX_COORD_TEST_*`, written by
 //! `scripts/test-cluster.sh up DIR` to `DIR/env`) and fail with a message saying so when it is
 //! missing, or when the bench was built without the backend's feature.
@@ -35,19 +46,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_coordination::{InMemoryLease, InMemoryStore, Lease, LeaseSettings};
-use common::{ms, summarize};
+use common::{load_average, ms, summarize, Check, Report};
+use serde_json::json;
 use tokio::time::{sleep, timeout, Instant};
-
-/// Client-go's figures, from the issue, for the tables.
-const CLIENT_GO_HANDOFF: &str = "1.8 s median";
-const CLIENT_GO_FAILOVER: &str = "1.8 s after the TTL";
 
 fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -92,12 +99,6 @@ fn signed_ms(a: Instant, b: Instant) -> f64 {
     } else {
         -ms(b - a)
     }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -461,7 +462,7 @@ fn handoff_settings(name: &str, owner: &str) -> LeaseSettings {
         .expect("valid settings")
 }
 
-async fn handoff<M: Maker>(maker: &M) {
+async fn handoff<M: Maker>(maker: &M, report: &mut Report) {
     let rounds = env_number("BENCH_HANDOFF_ROUNDS", 100) as usize;
     let name = unique("handoff");
     let a = Arc::new(maker.lease(handoff_settings(&name, "a")));
@@ -505,24 +506,28 @@ async fn handoff<M: Maker>(maker: &M) {
         assert!(contender.release().await.expect("release"));
     }
     let summary = summarize(&latency);
+    let release = summarize(&release);
     println!(
         "handoff/{}: release() start -> contender holds: {summary}",
         maker.backend()
     );
     println!(
-        "handoff/{}: release() call itself:               {}",
+        "handoff/{}: release() call itself:               {release}",
         maker.backend(),
-        summarize(&release)
     );
-    println!(
-        "| {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {} |",
+    report.record(
+        "handoff",
         maker.backend(),
-        summary.min,
-        summary.median,
-        summary.p99,
-        summary.max,
-        summary.n,
-        CLIENT_GO_HANDOFF
+        None,
+        json!({
+            "reference": "start of the holder's release()",
+            "stats": { "latency": summary.json(), "release": release.json() },
+            "values": { "ttl_ms": 10_000 },
+        }),
+        &[
+            Check::at_most("handoff-median", summary.median, 10.0, "ms"),
+            Check::at_most("handoff-p99", summary.p99, 50.0, "ms"),
+        ],
     );
 }
 
@@ -552,7 +557,38 @@ async fn next_renewal(lease: &impl Lease) -> Instant {
     }
 }
 
-async fn failover<M: Maker>(maker: &M) {
+/// The failover targets: p99 beyond the TTL ≤ 100 ms (on etcd a documented known miss, checked
+/// instead against the bound its explanation gives), and no contender ever holding before the
+/// crashed holder's own deadline.
+fn failover_checks(backend: &str, beyond: &common::Summary, early: usize) -> Vec<Check> {
+    let mut checks = vec![Check::exactly(
+        "failover-never-early",
+        early as f64,
+        0.0,
+        "takeovers before the holder's deadline",
+    )];
+    if backend == "etcd" {
+        checks.push(
+            Check::at_most("failover-p99", beyond.p99, 100.0, "ms").known_miss(ETCD_EXPIRY_MISS),
+        );
+        // The known miss is bounded: etcd's expiry tick (500 ms) plus the 100 ms target.
+        checks.push(Check::at_most(
+            "failover-p99-etcd-bound",
+            beyond.p99,
+            600.0,
+            "ms",
+        ));
+    } else {
+        checks.push(Check::at_most("failover-p99", beyond.p99, 100.0, "ms"));
+    }
+    checks
+}
+
+/// Why etcd misses the failover target (BENCHMARKS.md, "Crash failover").
+const ETCD_EXPIRY_MISS: &str = "etcd deletes a key of an expired lease on its own 500 ms tick \
+     (lessor.runLoop), counted from when it received the last keep-alive";
+
+async fn failover<M: Maker>(maker: &M, report: &mut Report) {
     let rounds = env_number("BENCH_FAILOVER_ROUNDS", 30) as usize;
     let mut beyond = Vec::new();
     let mut holder_margin = Vec::new();
@@ -585,33 +621,35 @@ async fn failover<M: Maker>(maker: &M) {
             .expect("the contender gets the lease")
             .expect("waiter task");
         assert!(got.expect("acquire_within"), "the contender got the lease");
-        assert!(
-            at > deadline,
-            "SAFETY: the contender held the lease before the crashed holder's deadline"
-        );
         beyond.push(signed_ms(at, last_renewal_start + FAILOVER_TTL));
-        holder_margin.push(ms(at - deadline));
+        holder_margin.push(signed_ms(at, deadline));
         assert!(b.release().await.expect("release"));
     }
     let summary = summarize(&beyond);
+    let margin = summarize(&holder_margin);
+    let early = holder_margin.iter().filter(|m| **m <= 0.0).count();
     println!(
         "failover/{}: contender holds, after last renewal start + ttl ({FAILOVER_TTL:?}): {summary}",
         maker.backend()
     );
     println!(
-        "failover/{}: contender holds, after the dead holder's own deadline:  {}",
+        "failover/{}: contender holds, after the dead holder's own deadline:  {margin}",
         maker.backend(),
-        summarize(&holder_margin)
     );
-    println!(
-        "| {} (in-process drop) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
+    report.record(
+        "failover",
         maker.backend(),
-        summary.min,
-        summary.median,
-        summary.p99,
-        summary.max,
-        summary.n,
-        CLIENT_GO_FAILOVER
+        None,
+        json!({
+            "reference": "start of the holder's last successful renewal (its deadline minus local_validity())",
+            "stats": { "beyond_ttl": summary.json(), "after_holder_deadline": margin.json() },
+            "values": { "ttl_ms": ms(FAILOVER_TTL) },
+        }),
+        &failover_checks(maker.backend(), &summary, early),
+    );
+    assert_eq!(
+        early, 0,
+        "SAFETY: the contender held the lease before the crashed holder's deadline"
     );
 }
 
@@ -683,8 +721,6 @@ fn read_events(path: &Path) -> Vec<NodeEvent> {
 struct Node {
     child: Child,
     events: PathBuf,
-    /// When the node logged each successful renewal (its stderr, read as it is written).
-    renewals: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Node {
@@ -693,46 +729,32 @@ impl Node {
         std::fs::write(&config_path, config).expect("write node config");
         let events = dir.join(format!("{owner}.jsonl"));
         let _ = std::fs::remove_file(&events);
-        let mut child = Command::new(bin)
+        let log = std::fs::File::create(dir.join(format!("{owner}.log"))).expect("node log");
+        let child = Command::new(bin)
             .args(["--config", config_path.to_str().unwrap()])
             .args(["--lease", lease, "--owner", owner])
             .args(["--events", events.to_str().unwrap()])
-            .env("RUST_LOG", "actix_coordination=trace")
+            .env("RUST_LOG", "actix_coordination=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(log)
             .spawn()
             .expect("start singleton_node");
-        let renewals = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("piped stderr");
-        {
-            let renewals = Arc::clone(&renewals);
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if line.contains("lease renewed") {
-                        renewals.lock().unwrap().push(Instant::now());
-                    }
-                }
-            });
-        }
-        Node {
-            child,
-            events,
-            renewals,
-        }
+        Node { child, events }
     }
 
     fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn renewal_count(&self) -> usize {
-        self.renewals.lock().unwrap().len()
-    }
-
-    fn last_renewal(&self) -> Option<Instant> {
-        self.renewals.lock().unwrap().last().copied()
+    /// The node's `renewal` events so far: when each successful claim or renewal *started* (wall
+    /// clock, ns since the epoch).
+    fn renewals(&self) -> Vec<u128> {
+        read_events(&self.events)
+            .into_iter()
+            .filter(|e| e.event == "renewal")
+            .map(|e| e.t_ns)
+            .collect()
     }
 
     /// Waits until the node's singleton acts; returns its fencing token.
@@ -750,12 +772,14 @@ impl Node {
         }
     }
 
-    /// Waits until the node logs one more renewal than `seen`.
-    async fn wait_renewal(&self, seen: usize, within: Duration) -> Instant {
+    /// Waits until the node logs more than `seen` renewal events; returns the start of the last
+    /// one (wall clock, ns since the epoch).
+    async fn wait_renewal(&self, seen: usize, within: Duration) -> u128 {
         let give_up = Instant::now() + within;
         loop {
-            if self.renewal_count() > seen {
-                return self.last_renewal().unwrap();
+            let renewals = self.renewals();
+            if renewals.len() > seen {
+                return *renewals.last().unwrap();
             }
             assert!(
                 Instant::now() < give_up,
@@ -784,15 +808,19 @@ fn node_dir(backend: &str) -> PathBuf {
 }
 
 /// 2b. Crash failover with the holder a real process killed with SIGKILL.
-async fn kill<M: Maker>(maker: &M) {
+async fn kill<M: Maker>(maker: &M, report: &mut Report) {
     let rounds = env_number("BENCH_KILL_ROUNDS", 20) as usize;
     let Some(config) = maker.node_config(FAILOVER_TTL, FAILOVER_TTL / 3) else {
         panic!("`kill` needs a backend shared between processes (kubernetes, etcd)");
     };
+    // The node's settings are the defaults for this TTL, as the contender's.
+    let validity = failover_settings("validity", "node").local_validity();
     let bin = node_binary();
     let dir = node_dir(maker.backend());
-    let mut beyond_log = Vec::new();
+    let mut beyond = Vec::new();
     let mut beyond_renew_time = Vec::new();
+    let mut holder_margin = Vec::new();
+    let mut killed_after = Vec::new();
     for round in 0..rounds {
         let name = unique("kill");
         let mut node = Node::spawn(&bin, &dir, &config, &name, &format!("node-{round}"));
@@ -802,63 +830,84 @@ async fn kill<M: Maker>(maker: &M) {
             let b = Arc::clone(&b);
             tokio::spawn(async move {
                 let got = Lease::acquire_within(&*b, FAILOVER_TTL * 10).await;
-                (got, Instant::now(), now_ns())
+                (got, now_ns())
             })
         };
-        let seen = node.renewal_count();
+        // One renewal with the contender waiting, then SIGKILL right after the next one: no
+        // renewal is in flight, and the one logged is the last that succeeded.
+        let seen = node.renewals().len();
         node.wait_renewal(seen, FAILOVER_TTL).await;
-        let seen = node.renewal_count();
-        // SIGKILL at once after a renewal was logged: the logged renewal is the last one.
-        let renewed = node.wait_renewal(seen, FAILOVER_TTL).await;
+        let seen = node.renewals().len();
+        let renewal_ns = node.wait_renewal(seen, FAILOVER_TTL).await;
         node.child.kill().expect("SIGKILL");
-        let killed = Instant::now();
+        let killed_ns = now_ns();
         let _ = node.child.wait();
         let renew_time = maker.renew_time_ns(&name).await;
-        let (got, at, at_ns) = timeout(FAILOVER_TTL * 10, waiter)
+        let (got, at_ns) = timeout(FAILOVER_TTL * 10, waiter)
             .await
             .expect("the contender gets the lease")
             .expect("waiter task");
         assert!(got.expect("acquire_within"), "the contender got the lease");
-        beyond_log.push(signed_ms(at, renewed + FAILOVER_TTL));
+        let after_start = (at_ns as f64 - renewal_ns as f64) / 1e6;
+        beyond.push(after_start - ms(FAILOVER_TTL));
+        holder_margin.push(after_start - ms(validity));
+        killed_after.push((killed_ns as f64 - renewal_ns as f64) / 1e6);
         if let Some(renew_ns) = renew_time {
             beyond_renew_time.push((at_ns as f64 - renew_ns as f64) / 1e6 - ms(FAILOVER_TTL));
         }
         println!(
-            "kill/{} round {round}: killed {:.1} ms after the logged renewal; contender holds {:.1} ms after logged renewal + ttl",
+            "kill/{} round {round}: killed {:.1} ms after its last renewal started; contender holds {:.1} ms after that start + ttl",
             maker.backend(),
-            ms(killed - renewed),
-            signed_ms(at, renewed + FAILOVER_TTL)
+            killed_after.last().unwrap(),
+            beyond.last().unwrap(),
         );
         assert!(b.release().await.expect("release"));
     }
-    let summary = summarize(&beyond_log);
+    let summary = summarize(&beyond);
+    let margin = summarize(&holder_margin);
+    let early = holder_margin.iter().filter(|m| **m <= 0.0).count();
     println!(
-        "kill/{}: contender holds, after the node's last logged renewal + ttl ({FAILOVER_TTL:?}): {summary}",
+        "kill/{}: contender holds, after the node's last renewal start + ttl ({FAILOVER_TTL:?}): {summary}",
         maker.backend()
     );
-    if !beyond_renew_time.is_empty() {
-        println!(
-            "kill/{}: contender holds, after the object's renewTime + ttl (wall clock):        {}",
-            maker.backend(),
-            summarize(&beyond_renew_time)
-        );
-    }
     println!(
-        "| {} (SIGKILLed process) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
+        "kill/{}: contender holds, after the node's own deadline:              {margin}",
+        maker.backend()
+    );
+    let mut stats = json!({
+        "beyond_ttl": summary.json(),
+        "after_holder_deadline": margin.json(),
+        "killed_after_renewal_start": summarize(&killed_after).json(),
+    });
+    if !beyond_renew_time.is_empty() {
+        let renew_time = summarize(&beyond_renew_time);
+        println!(
+            "kill/{}: contender holds, after the object's renewTime + ttl (wall clock):  {renew_time}",
+            maker.backend(),
+        );
+        stats["beyond_renew_time"] = renew_time.json();
+    }
+    report.record(
+        "kill",
         maker.backend(),
-        summary.min,
-        summary.median,
-        summary.p99,
-        summary.max,
-        summary.n,
-        CLIENT_GO_FAILOVER
+        None,
+        json!({
+            "reference": "start of the node's last successful renewal (its `renewal` event: deadline minus local_validity(), on the wall clock)",
+            "stats": stats,
+            "values": { "ttl_ms": ms(FAILOVER_TTL) },
+        }),
+        &failover_checks(maker.backend(), &summary, early),
+    );
+    assert_eq!(
+        early, 0,
+        "SAFETY: the contender held the lease before the killed node's deadline"
     );
 }
 
 // ---------------------------------------------------------------------------------------------
 // 4. A frozen holder after SIGCONT
 
-async fn pause<M: Maker>(maker: &M) {
+async fn pause<M: Maker>(maker: &M, report: &mut Report) {
     let rounds = env_number("BENCH_PAUSE_ROUNDS", 3) as usize;
     let frozen = Duration::from_secs(env_number("BENCH_PAUSE_SECS", 20));
     let (ttl, renewal) = (Duration::from_secs(6), Duration::from_secs(2));
@@ -867,6 +916,9 @@ async fn pause<M: Maker>(maker: &M) {
     };
     let bin = node_binary();
     let dir = node_dir(maker.backend());
+    let mut per_round = Vec::new();
+    let (mut acts, mut ticks, mut not_stopped) = (0, 0, 0);
+    let mut stopped_after = Vec::new();
     for round in 0..rounds {
         let name = unique("pause");
         let node = Node::spawn(&bin, &dir, &config, &name, &format!("frozen-{round}"));
@@ -900,7 +952,7 @@ async fn pause<M: Maker>(maker: &M) {
         sleep_until_instant(stopped + frozen).await;
         let resumed_ns = now_ns();
         signal(node.pid(), "CONT");
-        // Give the resumed node time to act if it were going to, and to stop its singleton.
+        // Wait (at most 5 s) for the resumed node's singleton to stop.
         let give_up = Instant::now() + Duration::from_secs(5);
         let stop_ns = loop {
             let events = read_events(&node.events);
@@ -915,38 +967,82 @@ async fn pause<M: Maker>(maker: &M) {
             }
             sleep(Duration::from_millis(10)).await;
         };
+        // A bounded absence check: whatever the resumed node would still run under its old
+        // tenure, it runs within this second.
         sleep(Duration::from_secs(1)).await;
         let events = read_events(&node.events);
-        let acts_after: Vec<&NodeEvent> = events
-            .iter()
-            .filter(|e| e.event == "act" && e.token == token && e.t_ns >= resumed_ns)
-            .collect();
-        let acted_for = acts_after
-            .iter()
-            .map(|e| (e.t_ns - resumed_ns) as f64 / 1e6)
-            .fold(0.0, f64::max);
+        let after = |kind: &str| {
+            events
+                .iter()
+                .filter(|e| e.event == kind && e.token == token && e.t_ns >= resumed_ns)
+                .count()
+        };
+        let (acts_after, ticks_after) = (after("act"), after("tick"));
         let last_act_before = events
             .iter()
             .filter(|e| e.event == "act" && e.t_ns < resumed_ns)
             .map(|e| e.t_ns)
             .max()
             .unwrap_or(0);
+        let stopped_ms = stop_ns.map(|s| (s as f64 - resumed_ns as f64) / 1e6);
         println!(
             "pause/{} round {round}: frozen {frozen:?}; contender held the lease {:.0} ms after SIGSTOP (token {token} -> {new_token}); \
-             after SIGCONT the old holder acted {} times ({acted_for:.1} ms); its singleton stopped {} after SIGCONT; \
+             after SIGCONT the old holder acted {acts_after} times and ran {ticks_after} timer ticks; its singleton stopped {} after SIGCONT; \
              its last step before was {:.0} ms after SIGSTOP",
             maker.backend(),
             ms(at - stopped),
-            acts_after.len(),
-            stop_ns.map_or("never (within 5 s)".to_owned(), |s| format!(
-                "{:.1} ms",
-                (s as f64 - resumed_ns as f64) / 1e6
-            )),
+            stopped_ms.map_or("never (within 5 s)".to_owned(), |s| format!("{s:.1} ms")),
             (last_act_before as f64 - stopped_ns as f64) / 1e6
         );
+        acts += acts_after;
+        ticks += ticks_after;
+        match stopped_ms {
+            Some(s) => stopped_after.push(s),
+            None => not_stopped += 1,
+        }
+        per_round.push(json!({
+            "takeover_after_sigstop_ms": ms(at - stopped),
+            "acts_after_sigcont": acts_after,
+            "ticks_after_sigcont": ticks_after,
+            "stopped_after_sigcont_ms": stopped_ms,
+        }));
         drop(node);
         assert!(b.release().await.expect("release"));
     }
+    let mut stats = json!({});
+    if !stopped_after.is_empty() {
+        stats["stopped_after_sigcont"] = summarize(&stopped_after).json();
+    }
+    report.record(
+        "pause",
+        maker.backend(),
+        None,
+        json!({
+            "reference": "the instant before SIGCONT was sent",
+            "stats": stats,
+            "values": {
+                "rounds": per_round,
+                "frozen_s": frozen.as_secs(),
+                "ttl_s": ttl.as_secs(),
+                "renewal_s": renewal.as_secs(),
+            },
+        }),
+        &[
+            Check::exactly("frozen-acts", acts as f64, 0.0, "steps after SIGCONT"),
+            Check::exactly(
+                "frozen-ticks",
+                ticks as f64,
+                0.0,
+                "timer ticks after SIGCONT",
+            ),
+            Check::exactly(
+                "frozen-stopped",
+                not_stopped as f64,
+                0.0,
+                "singletons not stopped within 5 s of SIGCONT",
+            ),
+        ],
+    );
 }
 
 async fn sleep_until_instant(at: Instant) {
@@ -984,8 +1080,20 @@ fn minus(a: &Counters, b: &Counters) -> Counters {
     out
 }
 
-async fn requests<M: Maker>(maker: &M) {
+fn total(counters: &Counters) -> f64 {
+    counters.values().sum()
+}
+
+fn counters_json(counters: &Counters) -> serde_json::Value {
+    json!(counters)
+}
+
+async fn requests<M: Maker>(maker: &M, report: &mut Report) {
     let window = Duration::from_secs(env_number("BENCH_WINDOW_SECS", 60));
+    assert!(
+        window.as_secs() > 0 && window.as_secs().is_multiple_of(10),
+        "BENCH_WINDOW_SECS must be a multiple of the 10 s renewal interval: a window then holds a whole number of renewals"
+    );
     for (ttl, renewal) in [
         (Duration::from_secs(20), Duration::from_secs(10)),
         (Duration::from_secs(30), Duration::from_secs(10)),
@@ -1115,6 +1223,45 @@ async fn requests<M: Maker>(maker: &M) {
         if !gauges_holder.is_empty() || !gauges_both.is_empty() {
             println!("  server gauges: holder alone {gauges_holder:?}; holder + contender {gauges_both:?}");
         }
+        // The targets, on the server's counts over windows of the same nominal length: the
+        // holder sends one request per renewal, the waiting contender none.
+        let per_minute = 60.0 / window.as_secs_f64();
+        let holder_rate = total(&holder) * per_minute;
+        let contender_rate = (total(&both) - total(&holder)) * per_minute;
+        let expected = 60.0 / renewal.as_secs_f64();
+        let mut values = json!({
+            "ttl_s": ttl.as_secs(),
+            "renewal_s": renewal.as_secs(),
+            "window_s": window.as_secs(),
+            "idle": counters_json(&idle),
+            "holder": counters_json(&holder),
+            "holder_and_contender": counters_json(&both),
+            "holder_per_minute": holder_rate,
+            "contender_per_minute": contender_rate,
+            "gauges_holder": counters_json(&gauges_holder),
+            "gauges_both": counters_json(&gauges_both),
+        });
+        if !claim.is_empty() {
+            values["client"] = json!({
+                "holder_claim": counters_json(&claim),
+                "holder_window": counters_json(&delta(&c2, &c1)),
+                "contender_setup": counters_json(&b_setup),
+                "contender_window": counters_json(&delta(&b4, &b3)),
+            });
+        }
+        report.record(
+            "requests",
+            maker.backend(),
+            Some(&format!("ttl {}s", ttl.as_secs())),
+            json!({
+                "reference": "the server's own request counters, idle traffic subtracted",
+                "values": values,
+            }),
+            &[
+                Check::exactly("holder-requests", holder_rate, expected, "requests / min"),
+                Check::exactly("contender-requests", contender_rate, 0.0, "requests / min"),
+            ],
+        );
         drop(b);
         assert!(a.release().await.expect("release"));
     }
@@ -1122,7 +1269,7 @@ async fn requests<M: Maker>(maker: &M) {
 
 // ---------------------------------------------------------------------------------------------
 
-async fn run<M: Maker>(maker: M, measurements: &[String]) {
+async fn run<M: Maker>(maker: M, measurements: &[String], report: &mut Report) {
     println!(
         "backend {} on {} cores, load average {}",
         maker.backend(),
@@ -1132,11 +1279,11 @@ async fn run<M: Maker>(maker: M, measurements: &[String]) {
     for m in measurements {
         let started = std::time::Instant::now();
         match m.as_str() {
-            "handoff" => handoff(&maker).await,
-            "failover" => failover(&maker).await,
-            "kill" => kill(&maker).await,
-            "requests" => requests(&maker).await,
-            "pause" => pause(&maker).await,
+            "handoff" => handoff(&maker, report).await,
+            "failover" => failover(&maker, report).await,
+            "kill" => kill(&maker, report).await,
+            "requests" => requests(&maker, report).await,
+            "pause" => pause(&maker, report).await,
             other => panic!(
                 "unknown measurement {other:?} (handoff, failover, kill, requests, pause, all)"
             ),
@@ -1173,7 +1320,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let mut report = Report::new("handoff");
     runtime.block_on(async {
+        let report = &mut report;
         match backend.as_str() {
             "memory" => {
                 run(
@@ -1181,12 +1330,13 @@ fn main() {
                         store: InMemoryStore::new(),
                     },
                     &measurements,
+                    report,
                 )
                 .await
             }
             "kubernetes" => {
                 #[cfg(feature = "kubernetes")]
-                run(kubernetes::KubeMaker::from_env(), &measurements).await;
+                run(kubernetes::KubeMaker::from_env(), &measurements, report).await;
                 #[cfg(not(feature = "kubernetes"))]
                 panic!(
                     "the kubernetes backend needs the `kubernetes` feature: \
@@ -1195,7 +1345,7 @@ fn main() {
             }
             "etcd" => {
                 #[cfg(feature = "etcd")]
-                run(etcd::EtcdMaker::from_env(), &measurements).await;
+                run(etcd::EtcdMaker::from_env(), &measurements, report).await;
                 #[cfg(not(feature = "etcd"))]
                 panic!(
                     "the etcd backend needs the `etcd` feature: \
@@ -1205,4 +1355,6 @@ fn main() {
             other => panic!("unknown backend {other:?} (memory, kubernetes, etcd)"),
         }
     });
+    drop(runtime);
+    report.finish();
 }

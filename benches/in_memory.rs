@@ -1,11 +1,26 @@
 //! In-memory acquire + release throughput, through the `Lease` trait and through the `LeaseActor`
 //! mailbox. Run with `cargo bench --bench in_memory`.
+//!
+//! After criterion has run, each estimate it wrote in this run (its typical time per iteration:
+//! the slope, or the mean) is appended to the results file (see `benches/common/mod.rs`), from
+//! which `scripts/bench-report.py` writes BENCHMARKS.md's table. No targets.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use actix_coordination::{Acquire, InMemoryStore, Lease, LeaseActor, LeaseSettings, Release};
-use criterion::{criterion_group, criterion_main, Criterion};
+use common::Report;
+use criterion::{criterion_group, Criterion};
+
+/// The benchmarks, as criterion names them.
+const IDS: [&str; 3] = [
+    "in_memory/acquire+release/trait",
+    "in_memory/acquire+release/actor",
+    "in_memory/check_alive",
+];
 
 fn settings(owner: &str) -> LeaseSettings {
     LeaseSettings::builder("bench", owner)
@@ -52,5 +67,72 @@ fn through_the_mailbox(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, through_the_trait, through_the_mailbox);
-criterion_main!(benches);
+/// Where criterion writes its estimates, chosen here (as criterion would choose it) so that
+/// they can be read back: `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else the
+/// crate's `target/criterion`.
+fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("criterion")
+}
+
+fn config() -> Criterion {
+    Criterion::default().output_directory(&criterion_dir())
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = through_the_trait, through_the_mailbox
+}
+
+fn main() {
+    let started = SystemTime::now();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+
+    let mut report = Report::new("in_memory");
+    for id in IDS {
+        // Criterion's directory name for a benchmark id.
+        let dir: String = id
+            .chars()
+            .map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c })
+            .collect();
+        let path = criterion_dir().join(dir).join("new").join("estimates.json");
+        let fresh = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| m >= started);
+        if !fresh {
+            continue; // not run this time (filtered out, or `--test`)
+        }
+        let estimates: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read estimates"))
+                .expect("criterion's estimates.json");
+        let typical = if estimates["slope"].is_object() {
+            &estimates["slope"]
+        } else {
+            &estimates["mean"]
+        };
+        let ns = typical["point_estimate"].as_f64().expect("point estimate");
+        report.record(
+            "throughput",
+            "memory",
+            Some(id),
+            serde_json::json!({
+                "reference": "criterion's typical time per iteration (slope, else mean)",
+                "values": {
+                    "ns_per_iteration": ns,
+                    "per_second": 1e9 / ns,
+                    "ci_low_ns": typical["confidence_interval"]["lower_bound"],
+                    "ci_high_ns": typical["confidence_interval"]["upper_bound"],
+                },
+            }),
+            &[],
+        );
+    }
+    report.finish();
+}

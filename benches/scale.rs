@@ -15,12 +15,19 @@
 //! read the test cluster's environment (`ACTIX_COORD_TEST_*`) and share one client (Kubernetes)
 //! or one session (etcd) between all leases, as one process would; the CPU of the API server and
 //! of etcd while holding is reported too when their pids are in that environment.
+//!
+//! The results, with the targets checked (no lease lost, every lease alive at the end, none ever
+//! past its deadline while held), are appended to the results file (see `benches/common/mod.rs`);
+//! with `--check` the bench exits with status 1 when a target is missed.
+
+mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_coordination::{InMemoryStore, Lease, LeaseSettings, SharedLease};
+use common::{Check, Report};
 use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
@@ -265,10 +272,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(backend, count));
+    let mut report = Report::new("scale");
+    runtime.block_on(run(backend, count, &mut report));
+    drop(runtime);
+    report.finish();
 }
 
-async fn run(backend_name: String, count: usize) {
+async fn run(backend_name: String, count: usize, report: &mut Report) {
     let backend = Backend::new(&backend_name);
     let (ttl, renew) = (ttl(), renewal());
     let rss_before = rss_bytes();
@@ -306,12 +316,17 @@ async fn run(backend_name: String, count: usize) {
     let hold_start = Instant::now();
     let hold = renew * hold_renewals();
     let mut min_headroom = ttl;
+    // Leases seen without a live deadline, summed over the samples.
+    let mut expired = 0usize;
     while hold_start.elapsed() < hold {
         let now = Instant::now();
         for l in &leases {
-            match l.deadline() {
-                Some(d) => min_headroom = min_headroom.min(d.saturating_duration_since(now)),
-                None => min_headroom = Duration::ZERO,
+            match l.deadline().filter(|d| *d > now) {
+                Some(d) => min_headroom = min_headroom.min(d - now),
+                None => {
+                    min_headroom = Duration::ZERO;
+                    expired += 1;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -376,12 +391,73 @@ async fn run(backend_name: String, count: usize) {
         lost.load(Ordering::Relaxed)
     );
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
+    let mut values = serde_json::json!({
+        "leases": count,
+        "ttl_s": ttl.as_secs_f64(),
+        "renewal_s": renew.as_secs_f64(),
+        "acquire_s": acquire_time.as_secs_f64(),
+        "release_s": release_time.as_secs_f64(),
+        "released": released,
+        "memory_per_lease_bytes": (rss_held.saturating_sub(rss_before)) as f64 / count as f64,
+        "cpu_percent": 100.0 * cpu.as_secs_f64() / hold_elapsed.as_secs_f64(),
+        "cpu_us_per_lease_renewal": cpu.as_secs_f64() * 1e6 / renewals,
+        "renewals_per_second": count as f64 / renew.as_secs_f64(),
+        "alive": alive,
+        "expired_in_samples": expired,
+        "lost": lost.load(Ordering::Relaxed),
+        "worst_renewal_lateness_ms": worst_lateness.as_secs_f64() * 1e3,
+        "min_headroom_ms": min_headroom.as_secs_f64() * 1e3,
+        "on_time_headroom_ms": on_time_headroom.as_secs_f64() * 1e3,
+        "server_cpu_percent": servers
+            .iter()
+            .zip(&server_cpu)
+            .map(|((label, _), cpu)| {
+                (
+                    label.to_string(),
+                    100.0 * cpu.as_secs_f64() / hold_elapsed.as_secs_f64(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    });
     if let Some(store) = backend.memory_store() {
         let stats = store.stats();
         println!(
             "store calls:             {} acquires, {} renewals, {} releases",
             stats.acquires, stats.renewals, stats.releases
         );
+        values["store_calls"] = serde_json::json!({
+            "acquires": stats.acquires,
+            "renewals": stats.renewals,
+            "releases": stats.releases,
+        });
     }
-    assert_eq!(alive, count, "every lease stayed alive");
+    report.record(
+        "scale",
+        &backend_name,
+        Some(&format!("{}s/{}s", ttl.as_secs(), renew.as_secs())),
+        serde_json::json!({
+            "reference": "every lease's deadline, sampled every 50 ms while held",
+            "values": values,
+        }),
+        &[
+            Check::exactly(
+                "scale-lost",
+                lost.load(Ordering::Relaxed) as f64,
+                0.0,
+                "leases lost",
+            ),
+            Check::exactly(
+                "scale-alive",
+                (count - alive) as f64,
+                0.0,
+                "leases not alive after holding",
+            ),
+            Check::exactly(
+                "scale-expired",
+                expired as f64,
+                0.0,
+                "leases seen past their deadline (summed over the samples)",
+            ),
+        ],
+    );
 }

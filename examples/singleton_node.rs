@@ -196,6 +196,7 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
         ))),
         None => None,
     });
+    log_renewals(&lease, &events, &args.owner);
     println!(
         "[{}] competing for lease {:?} (ttl {:?})",
         args.owner,
@@ -222,4 +223,39 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
     })
     .start();
     Ok(())
+}
+
+/// With `--events FILE`: one `renewal` line per successful claim or renewal of the lease, stamped
+/// with the instant that claim or renewal *started* (the first line of a tenure is its claim):
+/// the new local deadline minus `local_validity()`, converted once from the monotonic to the wall
+/// clock. `benches/handoff.rs` (`kill`) measures a crash failover from it. The deadline is polled
+/// every 5 ms, so a line is written up to 5 ms after its renewal; its time is exact.
+fn log_renewals(lease: &actix_coordination::SharedLease, events: &Events, owner: &str) {
+    if events.0.is_none() {
+        return;
+    }
+    let (tenure, events, owner) = (lease.tenure().clone(), events.clone(), owner.to_owned());
+    let validity = lease.settings().local_validity();
+    let (mono, wall) = (tokio::time::Instant::now(), now_ns());
+    actix_rt::spawn(async move {
+        let mut poll = tokio::time::interval(Duration::from_millis(5));
+        let mut last = None;
+        loop {
+            poll.tick().await;
+            let Some(current) = tenure.current() else {
+                continue;
+            };
+            if last == Some(current.deadline()) {
+                continue;
+            }
+            last = Some(current.deadline());
+            let start = current.deadline() - validity;
+            let t_ns = if start >= mono {
+                wall + (start - mono).as_nanos()
+            } else {
+                wall - (mono - start).as_nanos()
+            };
+            events.log(&owner, "renewal", current.token().value(), t_ns);
+        }
+    });
 }

@@ -1,0 +1,587 @@
+#!/usr/bin/env python3
+"""Writes the tables of BENCHMARKS.md from the benches' machine-readable results.
+
+Every bench appends one JSON line per measurement to a results file (benches/common/mod.rs):
+what it measured, the targets it checked (`checks`), the command that ran it, the git commit and
+the date. The results behind the committed BENCHMARKS.md are kept in benches/data/results.jsonl
+(the latest line per measurement); the peer figures in benches/data/peers.json. This script
+replaces the text between each pair of markers
+
+    <!-- bench-report:NAME -->  ...  <!-- /bench-report:NAME -->
+
+in BENCHMARKS.md with the table NAME, followed by the command, commit and date of every line
+it was made from (and the headline sentence of README.md's "Measured" section, marker
+`measured`). Nothing in a table is written by hand: the "met?" column comes from the checks the
+benches made.
+
+Usage:
+  scripts/bench-report.py                  rewrite BENCHMARKS.md from benches/data/results.jsonl
+  scripts/bench-report.py --merge FILE     first merge FILE (a bench run's results) into the
+                                           data file: a measurement in FILE replaces the same
+                                           measurement (bench, measurement, backend, variant)
+  scripts/bench-report.py --check          exit 1 when BENCHMARKS.md differs from what the data
+                                           gives (nothing is written)
+  --data FILE / --out FILE / --readme-out FILE
+                                           another data file / output files (scripts/bench.sh
+                                           quick previews a run this way without touching the
+                                           committed files)
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "benches", "data", "results.jsonl")
+PEERS = os.path.join(ROOT, "benches", "data", "peers.json")
+DOC = os.path.join(ROOT, "BENCHMARKS.md")
+
+BACKENDS = [("kubernetes", "Kubernetes"), ("etcd", "etcd"), ("memory", "in memory")]
+BACKEND_NAME = dict(BACKENDS)
+
+# The reference point each table states; a line measured from another one is marked.
+REFERENCE = {
+    "failover": "start of the holder's last successful renewal",
+    "kill": "start of the node's last successful renewal",
+}
+
+
+def key(r):
+    return (r["bench"], r["measurement"], r["backend"], r.get("variant"))
+
+
+def load(path):
+    records = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if line:
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        sys.exit(f"{path}:{n}: not JSON: {e}")
+    return records
+
+
+def latest(records):
+    """The last record of each measurement, in first-seen order."""
+    out = {}
+    for r in records:
+        out.pop(key(r), None)
+        out[key(r)] = r
+    return list(out.values())
+
+
+class Data:
+    def __init__(self, records, peers):
+        self.records = latest(records)
+        self.peers = peers
+
+    def get(self, measurement, backend, variant=None):
+        for r in self.records:
+            if (r["measurement"], r["backend"], r.get("variant")) == (measurement, backend, variant):
+                return r
+        return None
+
+    def all(self, measurement, backend=None):
+        return [
+            r
+            for r in self.records
+            if r["measurement"] == measurement and (backend is None or r["backend"] == backend)
+        ]
+
+    def peer(self, pid):
+        for p in self.peers["figures"]:
+            if p["id"] == pid:
+                return f"{p['value']} ([{pid}](#where-the-others-stand))"
+        sys.exit(f"peer figure {pid} missing from {PEERS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def num(v, digits=2):
+    return f"{v:,.{digits}f}"
+
+
+def ms(v, digits=2):
+    return f"{v:.{digits}f} ms"
+
+
+def table(header, rows, align=None):
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def sources(records, labels=None):
+    """One line per distinct (command, commit, date) of the records behind a table."""
+    groups = {}
+    for r in records:
+        if r is None:
+            continue
+        g = (r["command"], r["commit"], r["date"][:10], r.get("source"))
+        label = (labels or {}).get(id(r)) or BACKEND_NAME.get(r["backend"], r["backend"])
+        groups.setdefault(g, [])
+        if label not in groups[g]:
+            groups[g].append(label)
+    lines = []
+    for (command, commit, date, source), names in groups.items():
+        line = f"`{command}` at commit `{commit}`, {date} ({', '.join(names)})"
+        if source:
+            line += f"; {source}"
+        lines.append(f"- {line}")
+    return (
+        "<sub>Generated by `scripts/bench-report.py` from `benches/data/results.jsonl`; "
+        "measured by:</sub>\n\n" + "\n".join(lines)
+    )
+
+
+def checks(r, *ids):
+    return [c for c in (r or {}).get("checks", []) if c["id"] in ids]
+
+
+def verdict(rows):
+    """The "met?" cell: rows is [(backend, [check, ...])]."""
+    parts, all_met = [], True
+    for backend, cs in rows:
+        if not cs:
+            continue
+        name = BACKEND_NAME[backend]
+        missed = [c for c in cs if not c["met"]]
+        if not missed:
+            parts.append(f"{name} yes")
+        elif all(c.get("known_miss") for c in missed):
+            parts.append(f"**{name} no** (known miss, see below)")
+            all_met = False
+        else:
+            parts.append(f"**{name} no**")
+            all_met = False
+    if not parts:
+        return "–"
+    return "yes" if all_met else "; ".join(parts)
+
+
+def marked(r):
+    """A dagger when a record was measured from another reference point than its table's."""
+    want = REFERENCE.get(r["measurement"])
+    return "" if not want or r.get("reference", "").startswith(want) else " †"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def t_targets(d):
+    rows, used = [], []
+
+    def row(what, target, cells_for, check_ids, measurements):
+        cells, verdict_rows = [], []
+        for backend, _ in BACKENDS:
+            recs = [r for m in measurements for r in d.all(m, backend)]
+            used.extend(recs)
+            cs = [c for r in recs for c in checks(r, *check_ids)]
+            cells.append(cells_for(backend, recs) if recs else "–")
+            verdict_rows.append((backend, cs))
+        rows.append([what, target, *cells, verdict(verdict_rows)])
+
+    def stat(measurement, name, field, digits):
+        def cell(backend, recs):
+            r = d.get(measurement, backend)
+            return ms(r["stats"][name][field], digits) + marked(r) if r else "–"
+
+        return cell
+
+    row("graceful handoff, median", "≤ 10 ms", stat("handoff", "latency", "median", 2),
+        ["handoff-median"], ["handoff"])
+    row("graceful handoff, p99", "≤ 50 ms", stat("handoff", "latency", "p99", 2),
+        ["handoff-p99"], ["handoff"])
+    row("crash failover beyond the TTL, p99 (SIGKILLed process)", "≤ 100 ms",
+        stat("kill", "beyond_ttl", "p99", 1), ["failover-p99"], ["kill"])
+    row("crash failover beyond the TTL, p99 (in-process drop)", "≤ 100 ms",
+        stat("failover", "beyond_ttl", "p99", 1), ["failover-p99"], ["failover"])
+
+    def early(backend, recs):
+        recs = [r for r in recs if checks(r, "failover-never-early")]
+        if not recs:
+            return "–"
+        crashes = sum(r["stats"]["beyond_ttl"]["n"] for r in recs)
+        n = sum(c["value"] for r in recs for c in checks(r, "failover-never-early"))
+        return f"{n:.0f} in {crashes} crashes"
+
+    row("contender holding before the crashed holder's deadline", "never", early,
+        ["failover-never-early"], ["failover", "kill"])
+
+    def per_minute(field, kinds_from):
+        def cell(backend, recs):
+            vals = sorted({round(r["values"][field], 2) for r in recs})
+            kinds = sorted({k for r in recs for k in r["values"][kinds_from]})
+            text = " / ".join(num(v) for v in vals)
+            return text + (f" ({', '.join(kinds)})" if kinds and field == "holder_per_minute" else "")
+
+        return cell
+
+    row("holder's requests per minute (renewal 10 s)", "exactly 6",
+        per_minute("holder_per_minute", "holder"), ["holder-requests"], ["requests"])
+    row("waiting contender's periodic requests per minute", "0",
+        per_minute("contender_per_minute", "holder"), ["contender-requests"], ["requests"])
+
+    def guard(name):
+        def cell(backend, recs):
+            by = {r["variant"]: r for r in recs}
+            return " / ".join(
+                ms(by[v]["stats"][name]["p99"]) if v in by else "–" for v in ("idle", "busy")
+            )
+
+        return cell
+
+    row("deadline -> singleton's guard resolved, p99 (idle / busy arbiter)", "≤ 1 ms",
+        guard("resolved"), ["guard-resolved-p99"], ["guard"])
+    row("deadline -> singleton stopped, p99 (idle / busy arbiter)", "≤ 5 ms",
+        guard("stopped"), ["guard-stopped-p99"], ["guard"])
+
+    def frozen(backend, recs):
+        r = recs[-1]
+        rounds = r["values"]["rounds"]
+        acts = sum(x["acts_after_sigcont"] for x in rounds)
+        ticks = [x.get("ticks_after_sigcont") for x in rounds]
+        stops = [x["stopped_after_sigcont_ms"] for x in rounds if x["stopped_after_sigcont_ms"] is not None]
+        text = f"{acts} actions"
+        if all(t is not None for t in ticks):
+            text += f", {sum(ticks)} timer ticks"
+        if stops:
+            span = f"{min(stops):.1f}" if len(stops) == 1 else f"{min(stops):.1f}–{max(stops):.1f}"
+            text += f"; singleton stopped {span} ms after `SIGCONT`"
+        return text + f" ({len(rounds)} round{'s' if len(rounds) != 1 else ''})"
+
+    row("frozen holder acting after `SIGCONT`", "never", frozen,
+        ["frozen-acts", "frozen-ticks", "frozen-stopped"], ["pause"])
+
+    def scale(backend, recs):
+        return "; ".join(
+            f"{r['values']['leases']:,} held ({r['variant']}), {r['values']['lost']} lost"
+            for r in recs
+        )
+
+    row("one process holding many leases, none lost", "1,000 / 10,000 / 100,000", scale,
+        ["scale-lost", "scale-alive", "scale-expired"], ["scale"])
+
+    header = ["what", "target", "Kubernetes", "etcd", "in memory", "met?"]
+    return table(header, rows) + "\n\n" + sources(used)
+
+
+def t_peers(d):
+    rows = []
+    for p in d.peers["figures"]:
+        rows.append([p["id"], p["peer"], p["what"], p["value"], f"[{p['source']}](#peer-sources)"])
+    out = table(["id", "peer", "what", "figure", "source"], rows)
+    out += "\n\n<a id=\"peer-sources\"></a>Sources (`benches/data/peers.json`):\n\n"
+    out += "\n".join(
+        f"- `{name}`: {s['what']} Setup: {s['setup']}." for name, s in d.peers["sources"].items()
+    )
+    return out
+
+
+def t_handoff(d):
+    rows, used = [], []
+    for backend, name in BACKENDS:
+        r = d.get("handoff", backend)
+        if not r:
+            continue
+        used.append(r)
+        s, rel = r["stats"]["latency"], r["stats"]["release"]
+        rows.append([
+            name, s["n"], ms(s["min"]), f"**{ms(s['median'])}**", ms(s["p99"]), ms(s["max"]),
+            ms(rel["median"]), d.peer("P1") if backend == "kubernetes" else "–",
+        ])
+    header = ["backend", "n", "min", "median", "p99", "max", "`release()` call itself (median)", "client-go"]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---"]
+    return table(header, rows, align) + "\n\n" + sources(used)
+
+
+def t_failover(d):
+    rows, used, dagger = [], [], False
+    for backend, name in BACKENDS:
+        for m, crash in (("kill", "SIGKILL"), ("failover", "in-process drop")):
+            r = d.get(m, backend)
+            if not r:
+                continue
+            used.append(r)
+            s = r["stats"]["beyond_ttl"]
+            mark = marked(r)
+            dagger |= bool(mark)
+            rows.append([
+                name, crash + mark, s["n"], ms(s["min"], 1), f"**{ms(s['median'], 1)}**",
+                f"**{ms(s['p99'], 1)}**", ms(s["max"], 1),
+                d.peer("P2") if backend == "kubernetes" and m == "kill" else "",
+            ])
+    header = ["backend", "crash", "n", "min", "median", "p99", "max", "client-go"]
+    align = ["---", "---", "---:", "---:", "---:", "---:", "---:", "---"]
+    out = table(header, rows, align)
+    if dagger:
+        refs = {}
+        for r in used:
+            if marked(r):
+                refs.setdefault(r["reference"], []).append(f"{BACKEND_NAME[r['backend']]} {r['measurement']}")
+        out += (
+            "\n\n† Not measured from this table's reference point but "
+            + "; ".join(f"{ref} ({', '.join(rows)})" for ref, rows in refs.items())
+            + ": biased low, not comparable with the other rows; to be rerun."
+        )
+    return out + "\n\n" + sources(used)
+
+
+def t_requests(d):
+    rows, used = [], []
+
+    def fmt(counters, rate):
+        if not counters:
+            return "0"
+        kinds = ", ".join(sorted(counters))
+        return f"{num(rate)} / min ({kinds})"
+
+    for backend, name in BACKENDS:
+        for r in d.all("requests", backend):
+            used.append(r)
+            v = r["values"]
+            window = v["window_s"]
+            both_rate = sum(v["holder_and_contender"].values()) * 60 / window
+            rows.append([
+                name, f"{v['ttl_s']} s / {v['renewal_s']} s", f"{window} s",
+                "**" + fmt(v["holder"], v["holder_per_minute"]) + "**",
+                fmt(v["holder_and_contender"], both_rate),
+                f"**{num(v['contender_per_minute'])}**",
+                f"{60 / v['renewal_s']:.0f}; 0",
+            ])
+    header = ["backend", "TTL / renewal", "window", "holder alone", "holder + waiting contender",
+              "contender (difference)", "target"]
+    return table(header, rows) + "\n\n" + sources(used)
+
+
+def t_pause(d):
+    rows, used = [], []
+    for backend, name in BACKENDS:
+        r = d.get("pause", backend)
+        if not r:
+            continue
+        used.append(r)
+        rounds = r["values"]["rounds"]
+        ticks = [x.get("ticks_after_sigcont") for x in rounds]
+        rows.append([
+            name,
+            len(rounds),
+            " / ".join(f"{x['takeover_after_sigstop_ms'] / 1000:.2f}" for x in rounds) + " s",
+            "**" + " / ".join(str(x["acts_after_sigcont"]) for x in rounds) + "**",
+            " / ".join(str(t) for t in ticks) if all(t is not None for t in ticks) else "not recorded",
+            " / ".join(
+                f"{x['stopped_after_sigcont_ms']:.1f}" if x["stopped_after_sigcont_ms"] is not None else "never"
+                for x in rounds
+            ) + " ms",
+        ])
+    header = ["backend", "rounds", "contender holds after `SIGSTOP`", "old holder's actions after `SIGCONT`",
+              "its timer ticks after `SIGCONT`", "its singleton stopped after `SIGCONT`"]
+    return table(header, rows) + "\n\n" + sources(used)
+
+
+def t_guard(d):
+    rows, used = [], []
+    for variant in ("idle", "busy"):
+        r = d.get("guard", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        g, s = r["stats"]["resolved"], r["stats"]["stopped"]
+        rows.append([
+            variant, g["n"], ms(g["min"]), ms(g["median"]), f"**{ms(g['p99'])}**", ms(g["max"]),
+            ms(s["min"]), ms(s["median"]), f"**{ms(s['p99'])}**", ms(s["max"]),
+        ])
+    header = ["arbiter", "n", "guard resolved: min", "median", "p99", "max",
+              "singleton stopped: min", "median", "p99", "max"]
+    align = ["---"] + ["---:"] * 9
+    labels = {id(r): f"{r['variant']} arbiter" for r in used}
+    return table(header, rows, align) + "\n\n" + sources(used, labels)
+
+
+def t_scale(d):
+    rows, used = [], []
+    for backend, name in (("memory", "in memory"), ("etcd", "etcd"), ("kubernetes", "Kubernetes")):
+        for r in d.all("scale", backend):
+            used.append(r)
+            v = r["values"]
+            server = ", ".join(
+                f"{label} {pct:.1f} % of a core" for label, pct in v.get("server_cpu_percent", {}).items()
+            ) or "–"
+            rows.append([
+                name, f"{v['leases']:,}", f"{v['ttl_s']:g} s / {v['renewal_s']:g} s", f"{v['acquire_s']:.2f} s",
+                f"{v['memory_per_lease_bytes'] / 1000:.1f} KB", f"{v['cpu_us_per_lease_renewal']:.1f} µs",
+                server, f"**{v['lost']}**", ms(v["worst_renewal_lateness_ms"], 1),
+            ])
+    header = ["backend", "leases", "TTL / renewal", "acquire all", "memory per lease",
+              "client CPU per lease-renewal", "server CPU", "lost", "worst renewal lateness"]
+    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:"]
+    labels = {id(r): f"{BACKEND_NAME[r['backend']]} {r['variant']}" for r in used}
+    return table(header, rows, align) + "\n\n" + sources(used, labels)
+
+
+THROUGHPUT = [
+    ("in_memory/acquire+release/trait", "`acquire` + `release` through the `Lease` trait", "pairs"),
+    ("in_memory/acquire+release/actor", "`acquire` + `release` through the `LeaseActor` mailbox", "pairs"),
+    ("in_memory/check_alive", "`check_alive`", ""),
+]
+
+
+def t_throughput(d):
+    rows, used = [], []
+    for variant, what, unit in THROUGHPUT:
+        r = d.get("throughput", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        ns = r["values"]["ns_per_iteration"]
+        per_s = r["values"]["per_second"]
+        time = f"{ns / 1000:.3f} µs" if ns >= 1000 else f"{ns:.1f} ns"
+        rate = f"{per_s / 1e6:.0f} million" if per_s >= 1e7 else f"{round(per_s, -3):,.0f}"
+        rows.append([what, time, f"{rate} {unit}".strip()])
+    labels = {id(r): r["variant"] for r in used}
+    return table(["what", "time per operation", "per second"], rows, ["---", "---:", "---:"]) + "\n\n" + sources(used, labels)
+
+
+def t_readme_measured(d):
+    """The headline sentence of the README's "Measured" section."""
+    parts = []
+    h = d.get("handoff", "kubernetes")
+    if h:
+        s = h["stats"]["latency"]
+        missed = [
+            what
+            for cid, what in (("handoff-median", "the median its 10 ms"), ("handoff-p99", "the p99 its 50 ms"))
+            if any(c["id"] == cid and not c["met"] for c in h["checks"])
+        ]
+        note = ""
+        if missed:
+            note = f" ({' and '.join(missed)} target missed, see [BENCHMARKS.md](BENCHMARKS.md))"
+        parts.append(
+            f"Graceful handoff on the real kube-apiserver: {s['median']:.1f} ms median, "
+            f"{s['p99']:.0f} ms p99{note}"
+        )
+    kill, drop = d.get("kill", "kubernetes"), d.get("failover", "kubernetes")
+    if kill and not marked(kill):
+        parts.append(
+            f"a SIGKILLed holder replaced {kill['stats']['beyond_ttl']['median']:.0f} ms (median) after its TTL"
+        )
+    elif drop:
+        parts.append(
+            f"a crashed holder (dropped in process) replaced "
+            f"{drop['stats']['beyond_ttl']['median']:.0f} ms (median) after its TTL"
+        )
+    reqs = d.all("requests", "kubernetes")
+    if reqs:
+        holder = sorted({round(r["values"]["holder_per_minute"], 2) for r in reqs})
+        contender = max(abs(r["values"]["contender_per_minute"]) for r in reqs)
+        parts.append(
+            f"{' / '.join(f'{v:g}' for v in holder)} requests a minute for a holder renewing every 10 s and "
+            + ("none" if contender < 1e-9 else f"{contender:.2f}")
+            + " for a waiting contender"
+        )
+    pauses = [r for b, _ in BACKENDS for r in d.all("pause", b)]
+    if pauses:
+        rounds = [x for r in pauses for x in r["values"]["rounds"]]
+        acts = sum(x["acts_after_sigcont"] for x in rounds)
+        parts.append(
+            f"a frozen holder never acted after it was resumed ({len(rounds)} freezes)"
+            if acts == 0
+            else f"**a frozen holder acted {acts} times after it was resumed**"
+        )
+    used = [h, kill, drop, *reqs, *pauses]
+    return (
+        "; ".join(parts)
+        + ". Every figure is checked against its target by the bench that measures it "
+        + "(`--check`), and [BENCHMARKS.md](BENCHMARKS.md#what-backs-each-claim) names the bench or "
+        + "test behind each number of this README. "
+        + "`scripts/bench.sh` reruns everything (this sentence is generated from "
+        + "`benches/data/results.jsonl`: commits "
+        + ", ".join(sorted({f"`{r['commit']}`" for r in used if r}))
+        + ")."
+    )
+
+
+TABLES = {
+    "targets": t_targets,
+    "peers": t_peers,
+    "handoff": t_handoff,
+    "failover": t_failover,
+    "requests": t_requests,
+    "pause": t_pause,
+    "guard": t_guard,
+    "scale": t_scale,
+    "throughput": t_throughput,
+}
+
+README_TABLES = {"measured": t_readme_measured}
+README = os.path.join(ROOT, "README.md")
+
+
+def render(doc, d, tables=TABLES, what="BENCHMARKS.md"):
+    for name, make in tables.items():
+        start, end = f"<!-- bench-report:{name} -->", f"<!-- /bench-report:{name} -->"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(doc):
+            sys.exit(f"{what} has no {start} ... {end} markers")
+        body = make(d)
+        doc = pattern.sub(lambda _: f"{start}\n{body}\n{end}", doc)
+    return doc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--merge", action="append", default=[], metavar="FILE")
+    ap.add_argument("--data", default=DATA)
+    ap.add_argument("--out", default=DOC)
+    ap.add_argument("--readme-out", default=README)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+
+    records = load(args.data)
+    merged = 0
+    for path in args.merge:
+        new = load(path)
+        if not new:
+            sys.exit(f"{path}: no results")
+        records += new
+        merged += len(new)
+    records = latest(records)
+    with open(PEERS, encoding="utf-8") as f:
+        peers = json.load(f)
+    data = Data(records, peers)
+    outputs = []
+    for source, target, tables in ((DOC, args.out, TABLES), (README, args.readme_out, README_TABLES)):
+        with open(source, encoding="utf-8") as f:
+            outputs.append((target, render(f.read(), data, tables, os.path.basename(source))))
+
+    if args.check:
+        stale = []
+        for target, text in outputs:
+            with open(target, encoding="utf-8") as f:
+                if f.read() != text:
+                    stale.append(target)
+        if stale:
+            sys.exit(f"{', '.join(stale)}: not what {args.data} gives: run scripts/bench-report.py")
+        return
+    if merged:
+        with open(args.data, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")
+        print(f"{args.data}: {merged} results merged, {len(records)} measurements")
+    for target, text in outputs:
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"{target}: generated parts written")
+
+
+if __name__ == "__main__":
+    main()
