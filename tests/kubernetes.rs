@@ -1443,3 +1443,66 @@ async fn rotated_token_and_ca_files_are_picked_up() {
     assert!(by_ca.release().await.unwrap());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Captures everything written by the `fmt` subscriber of a test.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
+    type Writer = CapturedLogs;
+    fn make_writer(&'a self) -> CapturedLogs {
+        self.clone()
+    }
+}
+
+/// The inline bearer token is never logged: a whole tenure against the real API server (claim,
+/// renewals, the watch, release), with every crate logging at `trace` level (this crate, kube,
+/// hyper, rustls), leaves no trace of it in the output — while the output shows the work.
+#[tokio::test]
+async fn the_token_never_appears_in_real_log_output() {
+    let logs = CapturedLogs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // Shares the cluster with the other tests (none restarts it meanwhile).
+    let _fixture = KubeFixture::new().await;
+    let env = env();
+    let k8s = KubernetesSettings::new(env.namespace.clone())
+        .with_api_url(env.url.clone())
+        .with_token(env.token.clone())
+        .with_ca_file(env.ca.clone());
+    let name = unique("logged");
+    let lease = KubernetesLease::new(settings(&name, "a"), k8s).unwrap();
+    assert!(lease.acquire().await.unwrap());
+    let renewals = lease.stats().renewals;
+    let give_up = Instant::now() + TTL * 3;
+    while lease.stats().renewals < renewals + 2 {
+        assert!(Instant::now() < give_up, "renewed twice within three TTLs");
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(lease.release().await.unwrap());
+    drop(lease);
+    let output = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        output.contains("lease acquired") && output.contains("lease released"),
+        "the capture works"
+    );
+    assert!(output.lines().count() > 20, "kube and hyper logged too");
+    assert!(
+        !output.contains(env.token.as_str()),
+        "the token appears in the log output"
+    );
+}
