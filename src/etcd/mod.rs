@@ -214,6 +214,13 @@ pub enum EtcdError {
         /// The lease key (lossy UTF-8).
         key: String,
     },
+    /// The session's own thread (which runs its connections) is not running: it could not be
+    /// started, or it stopped.
+    #[error("the etcd session's thread is not running: {message}")]
+    SessionStopped {
+        /// What happened.
+        message: String,
+    },
     /// etcd answered something the backend cannot interpret.
     #[error("unexpected etcd response to {operation}: {detail}")]
     UnexpectedResponse {
@@ -301,7 +308,8 @@ impl BackendError for EtcdError {
             EtcdError::InvalidSettings { .. }
             | EtcdError::Unauthenticated { .. }
             | EtcdError::PermissionDenied { .. }
-            | EtcdError::Rejected { .. } => false,
+            | EtcdError::Rejected { .. }
+            | EtcdError::SessionStopped { .. } => false,
         }
     }
 }
