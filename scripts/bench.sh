@@ -77,6 +77,7 @@ fi
 bench handoff-memory --bench handoff -- memory handoff failover --check
 bench handoff-kubernetes --all-features --bench handoff -- kubernetes all --check
 bench handoff-etcd --all-features --bench handoff -- etcd all --check
+bench handoff-etcd-cluster --all-features --bench handoff -- etcd-cluster handoff failover kill --check
 if [[ $mode == quick ]]; then
     bench scale-memory --bench scale -- memory 10000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
@@ -88,6 +89,7 @@ else
     SCALE_TTL_SECS=30 SCALE_RENEWAL_SECS=10 \
         bench scale-kubernetes-30s --all-features --bench scale -- kubernetes 1000 --check
     bench scale-etcd --all-features --bench scale -- etcd 10000 --check
+    bench scale-etcd-1000 --all-features --bench scale -- etcd 1000 --check
     bench in-memory --bench in_memory
 fi
 

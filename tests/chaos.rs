@@ -54,11 +54,7 @@ fn summarize_kinds(report: &ChaosReport, kinds: &[Fault]) {
         report.tenures
     );
     let met = report.kinds_met();
-    let missed: Vec<Fault> = kinds
-        .iter()
-        .copied()
-        .filter(|k| !met.contains(k))
-        .collect();
+    let missed: Vec<Fault> = kinds.iter().copied().filter(|k| !met.contains(k)).collect();
     assert!(
         missed.is_empty(),
         "these kinds of fault never hit an acting holder: {missed:?}"

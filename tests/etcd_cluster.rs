@@ -203,20 +203,18 @@ async fn a_held_lease_survives_the_kill_of(cluster: &Cluster, victim: usize, tes
     release_at_the_end(&a, test).await;
 }
 
-/// Releases `lease` at the end of a test whose subject is something else. `Ok(false)` (someone
-/// else holds it) fails the test; a transient error is only reported: the first request the
-/// client routes to a member that was killed and restarted can fail with the stale error of its
-/// failed reconnection ("tcp connect error"), and a release is not retried (the key then expires
-/// after the TTL).
+/// Releases `lease` at the end of a test, with a member dead or just restarted: the client may
+/// route the request to that member first (connection refused, or the stale error of its failed
+/// reconnection); the backend retries an unavailable cluster within the operation timeout, so the
+/// release succeeds.
 async fn release_at_the_end(lease: &EtcdLease, test: &str) {
     match lease.release().await {
         Ok(released) => assert!(released, "{test}: another owner holds {}", lease.name()),
-        Err(e) if e.is_transient() => println!(
+        Err(e) => panic!(
             "{test}: release of {} failed: {e}: {:?}",
             lease.name(),
             std::error::Error::source(&e)
         ),
-        Err(e) => panic!("{test}: release failed: {e:?}"),
     }
 }
 
@@ -420,8 +418,6 @@ async fn fencing_tokens_rise_across_leader_changes() {
         );
         tokens.push(token);
         last = token;
-        // A failed release is not what this test is about: the claim then expires after the
-        // TTL, and the next acquire of the same owner takes its own key over.
         release_at_the_end(&lease, &format!("tokens round {round}")).await;
         cluster.restart(leader).await;
     }

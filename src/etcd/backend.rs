@@ -20,6 +20,9 @@ use crate::settings::LeaseSettings;
 
 /// How many times one acquire attempt starts over at once (a lost etcd lease, a racing change).
 const CLAIM_ROUNDS: usize = 3;
+/// Attempts of a release that finds the cluster unavailable, and the first pause between them.
+const RELEASE_ATTEMPTS: u32 = 3;
+const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
 /// First delay before retrying a failed removal of a claim; doubles up to a quarter of the TTL.
 const REMOVAL_BACKOFF_START: Duration = Duration::from_millis(100);
 
@@ -771,11 +774,29 @@ impl LeaseBackend for EtcdBackend {
             )])
             .and_then([TxnOp::delete(self.key.clone(), None)])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        // An error leaves the tenure unsettled: its key expires as after a crash.
-        let response = kv
-            .txn(txn)
-            .await
-            .map_err(|e| EtcdError::from_client("release", tenure.lease_id(), e))?;
+        // With several endpoints, a request may go to a member that is down (connection refused)
+        // while the others answer: retry an unavailable cluster a few times (the compare makes a
+        // repeated delete harmless), within the caller's operation timeout. An error in the end
+        // leaves the tenure unsettled: its key is removed one TTL later, as after a crash.
+        let mut pause = RELEASE_RETRY_START;
+        let mut attempts = 1;
+        let response = loop {
+            match kv.txn(txn.clone()).await {
+                Ok(response) => break response,
+                Err(error) => {
+                    let error = EtcdError::from_client("release", tenure.lease_id(), error);
+                    if attempts >= RELEASE_ATTEMPTS
+                        || !matches!(error, EtcdError::Unavailable { .. })
+                    {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, attempt = attempts, "release failed; retrying");
+                    attempts += 1;
+                    sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        };
         tenure.settled = true;
         self.claims.lock_current().take();
         if response.succeeded() {

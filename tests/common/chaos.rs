@@ -323,9 +323,10 @@ pub async fn run<B: ChaosBackend>(
                 sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
                 running[target].set_mode(ProxyMode::Pass);
             }
-            Fault::ServerRestart | Fault::MemberKill | Fault::LeaderKill | Fault::MemberPartition => {
-                backend.server_fault(fault, &mut rng, ttl).await
-            }
+            Fault::ServerRestart
+            | Fault::MemberKill
+            | Fault::LeaderKill
+            | Fault::MemberPartition => backend.server_fault(fault, &mut rng, ttl).await,
             Fault::GracefulStop => {
                 let mut node = running.remove(target);
                 stop_gracefully(&mut node).await;

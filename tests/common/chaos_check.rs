@@ -995,7 +995,7 @@ impl ChaosReport {
         }
         let _ = writeln!(
             out,
-            "{:<14} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+            "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
             "fault",
             "faults",
             "at holder",
@@ -1023,7 +1023,7 @@ impl ChaosReport {
             let takeovers: Vec<Takeover> = outcomes.iter().filter_map(|o| o.takeover).collect();
             let _ = writeln!(
                 out,
-                "{:<14} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+                "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
                 format!("{kind:?}"),
                 self.faults.iter().filter(|f| f.fault == kind).count(),
                 outcomes.len(),
