@@ -34,6 +34,8 @@ pub struct EtcdBackend {
     claims: Arc<Claims>,
     /// The store revision at which another owner was last seen holding the key.
     observed: Mutex<Option<i64>>,
+    /// `wait_for_change` just saw the key deleted: the next attempt claims without reading first.
+    seen_deleted: AtomicBool,
     /// Claiming transactions sent.
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
@@ -370,6 +372,7 @@ impl EtcdBackend {
                 removals_failed: AtomicU64::new(0),
             }),
             observed: Mutex::new(None),
+            seen_deleted: AtomicBool::new(false),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             seen_held: AtomicU64::new(0),
@@ -636,8 +639,10 @@ impl LeaseBackend for EtcdBackend {
         let mut kv = client.kv_client();
         let owner = settings.owner();
         for _ in 0..CLAIM_ROUNDS {
-            if !inner.has_usable_grant(settings) {
+            let just_freed = self.seen_deleted.swap(false, Ordering::Relaxed);
+            if !just_freed && !inner.has_usable_grant(settings) {
                 // Read before granting: a contender that finds the lease held needs no etcd lease.
+                // (Skipped right after the watch saw the key deleted: it is most likely free.)
                 if let Some(held) = self.held_by_other(&mut kv, owner).await? {
                     return Ok(held);
                 }
@@ -929,7 +934,10 @@ impl LeaseBackend for EtcdBackend {
                     Some(HubEvent::Created) => {}
                     // Deleted (released, expired): try again now. A compacted history also
                     // means "look again".
-                    Some(HubEvent::Events(_)) => return,
+                    Some(HubEvent::Events(_)) => {
+                        self.seen_deleted.store(true, Ordering::Relaxed);
+                        return;
+                    }
                     Some(HubEvent::Canceled {
                         compact_revision, ..
                     }) if compact_revision > 0 => return,
