@@ -1029,15 +1029,17 @@ async fn a_claim_whose_answer_is_lost_is_removed() {
         async || value_of(admin2, &key).await.is_none(),
     )
     .await;
-    assert!(victim.backend().claims_removed() >= 1);
+    // The shared etcd lease lived on all along (so etcd did not expire the key): the backend
+    // removed it. (Which attempt did cannot be told: a delete whose answer the proxy dropped may
+    // have done it.)
+    assert!(
+        other.check_alive(),
+        "the other lease of n1 was not disturbed"
+    );
     let contender = n2.lease(claim_settings("victim", "n2"));
     assert!(
         contender.acquire().await.unwrap(),
         "n2 gets the lease at once"
-    );
-    assert!(
-        other.check_alive(),
-        "the other lease of n1 was not disturbed"
     );
     assert!(other.release().await.unwrap());
     assert!(contender.release().await.unwrap());
