@@ -114,6 +114,11 @@ trait Maker {
 
     fn backend(&self) -> &'static str;
 
+    /// The server setup when a backend is measured on more than one (etcd: `3 members`).
+    fn variant(&self) -> Option<&'static str> {
+        None
+    }
+
     /// A lease for `settings` with its own connection to the server.
     fn lease(&self, settings: LeaseSettings) -> Self::L;
 
@@ -367,24 +372,47 @@ mod etcd {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     pub struct EtcdMaker {
-        endpoint: String,
+        endpoints: Vec<String>,
         prefix: String,
+        variant: Option<&'static str>,
     }
 
     impl EtcdMaker {
+        /// The single-member etcd of the test cluster.
         pub fn from_env() -> Self {
             Self {
-                endpoint: cluster_var("ACTIX_COORD_TEST_ETCD_ENDPOINT"),
+                endpoints: vec![cluster_var("ACTIX_COORD_TEST_ETCD_ENDPOINT")],
                 prefix: format!("/actix-coordination-bench/{}/", run_id()),
+                variant: None,
             }
         }
 
-        /// `GET /metrics` on etcd's client URL (plain HTTP/1.0, no client library needed).
+        /// The three-member etcd cluster of the test cluster; every lease is given all three
+        /// endpoints.
+        pub fn cluster_from_env() -> Self {
+            Self {
+                endpoints: cluster_var("ACTIX_COORD_TEST_ETCD_CLUSTER_ENDPOINTS")
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect(),
+                prefix: format!("/actix-coordination-bench/{}/", run_id()),
+                variant: Some("3 members"),
+            }
+        }
+
+        /// `GET /metrics` of every member, concatenated (counters are summed by the caller).
         async fn metrics(&self) -> String {
-            let authority = self
-                .endpoint
-                .trim_start_matches("http://")
-                .trim_end_matches('/');
+            let mut all = String::new();
+            for endpoint in &self.endpoints {
+                all.push_str(&Self::member_metrics(endpoint).await);
+                all.push('\n');
+            }
+            all
+        }
+
+        /// `GET /metrics` on etcd's client URL (plain HTTP/1.0, no client library needed).
+        async fn member_metrics(endpoint: &str) -> String {
+            let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
             let mut stream = tokio::net::TcpStream::connect(authority)
                 .await
                 .expect("connect to etcd for /metrics");
@@ -408,11 +436,15 @@ mod etcd {
             "etcd"
         }
 
+        fn variant(&self) -> Option<&'static str> {
+            self.variant
+        }
+
         fn lease(&self, settings: LeaseSettings) -> EtcdLease {
             // One session per lease: every owner is its own process with its own connection.
             // The lease keeps the session; dropping the lease drops it.
             let session = EtcdSession::new(
-                EtcdSettings::builder([self.endpoint.as_str()])
+                EtcdSettings::builder(self.endpoints.iter().map(String::as_str))
                     .prefix(&self.prefix)
                     .build()
                     .expect("valid etcd settings"),
@@ -441,10 +473,14 @@ mod etcd {
         fn node_config(&self, ttl: Duration, renewal: Duration) -> Option<String> {
             Some(format!(
                 "[leases.singleton]\nbackend = \"etcd\"\nttl = \"{}ms\"\nrenewal-interval = \"{}ms\"\n\n\
-                 [leases.singleton.etcd]\nendpoints = [\"{}\"]\nprefix = \"{}\"\n",
+                 [leases.singleton.etcd]\nendpoints = [{}]\nprefix = \"{}\"\n",
                 ttl.as_millis(),
                 renewal.as_millis(),
-                self.endpoint,
+                self.endpoints
+                    .iter()
+                    .map(|e| format!("\"{e}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 self.prefix
             ))
         }
@@ -518,7 +554,7 @@ async fn handoff<M: Maker>(maker: &M, report: &mut Report) {
     report.record(
         "handoff",
         maker.backend(),
-        None,
+        maker.variant(),
         json!({
             "reference": "start of the holder's release()",
             "stats": { "latency": summary.json(), "release": release.json() },
@@ -639,7 +675,7 @@ async fn failover<M: Maker>(maker: &M, report: &mut Report) {
     report.record(
         "failover",
         maker.backend(),
-        None,
+        maker.variant(),
         json!({
             "reference": "start of the holder's last successful renewal (its deadline minus local_validity())",
             "stats": { "beyond_ttl": summary.json(), "after_holder_deadline": margin.json() },
@@ -890,7 +926,7 @@ async fn kill<M: Maker>(maker: &M, report: &mut Report) {
     report.record(
         "kill",
         maker.backend(),
-        None,
+        maker.variant(),
         json!({
             "reference": "start of the node's last successful renewal (its `renewal` event: deadline minus local_validity(), on the wall clock)",
             "stats": stats,
@@ -1016,7 +1052,7 @@ async fn pause<M: Maker>(maker: &M, report: &mut Report) {
     report.record(
         "pause",
         maker.backend(),
-        None,
+        maker.variant(),
         json!({
             "reference": "the instant before SIGCONT was sent",
             "stats": stats,
@@ -1252,7 +1288,10 @@ async fn requests<M: Maker>(maker: &M, report: &mut Report) {
         report.record(
             "requests",
             maker.backend(),
-            Some(&format!("ttl {}s", ttl.as_secs())),
+            Some(&match maker.variant() {
+                Some(variant) => format!("ttl {}s, {variant}", ttl.as_secs()),
+                None => format!("ttl {}s", ttl.as_secs()),
+            }),
             json!({
                 "reference": "the server's own request counters, idle traffic subtracted",
                 "values": values,
@@ -1352,7 +1391,16 @@ fn main() {
                      cargo bench --all-features --bench handoff -- etcd"
                 );
             }
-            other => panic!("unknown backend {other:?} (memory, kubernetes, etcd)"),
+            "etcd-cluster" => {
+                #[cfg(feature = "etcd")]
+                run(etcd::EtcdMaker::cluster_from_env(), &measurements, report).await;
+                #[cfg(not(feature = "etcd"))]
+                panic!(
+                    "the etcd backend needs the `etcd` feature: \
+                     cargo bench --all-features --bench handoff -- etcd-cluster"
+                );
+            }
+            other => panic!("unknown backend {other:?} (memory, kubernetes, etcd, etcd-cluster)"),
         }
     });
     drop(runtime);

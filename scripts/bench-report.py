@@ -40,6 +40,9 @@ DOC = os.path.join(ROOT, "BENCHMARKS.md")
 
 BACKENDS = [("kubernetes", "Kubernetes"), ("etcd", "etcd"), ("memory", "in memory")]
 BACKEND_NAME = dict(BACKENDS)
+# Table rows: a backend on one server, and etcd on a three-member cluster as well.
+ROWS = [("kubernetes", "Kubernetes", None), ("etcd", "etcd", None),
+        ("etcd", "etcd, 3 members", "3 members"), ("memory", "in memory", None)]
 
 # The reference point each table states; a line measured from another one is marked.
 REFERENCE = {
@@ -289,8 +292,8 @@ def t_peers(d):
 
 def t_handoff(d):
     rows, used = [], []
-    for backend, name in BACKENDS:
-        r = d.get("handoff", backend)
+    for backend, name, variant in ROWS:
+        r = d.get("handoff", backend, variant)
         if not r:
             continue
         used.append(r)
@@ -306,9 +309,9 @@ def t_handoff(d):
 
 def t_failover(d):
     rows, used, dagger = [], [], False
-    for backend, name in BACKENDS:
+    for backend, name, variant in ROWS:
         for m, crash in (("kill", "SIGKILL"), ("failover", "in-process drop")):
-            r = d.get(m, backend)
+            r = d.get(m, backend, variant)
             if not r:
                 continue
             used.append(r)
@@ -420,10 +423,12 @@ def t_scale(d):
                 name, f"{v['leases']:,}", f"{v['ttl_s']:g} s / {v['renewal_s']:g} s", f"{v['acquire_s']:.2f} s",
                 f"{v['memory_per_lease_bytes'] / 1000:.1f} KB", f"{v['cpu_us_per_lease_renewal']:.1f} µs",
                 server, f"**{v['lost']}**", ms(v["worst_renewal_lateness_ms"], 1),
+                num(v["keep_alives_per_min"]) if v.get("keep_alives_per_min") is not None else "–",
             ])
     header = ["backend", "leases", "TTL / renewal", "acquire all", "memory per lease",
-              "client CPU per lease-renewal", "server CPU", "lost", "worst renewal lateness"]
-    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:"]
+              "client CPU per lease-renewal", "server CPU", "lost", "worst renewal lateness",
+              "keep-alives / min (all leases)"]
+    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:", "---:"]
     labels = {id(r): f"{BACKEND_NAME[r['backend']]} {r['variant']}" for r in used}
     return table(header, rows, align) + "\n\n" + sources(used, labels)
 

@@ -10,13 +10,20 @@
 #                                              exits with CMD's status
 # DIR defaults to <repo>/target/test-cluster. It must not contain whitespace.
 #
-# `up` starts three processes, all on 127.0.0.1 with ports chosen outside the kernel's ephemeral
+# `up` starts six processes, all on 127.0.0.1 with ports chosen outside the kernel's ephemeral
 # range (so outgoing connections cannot steal them):
 #   - etcd "kube"   (DIR/etcd, DIR/etcd.log, DIR/etcd.pid): storage of the apiserver;
 #   - kube-apiserver (DIR/apiserver.log, DIR/apiserver.pid): TLS (self-signed, DIR/certs/apiserver.crt),
 #     static bearer tokens (DIR/tokens.csv), RBAC; namespace actix-coordination-test with the Role of
 #     deploy/rbac.yaml bound to user `lease-holder`;
-#   - etcd "lease"  (DIR/etcd-lease, DIR/etcd-lease.log, DIR/etcd-lease.pid): for the etcd backend tests.
+#   - etcd "lease"  (DIR/etcd-lease, DIR/etcd-lease.log, DIR/etcd-lease.pid): for the etcd backend tests;
+#   - a three-member etcd cluster "etcd3" for the cluster tests (tests/etcd_cluster.rs): members n1, n2,
+#     n3, each with its own client and peer port; member nK has its data dir DIR/etcd3/nK, its log
+#     DIR/etcd3/nK.log (appended to by restarts), its CURRENT pid in DIR/etcd3/nK.pid and a restart
+#     script DIR/etcd3/nK.sh. Tests kill (SIGKILL), stop (SIGSTOP) and continue members; `DIR/etcd3/nK.sh`
+#     starts a killed member again with the same data dir and flags, detached (its own session),
+#     writes its new pid to DIR/etcd3/nK.pid and returns at once (it refuses to start a member that
+#     still runs, or any member after `down`). `up` returns once the cluster has a leader.
 # and writes DIR/env, shell-sourceable `export` lines:
 #   ACTIX_COORD_TEST_K8S_URL              https://127.0.0.1:PORT of the apiserver
 #   ACTIX_COORD_TEST_K8S_CA               DIR/certs/apiserver.crt (serving cert + its CA; trust it as CA)
@@ -37,9 +44,13 @@
 #   ACTIX_COORD_TEST_ETCD_ENDPOINT        http://127.0.0.1:P, the etcd for the etcd lease backend tests
 #   ACTIX_COORD_TEST_ETCD_PID             its pid
 #   ACTIX_COORD_TEST_ETCD_BIN             /usr/bin/etcd (to start private etcd instances in tests)
+#   ACTIX_COORD_TEST_ETCD_CLUSTER_ENDPOINTS  http://127.0.0.1:P1,http://127.0.0.1:P2,http://127.0.0.1:P3:
+#                                         the client URLs of members n1, n2, n3 (in that order)
+#   ACTIX_COORD_TEST_ETCD_CLUSTER_DIR     DIR/etcd3: nK.pid (current pid), nK.sh (restart), nK.log, nK/
 #   ACTIX_COORD_TEST_DIR                  DIR (absolute)
 # `down` also stops any leftover process whose arguments contain --cert-dir=DIR/certs (apiservers a
-# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS) or --data-dir=DIR/etcd[-lease].
+# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS) or --data-dir=DIR/etcd[-lease] or
+# --data-dir=DIR/etcd3/nK (cluster members, also ones a test restarted: their pid files name them).
 set -euo pipefail
 
 KUBE_VERSION=1.20.2
@@ -56,6 +67,9 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/actix-coordination
 KUBE_APISERVER_BIN=$CACHE_DIR/kube-apiserver-$KUBE_VERSION
 ETCD_BIN=/usr/bin/etcd
+ETCDCTL_BIN=/usr/bin/etcdctl
+# The members of the three-member test cluster (DIR/etcd3/<name>...).
+ETCD3_MEMBERS=(n1 n2 n3)
 RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
 
 # Packages needed to run the cluster and to build the crate (etcd-client needs protoc).
@@ -357,14 +371,16 @@ alive() {
 }
 
 # Pids of the processes of DIR: the ones of the pid files, and any other (e.g. a second apiserver a
-# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS), recognised by their arguments. A pid file
-# alone is not trusted: after a reboot or a crash its pid may name a foreign process.
+# test started from ACTIX_COORD_TEST_KUBE_APISERVER_ARGS, or a cluster member a test restarted with
+# DIR/etcd3/nK.sh), recognised by their arguments. A pid file alone is not trusted: after a reboot or
+# a crash its pid may name a foreign process.
 cluster_pids() {
     local dir=$1
-    python3 - "$dir" <<'PY'
+    python3 - "$dir" "${ETCD3_MEMBERS[@]}" <<'PY'
 import os, sys
 d = sys.argv[1]
 marks = {"--cert-dir=%s/certs" % d, "--data-dir=%s/etcd" % d, "--data-dir=%s/etcd-lease" % d}
+marks.update("--data-dir=%s/etcd3/%s" % (d, m) for m in sys.argv[2:])
 ours = set()
 for p in os.listdir("/proc"):
     if not p.isdigit() or int(p) == os.getpid():
@@ -380,6 +396,22 @@ PY
 }
 
 stop_all() {
+    local dir=$1 round
+    # First make the members' restart scripts refuse (a test binary that outlives `run`, e.g. after
+    # a SIGTERM that reached only cargo, must not start members again), then stop what runs, and
+    # look again: a restart script may have been past its check already.
+    if [[ -d $dir/etcd3 ]]; then
+        : >"$dir/etcd3/stopped"
+    fi
+    for round in 1 2 3; do
+        stop_pids "$dir" || return 1
+        [[ -z $(cluster_pids "$dir") ]] && break
+        log "more processes of $dir appeared while stopping (round $round)"
+    done
+    rm -f "$dir/apiserver.pid" "$dir/etcd.pid" "$dir/etcd-lease.pid" "$dir"/etcd3/*.pid
+}
+
+stop_pids() {
     local dir=$1 pids=() p remaining deadline
     read -r -a pids <<<"$(cluster_pids "$dir")"
     if [[ ${#pids[@]} -gt 0 ]]; then
@@ -408,7 +440,6 @@ stop_all() {
             sleep 0.1
         done
     fi
-    rm -f "$dir/apiserver.pid" "$dir/etcd.pid" "$dir/etcd-lease.pid"
 }
 
 # N free TCP ports on 127.0.0.1, below the ephemeral range when possible.
@@ -481,6 +512,113 @@ start_etcd() {
         --initial-cluster="$name=$peer" --initial-cluster-state=new
 }
 
+# write_member_script DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN: writes DIR/etcd3/NAME.sh,
+# which starts member NAME of the three-member cluster: detached (a session of its own, stdin
+# /dev/null, output appended to DIR/etcd3/NAME.log), its pid written to DIR/etcd3/NAME.pid before
+# the script returns. `up` starts the members with it, and tests restart a member they killed with
+# it: on an existing data dir etcd ignores the --initial-* flags and rejoins the cluster as itself.
+# It refuses to start a member whose pid file names a live process of that member, and any member
+# once `down` (or the cleanup of `run`/`up`) stopped the cluster (DIR/etcd3/stopped).
+write_member_script() {
+    local dir=$1 name=$2 client_port=$3 peer_port=$4 initial_cluster=$5 token=$6
+    local d=$dir/etcd3 client=http://127.0.0.1:$client_port peer=http://127.0.0.1:$peer_port
+    local cmd=("$ETCD_BIN" --name="$name" --data-dir="$d/$name"
+        --listen-client-urls="$client" --advertise-client-urls="$client"
+        --listen-peer-urls="$peer" --initial-advertise-peer-urls="$peer"
+        --initial-cluster="$initial_cluster" --initial-cluster-state=new
+        --initial-cluster-token="$token")
+    {
+        echo '#!/usr/bin/env bash'
+        echo "# Written by scripts/test-cluster.sh up: starts member $name of the three-member test etcd"
+        echo "# cluster (client $client, peer $peer) on its data dir, detached; its pid goes to"
+        echo "# $name.pid, its output is appended to $name.log (next to this script)."
+        echo 'set -euo pipefail'
+        printf 'name=%q\npidfile=%q\nlog=%q\nmark=%q\n' "$name" "$d/$name.pid" "$d/$name.log" \
+            "--data-dir=$d/$name"
+        printf 'cmd=('
+        printf ' %q' "${cmd[@]}"
+        printf ' )\n'
+        printf 'stopped=%q\n' "$d/stopped"
+        cat <<'SCRIPT'
+if [[ -e $stopped ]]; then
+    echo "the test cluster was stopped (scripts/test-cluster.sh down): not starting member $name" >&2
+    exit 1
+fi
+if pid=$(cat "$pidfile" 2>/dev/null) && [[ -n $pid ]] &&
+    tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$mark"; then
+    echo "member $name still runs (pid $pid): kill it first" >&2
+    exit 1
+fi
+rm -f "$pidfile"
+cd /
+# The inner shell writes its own pid, then becomes etcd: the pid file names etcd whether or not
+# setsid had to fork.
+# shellcheck disable=SC2016
+setsid bash -c 'echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0" && exec "$@"' "$pidfile" "${cmd[@]}" \
+    </dev/null >>"$log" 2>&1 &
+for _ in $(seq 100); do
+    [[ -s $pidfile ]] && exit 0
+    sleep 0.05
+done
+echo "member $name did not start (no pid in $pidfile after 5 s)" >&2
+exit 1
+SCRIPT
+    } >"$d/$name.sh"
+    chmod +x "$d/$name.sh"
+}
+
+# start_cluster3 DIR C1 P1 C2 P2 C3 P3: the three members on client ports Ck and peer ports Pk,
+# started in parallel (each start returns at once).
+start_cluster3() {
+    local dir=$1 i name initial=() token
+    shift
+    local ports=("$@")
+    mkdir -p "$dir/etcd3"
+    for i in "${!ETCD3_MEMBERS[@]}"; do
+        initial+=("${ETCD3_MEMBERS[$i]}=http://127.0.0.1:${ports[$((2 * i + 1))]}")
+    done
+    # A token of its own per `up`: a member of an earlier cluster can never join this one.
+    token=actix-coord-test-$(openssl rand -hex 6)
+    for i in "${!ETCD3_MEMBERS[@]}"; do
+        name=${ETCD3_MEMBERS[$i]}
+        write_member_script "$dir" "$name" "${ports[$((2 * i))]}" "${ports[$((2 * i + 1))]}" \
+            "$(IFS=,; echo "${initial[*]}")" "$token"
+        "$dir/etcd3/$name.sh" 9>&- 8>&- || fail_with_log "$dir/etcd3/$name.log" "cluster member $name did not start"
+    done
+}
+
+# wait_cluster3 DIR E1 E2 E3: every member healthy (etcd's /health is true only on a member that
+# has a leader and answers a read through it), and all three name the same leader.
+wait_cluster3() {
+    local dir=$1 i name deadline=$((SECONDS + 30)) ids leaders
+    shift
+    local endpoints=("$@")
+    for i in "${!ETCD3_MEMBERS[@]}"; do
+        name=${ETCD3_MEMBERS[$i]}
+        while :; do
+            alive "$(cat "$dir/etcd3/$name.pid")" ||
+                fail_with_log "$dir/etcd3/$name.log" "cluster member $name exited during startup"
+            if curl -fsS --max-time 2 "${endpoints[$i]}/health" 2>/dev/null | grep -q '"health":"true"'; then
+                break
+            fi
+            ((SECONDS < deadline)) || fail_with_log "$dir/etcd3/$name.log" "cluster member $name not healthy after 30 s"
+            sleep 0.2
+        done
+    done
+    while :; do
+        # The leader id each member reports (decimal, one line per member that answered).
+        ids=$(ETCDCTL_API=3 "$ETCDCTL_BIN" --endpoints="$(IFS=,; echo "${endpoints[*]}")" \
+            --command-timeout=2s endpoint status -w fields 2>/dev/null | sed -n 's/^"Leader" : //p' || true)
+        leaders=$(sort -u <<<"$ids")
+        if [[ $(grep -c . <<<"$ids") -eq ${#endpoints[@]} && $leaders != *$'\n'* && $leaders != 0 ]]; then
+            log "three-member etcd cluster has leader $(printf '%x' "$leaders")"
+            return 0
+        fi
+        ((SECONDS < deadline)) || fail_with_log "$dir/etcd3/n1.log" "three-member etcd cluster without one leader after 30 s (leaders: ${ids//$'\n'/ })"
+        sleep 0.2
+    done
+}
+
 cmd_up() {
     [[ $# -le 1 ]] || die "usage: $0 up [DIR]"
     local dir
@@ -492,6 +630,7 @@ cmd_up() {
 up_locked() {
     local dir=$1 start=$SECONDS
     [[ -x $ETCD_BIN ]] || die "$ETCD_BIN missing: run '$0 install' first"
+    [[ -x $ETCDCTL_BIN ]] || die "$ETCDCTL_BIN missing: run '$0 install' first"
     apiserver_ok || die "kube-apiserver not built: run '$0 install' first"
     command -v curl >/dev/null || die "curl missing: run '$0 install' first"
     local yaml_py
@@ -500,8 +639,8 @@ up_locked() {
     # Anything still running from a previous `up` in this DIR goes first.
     stop_all "$dir"
     CLEANUP_DIR=$dir # until the cluster is fully up: any failure stops what was started
-    rm -rf "$dir/etcd" "$dir/etcd-lease" "$dir/certs" "$dir/env" "$dir/tokens.csv" "$dir/sa.key" \
-        "$dir/sa.pub" "$dir"/*.log
+    rm -rf "$dir/etcd" "$dir/etcd-lease" "$dir/etcd3" "$dir/certs" "$dir/env" "$dir/tokens.csv" \
+        "$dir/sa.key" "$dir/sa.pub" "$dir"/*.log
     mkdir -p "$dir/certs"
 
     # Credentials.
@@ -519,17 +658,26 @@ up_locked() {
     openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
     openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
 
-    local ports=()
-    read -r -a ports <<<"$(free_ports 5)"
-    [[ ${#ports[@]} -eq 5 ]] || die "could not find free ports"
+    # Ports: kube etcd client/peer, lease etcd client/peer, apiserver, then client/peer of each
+    # member of the three-member cluster.
+    local ports=() nports=$((5 + 2 * ${#ETCD3_MEMBERS[@]}))
+    read -r -a ports <<<"$(free_ports "$nports")"
+    [[ ${#ports[@]} -eq $nports ]] || die "could not find free ports"
     local kube_etcd=http://127.0.0.1:${ports[0]} lease_etcd=http://127.0.0.1:${ports[2]}
     local api_port=${ports[4]}
     local url=https://127.0.0.1:$api_port
+    local cluster_endpoints=() i
+    for i in "${!ETCD3_MEMBERS[@]}"; do
+        cluster_endpoints+=("http://127.0.0.1:${ports[$((5 + 2 * i))]}")
+    done
 
+    # All etcd processes start in parallel; then each is waited for.
     start_etcd "$dir" etcd "${ports[0]}" "${ports[1]}"
     start_etcd "$dir" etcd-lease "${ports[2]}" "${ports[3]}"
+    start_cluster3 "$dir" "${ports[@]:5}"
     wait_etcd "$dir" etcd "$kube_etcd"
     wait_etcd "$dir" etcd-lease "$lease_etcd"
+    wait_cluster3 "$dir" "${cluster_endpoints[@]}"
 
     local args=(
         --etcd-servers="$kube_etcd"
@@ -581,12 +729,14 @@ up_locked() {
         env_line ACTIX_COORD_TEST_ETCD_ENDPOINT "$lease_etcd"
         env_line ACTIX_COORD_TEST_ETCD_PID "$lease_etcd_pid"
         env_line ACTIX_COORD_TEST_ETCD_BIN "$ETCD_BIN"
+        env_line ACTIX_COORD_TEST_ETCD_CLUSTER_ENDPOINTS "$(IFS=,; echo "${cluster_endpoints[*]}")"
+        env_line ACTIX_COORD_TEST_ETCD_CLUSTER_DIR "$dir/etcd3"
         env_line ACTIX_COORD_TEST_DIR "$dir"
     } >"$dir/env.tmp"
     mv -f "$dir/env.tmp" "$dir/env"
     CLEANUP_DIR=
     log "cluster up in $((SECONDS - start)) s: apiserver $url (pid $apiserver_pid), etcd $kube_etcd," \
-        "lease etcd $lease_etcd; env: $dir/env"
+        "lease etcd $lease_etcd, three-member etcd $(IFS=,; echo "${cluster_endpoints[*]}"); env: $dir/env"
 }
 
 env_line() {
@@ -689,10 +839,14 @@ cmd_status() {
     fi
     dir=$(cd "$dir" && pwd)
     echo "cluster directory: $dir"
-    for name in etcd etcd-lease apiserver; do
+    for name in etcd etcd-lease apiserver "${ETCD3_MEMBERS[@]/#/etcd3/}"; do
         pid=$(cat "$dir/$name.pid" 2>/dev/null || true)
         if [[ -n $pid ]] && alive "$pid"; then
-            echo "  $name: running (pid $pid)"
+            if [[ $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) == T ]]; then
+                echo "  $name: STOPPED (SIGSTOP, pid $pid)"
+            else
+                echo "  $name: running (pid $pid)"
+            fi
             running=$((running + 1))
         else
             echo "  $name: not running"
@@ -712,10 +866,16 @@ cmd_status() {
                 "$ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT/health" 2>&1 || true)"
             echo "  lease etcd: $ACTIX_COORD_TEST_ETCD_ENDPOINT health=$(curl -sS --max-time 3 \
                 "$ACTIX_COORD_TEST_ETCD_ENDPOINT/health" 2>&1 || true)"
+            local e
+            for e in ${ACTIX_COORD_TEST_ETCD_CLUSTER_ENDPOINTS//,/ }; do
+                echo "  three-member etcd: $e health=$(curl -sS --max-time 3 "$e/health" 2>&1 || true)"
+            done
+            ETCDCTL_API=3 "$ETCDCTL_BIN" --endpoints="$ACTIX_COORD_TEST_ETCD_CLUSTER_ENDPOINTS" \
+                --command-timeout=2s endpoint status -w table 2>&1 | sed 's/^/  /' || true
             echo "  env: $dir/env"
         )
     fi
-    [[ $running -eq 3 ]]
+    [[ $running -eq $((3 + ${#ETCD3_MEMBERS[@]})) ]]
 }
 
 cmd_run() {

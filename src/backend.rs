@@ -167,6 +167,27 @@ pub trait LeaseBackend: Send + Sync + 'static {
         std::future::pending()
     }
 
+    /// Removes claims of this backend whose answer never arrived (a claim that timed out, failed
+    /// with an unknown outcome, or whose future was dropped) and that the store may therefore
+    /// hold; `release` calls it when no tenure is held, so that it does not answer `Ok(true)`
+    /// over a claim that still blocks others. The default does nothing: such a claim then expires
+    /// by its TTL (or is taken over by the next acquire of the same owner).
+    ///
+    /// # Errors
+    ///
+    /// When the store could not be asked: `release` then answers the error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped at the operation timeout; the claim is then removed later or expires.
+    fn release_unanswered(
+        &self,
+        settings: &LeaseSettings,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = settings;
+        std::future::ready(Ok(()))
+    }
+
     /// Identifies the store this backend writes to (for example the API server and namespace),
     /// so that [`ManagedLease`](crate::ManagedLease) can refuse a second live instance with the
     /// same store, name and owner in one process (the store could not tell them apart). The

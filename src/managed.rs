@@ -460,13 +460,18 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let Some(renewal) = ops.renewal.take() else {
             // Nothing held; unless a release of ours failed and the record may still be held:
             // then the same error, until the record has surely expired.
-            return match ops.unreleased.as_ref().and_then(Unreleased::pending) {
-                Some(error) => Err(error),
-                None => {
-                    ops.unreleased = None;
-                    Ok(true)
-                }
-            };
+            if let Some(error) = ops.unreleased.as_ref().and_then(Unreleased::pending) {
+                return Err(error);
+            }
+            ops.unreleased = None;
+            // A claim whose answer never arrived may still block others: the backend removes it.
+            let settings = &shared.settings;
+            let outcome = timeout(
+                settings.operation_timeout(),
+                shared.backend.release_unanswered(settings),
+            )
+            .await;
+            return flatten(outcome, Operation::Release, settings).map(|()| true);
         };
         // End the tenure for every reader first: a tenure already past its deadline is lost
         // (and reported once), a live one released.

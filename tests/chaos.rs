@@ -43,6 +43,10 @@ fn seed() -> u64 {
 /// Prints the summary and checks that the run tested what it is for: the lease moved, and every
 /// kind of fault hit an acting holder (so the pause and graceful-stop checks ran).
 fn summarize(report: &ChaosReport) {
+    summarize_kinds(report, &Fault::ALL);
+}
+
+fn summarize_kinds(report: &ChaosReport, kinds: &[Fault]) {
     print!("{}", report.summary());
     assert!(
         report.tenures.len() >= 2,
@@ -50,10 +54,7 @@ fn summarize(report: &ChaosReport) {
         report.tenures
     );
     let met = report.kinds_met();
-    let missed: Vec<Fault> = Fault::ALL
-        .into_iter()
-        .filter(|k| !met.contains(k))
-        .collect();
+    let missed: Vec<Fault> = kinds.iter().copied().filter(|k| !met.contains(k)).collect();
     assert!(
         missed.is_empty(),
         "these kinds of fault never hit an acting holder: {missed:?}"
@@ -75,20 +76,103 @@ impl ChaosBackend for EtcdChaos {
 
     async fn prepare(&mut self, _run_dir: &Path) {}
 
-    fn upstream(&self) -> SocketAddr {
-        common::etcd::socket_addr(&self.etcd.endpoint())
+    fn upstreams(&self) -> Vec<SocketAddr> {
+        vec![common::etcd::socket_addr(&self.etcd.endpoint())]
     }
 
-    fn config_toml(&self, proxy: SocketAddr, ttl: Duration) -> String {
-        format!(
-            "[leases.singleton]\nbackend = \"etcd\"\nttl = \"{}ms\"\n\n[leases.singleton.etcd]\nendpoints = [\"http://{proxy}\"]\n",
-            ttl.as_millis()
-        )
+    fn config_toml(&self, proxies: &[SocketAddr], ttl: Duration) -> String {
+        etcd_config(proxies, ttl)
     }
 
     async fn restart_server(&mut self) {
         self.etcd.restart().await;
     }
+}
+
+/// A node's configuration for etcd endpoints `proxies`.
+fn etcd_config(proxies: &[SocketAddr], ttl: Duration) -> String {
+    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"http://{p}\"")).collect();
+    format!(
+        "[leases.singleton]\nbackend = \"etcd\"\nttl = \"{}ms\"\n\n[leases.singleton.etcd]\nendpoints = [{}]\n",
+        ttl.as_millis(),
+        endpoints.join(", ")
+    )
+}
+
+/// A private three-member etcd cluster; every node talks to all three members (through a proxy
+/// per member). Faults: the node faults, plus a member or the leader killed and restarted, and a
+/// member frozen past the TTL.
+struct EtcdClusterChaos {
+    members: Vec<common::etcd::EtcdProcess>,
+}
+
+impl ChaosBackend for EtcdClusterChaos {
+    fn name(&self) -> &str {
+        "etcd-cluster"
+    }
+
+    async fn prepare(&mut self, _run_dir: &Path) {}
+
+    fn upstreams(&self) -> Vec<SocketAddr> {
+        self.members
+            .iter()
+            .map(|m| common::etcd::socket_addr(&m.endpoint()))
+            .collect()
+    }
+
+    fn config_toml(&self, proxies: &[SocketAddr], ttl: Duration) -> String {
+        etcd_config(proxies, ttl)
+    }
+
+    fn fault_kinds(&self) -> Vec<Fault> {
+        Fault::CLUSTER.to_vec()
+    }
+
+    async fn server_fault(&mut self, fault: Fault, rng: &mut fastrand::Rng, ttl: Duration) {
+        match fault {
+            Fault::MemberKill | Fault::LeaderKill => {
+                let target = if fault == Fault::LeaderKill {
+                    common::etcd::EtcdProcess::leader(&self.members).await
+                } else {
+                    None
+                }
+                .unwrap_or_else(|| rng.usize(0..self.members.len()));
+                self.members[target].kill();
+                // Down for a while (an election follows a leader's death), then back.
+                tokio::time::sleep(Duration::from_millis(rng.u64(1000..3000))).await;
+                self.members[target].start_again().await;
+            }
+            Fault::MemberPartition => {
+                let target = rng.usize(0..self.members.len());
+                self.members[target].freeze();
+                tokio::time::sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
+                self.members[target].thaw();
+            }
+            other => panic!("{other:?} is not a fault of the cluster"),
+        }
+    }
+
+    async fn restart_server(&mut self) {
+        for member in &mut self.members {
+            member.kill();
+        }
+        for member in &mut self.members {
+            member.start_again().await;
+        }
+    }
+}
+
+/// The chaos run on a three-member etcd cluster: node faults and member faults (kill, leader
+/// kill, freeze past the TTL); every kind meets an acting holder at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_etcd_cluster() {
+    let mut backend = EtcdClusterChaos {
+        members: common::etcd::EtcdProcess::cluster("chaos", 3).await,
+    };
+    let seed = seed();
+    println!("chaos on a three-member etcd cluster, seed {seed}");
+    let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
+    summarize_kinds(&report, &Fault::CLUSTER);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,11 +220,12 @@ impl ChaosBackend for KubernetesChaos {
         self.apiserver = Some(apiserver);
     }
 
-    fn upstream(&self) -> SocketAddr {
-        self.apiserver().addr()
+    fn upstreams(&self) -> Vec<SocketAddr> {
+        vec![self.apiserver().addr()]
     }
 
-    fn config_toml(&self, proxy: SocketAddr, ttl: Duration) -> String {
+    fn config_toml(&self, proxies: &[SocketAddr], ttl: Duration) -> String {
+        let proxy = proxies[0];
         // The API server's certificate is for 127.0.0.1, so TLS through the proxy verifies.
         let env = common::k8s::env();
         format!(

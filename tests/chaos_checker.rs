@@ -355,6 +355,32 @@ fn the_schedule_opens_with_every_kind_in_a_seeded_order() {
     assert!(tail(7)[5..].iter().collect::<BTreeSet<_>>().len() > 1);
 }
 
+/// The three-member cluster's schedule opens with every kind of `Fault::CLUSTER` (the member
+/// faults included) and then draws only those kinds, each of them.
+#[test]
+fn the_cluster_schedule_opens_with_the_member_faults_and_draws_only_its_kinds() {
+    for seed in [0, 1, 42, 20261122] {
+        let mut schedule = FaultSchedule::with_kinds(seed, &Fault::CLUSTER);
+        let drawn: Vec<Fault> = (0..200)
+            .map(|_| {
+                let f = schedule.next_fault();
+                schedule.done(f, true);
+                f
+            })
+            .collect();
+        assert_eq!(
+            drawn[..7].iter().copied().collect::<BTreeSet<_>>(),
+            Fault::CLUSTER.into_iter().collect(),
+            "seed {seed}: {drawn:?}"
+        );
+        assert_eq!(
+            drawn.iter().copied().collect::<BTreeSet<_>>(),
+            Fault::CLUSTER.into_iter().collect(),
+            "seed {seed}: only the cluster's kinds, and each of them"
+        );
+    }
+}
+
 #[test]
 fn a_kind_that_met_no_holder_is_drawn_again() {
     let mut schedule = FaultSchedule::new(3);
@@ -461,10 +487,10 @@ fn outcomes_and_the_summary_report_every_figure() {
         "closest handover: 3.050s from node-0.0's last step (token 3) to node-1.0's first (token 8)",
         "closest handover between processes: 3.050s",
         "closest lifetimes: 2.950s from node-0.0's last tick (token 3) to node-1.0's start (token 8)",
-        "Kill                1         1         1     0 |          3.03/3.03/3.03s |          3.05/3.05/3.05s",
-        "Pause               1         1         1     0 |          3.53/3.53/3.53s |          3.55/3.55/3.55s",
-        "Blackhole           1         0         0     0 |                        - |                        -",
-        "ServerRestart       1         1         0     1 |",
+        "Kill                  1         1         1     0 |          3.03/3.03/3.03s |          3.05/3.05/3.05s",
+        "Pause                 1         1         1     0 |          3.53/3.53/3.53s |          3.55/3.55/3.55s",
+        "Blackhole             1         0         0     0 |                        - |                        -",
+        "ServerRestart         1         1         0     1 |",
         "paused holders: 1, ticks or steps after the resume: 0, singleton stopped after the resume: 2.0 / 2.0 / 2.0 ms",
         "403 Forbidden answers in the node logs: 3 (get 2, update 1)",
     ] {

@@ -168,8 +168,9 @@ async fn takeover_and_deletion_are_reported_at_once() {
 }
 
 /// A contender waiting with retries is woken by the release through its watch: it gets the lease
-/// long before its retry delay (a minute) would have let it try again, with one refused claim
-/// before and one claim after the release.
+/// long before its retry delay (a minute) would have let it try again, with one read that found
+/// the lease held before (no claim: a contender without an etcd lease reads first) and one claim
+/// after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_contender_is_woken_by_the_release() {
     const RETRY_DELAY: Duration = Duration::from_secs(60);
@@ -195,8 +196,8 @@ async fn waiting_contender_is_woken_by_the_release() {
             let b = b.backend();
             eventually(
                 Duration::from_secs(5),
-                "b tried and was refused",
-                async || b.claims_refused() >= 1,
+                "b tried and found the lease held",
+                async || b.seen_held() >= 1,
             )
             .await;
             a.release().await
@@ -206,9 +207,13 @@ async fn waiting_contender_is_woken_by_the_release() {
     .expect("b was woken by the release, not by its retry delay");
     assert!(released.unwrap());
     assert_eq!(
-        (b.backend().claims_sent(), b.backend().claims_refused()),
-        (2, 1),
-        "one refused claim, then the one after the release: no polling"
+        (
+            b.backend().seen_held(),
+            b.backend().claims_sent(),
+            b.backend().claims_refused()
+        ),
+        (1, 1, 0),
+        "found it held once, then the one claim after the release: no polling"
     );
     assert!(got.unwrap(), "b gets the released lease");
     assert!(b.release().await.unwrap());
@@ -965,4 +970,304 @@ async fn a_second_instance_of_the_same_lease_is_refused() {
     assert!(first.release().await.unwrap());
     assert!(second.acquire().await.unwrap(), "free for it once released");
     assert!(second.release().await.unwrap());
+}
+
+/// Settings for the claim tests: TTL 6 s, renewal every 2 s, operation timeout 1 s.
+fn claim_settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(Duration::from_secs(6))
+        .renewal_interval(Duration::from_secs(2))
+        .operation_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// The value of `key`, read straight from etcd.
+async fn value_of(admin: &mut etcd_client::Client, key: &str) -> Option<String> {
+    let response = admin.get(key, None).await.unwrap();
+    response
+        .kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+}
+
+/// A claim that lands in etcd but whose answer is dropped (the acquire times out) does not block
+/// the lease while the same session keeps its shared etcd lease alive for another lease: the
+/// backend removes it (compare-and-swap on owner and etcd lease), and another node acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_is_lost_is_removed() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("lost-answer");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let n1 = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let n2 = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let other = n1.lease(claim_settings("other", "n1"));
+    assert!(other.acquire().await.unwrap());
+    let victim = n1.lease(claim_settings("victim", "n1"));
+
+    proxy.set_mode(ProxyMode::DropAnswers);
+    let error = victim.acquire().await.unwrap_err();
+    assert!(
+        matches!(error, actix_coordination::LeaseError::Timeout { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        value_of(&mut admin, &format!("{prefix}victim"))
+            .await
+            .as_deref(),
+        Some("n1"),
+        "the claim landed although its answer was lost"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+
+    let key = format!("{prefix}victim");
+    let admin2 = &mut admin;
+    eventually(
+        Duration::from_secs(6),
+        "the unanswered claim is removed within a ttl",
+        async || value_of(admin2, &key).await.is_none(),
+    )
+    .await;
+    // The shared etcd lease lived on all along (so etcd did not expire the key): the backend
+    // removed it. (Which attempt did cannot be told: a delete whose answer the proxy dropped may
+    // have done it.)
+    assert!(
+        other.check_alive(),
+        "the other lease of n1 was not disturbed"
+    );
+    let contender = n2.lease(claim_settings("victim", "n2"));
+    assert!(
+        contender.acquire().await.unwrap(),
+        "n2 gets the lease at once"
+    );
+    assert!(other.release().await.unwrap());
+    assert!(contender.release().await.unwrap());
+}
+
+/// `release()` after an acquire whose answer was lost removes the claim before it answers
+/// `Ok(true)` (it used to answer `Ok(true)` as a no-op and leave the key blocking others).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_a_lost_answer_removes_the_claim() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("release-lost-answer");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let n1 = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let other = n1.lease(claim_settings("other", "n1"));
+    assert!(other.acquire().await.unwrap());
+    let victim = n1.lease(claim_settings("victim", "n1"));
+    proxy.set_mode(ProxyMode::DropAnswers);
+    assert!(victim.acquire().await.is_err());
+    assert_eq!(victim.backend().unanswered_claims(), 1);
+    proxy.set_mode(ProxyMode::Pass);
+    // The background removal may be first; either way the key is gone when release answers.
+    let released = loop {
+        match victim.release().await {
+            Ok(released) => break released,
+            // The reconnect after the proxy's reset may take a moment.
+            Err(error) => assert!(error.is_transient(), "{error}"),
+        }
+    };
+    assert!(released);
+    assert_eq!(value_of(&mut admin, &format!("{prefix}victim")).await, None);
+    assert!(other.release().await.unwrap());
+}
+
+/// A renewal proves ownership itself while the tenure's watch is down: the key deleted and taken
+/// by another owner is found by the next renewal, although the keep-alives still succeed. While
+/// the watch works, renewals read nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_verify_the_key_while_the_watch_is_down() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("verify");
+    let a_session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let b_session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let a = a_session.lease(claim_settings("verified", "a"));
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    let token = a.fencing_token().unwrap();
+
+    // Watch established: three renewals, no read of the key.
+    let a2 = &a;
+    eventually(
+        Duration::from_secs(6),
+        "a renewal without a read",
+        async || a2.stats().renewals >= 1 && a2.backend().verified_renewals() < a2.stats().renewals,
+    )
+    .await;
+    let (renewals, reads) = (a.stats().renewals, a.backend().verified_renewals());
+    eventually(Duration::from_secs(10), "three more renewals", async || {
+        a2.stats().renewals >= renewals + 3
+    })
+    .await;
+    assert_eq!(
+        a.backend().verified_renewals(),
+        reads,
+        "no read while the watch works"
+    );
+
+    // The watch goes down; the key is deleted and taken by b.
+    a_session.suspend_watches_for_tests(true);
+    eventually(Duration::from_secs(6), "the watch broke", async || {
+        a2.stats().watch_breaks >= 1
+    })
+    .await;
+    let mut admin = admin_client(&endpoint).await;
+    admin
+        .delete(format!("{prefix}verified"), None)
+        .await
+        .unwrap();
+    let b = b_session.lease(claim_settings("verified", "b"));
+    assert!(b.acquire().await.unwrap());
+    let b_token = b.fencing_token().unwrap();
+    assert!(b_token > token);
+
+    // a's next renewal (every 2 s) reads the key and reports the loss; without it, a would hold
+    // on for as long as its keep-alives succeed.
+    let (_, lost) = probe.next(Duration::from_secs(5)).await;
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("b".into())
+        }
+    );
+    assert_eq!(lost.fencing_token, Some(token));
+    assert!(a.backend().verified_renewals() > reads);
+    assert!(!a.check_alive());
+    a_session.suspend_watches_for_tests(false);
+    assert!(b.release().await.unwrap());
+}
+
+/// A dropped tenure's key is removed one TTL after the drop even when the first attempts fail:
+/// the removal is retried until it succeeds, while the session's shared etcd lease lives on for
+/// another lease (one best-effort delete used to leave the key there for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_tenure_is_removed_even_when_the_first_delete_fails() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("dropped-retry");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let session = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let ttl = Duration::from_secs(6);
+    let other = session.lease(claim_settings("other", "n1"));
+    let dropped = session.lease(claim_settings("dropped", "n1"));
+    assert!(other.acquire().await.unwrap());
+    assert!(dropped.acquire().await.unwrap());
+    let dropped_at = Instant::now();
+    drop(dropped);
+
+    // The removal is due one TTL after the drop: cut the connection from just before until well
+    // after, short of `other`'s deadline (its keep-alives fail meanwhile and are retried).
+    tokio::time::sleep_until(dropped_at + ttl - Duration::from_millis(500)).await;
+    proxy.set_mode(ProxyMode::Reset);
+    tokio::time::sleep_until(dropped_at + ttl + Duration::from_millis(1500)).await;
+    assert_eq!(
+        value_of(&mut admin, &format!("{prefix}dropped"))
+            .await
+            .as_deref(),
+        Some("n1"),
+        "the first attempts failed"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    let key = format!("{prefix}dropped");
+    let admin2 = &mut admin;
+    eventually(ttl, "the retried removal deleted the key", async || {
+        value_of(admin2, &key).await.is_none()
+    })
+    .await;
+    assert!(other.check_alive(), "the shared etcd lease lived on");
+    assert!(other.release().await.unwrap());
+}
+
+/// A contender that finds the lease held reads the key and waits on the watch: it asks etcd for
+/// no etcd lease (it used to grant and revoke one every round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_contender_grants_no_etcd_lease() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("no-grant");
+    let holder_session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let contender_session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let holder = holder_session.lease(claim_settings("busy", "a"));
+    let contender = contender_session.lease(claim_settings("busy", "b"));
+    assert!(holder.acquire().await.unwrap());
+    for _ in 0..5 {
+        assert!(!contender.acquire().await.unwrap());
+    }
+    assert!(!contender
+        .acquire_within(Duration::from_secs(3))
+        .await
+        .unwrap());
+    assert_eq!(contender_session.grants_requested(), 0);
+    assert!(contender.backend().claims_sent() == 0);
+    assert!(holder.release().await.unwrap());
+    assert!(
+        contender.acquire().await.unwrap(),
+        "free: it grants and claims"
+    );
+    assert_eq!(contender_session.grants_requested(), 1);
+    assert!(contender.release().await.unwrap());
+}
+
+/// A slow grant does not hold the session's lock: the session still answers (here
+/// `shared_lease_ids`) while a grant request hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_grant_does_not_block_the_session() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("slow-grant");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let session = EtcdSession::connect(etcd_settings(&format!("http://{}", proxy.addr()), &prefix))
+        .await
+        .unwrap();
+    let lease = session.lease(claim_settings("slow", "a"));
+    proxy.set_mode(ProxyMode::Blackhole);
+    let acquiring = tokio::spawn(async move { lease.acquire().await });
+    // Checking an absence for a bounded time: the acquire is stuck in its grant meanwhile.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!acquiring.is_finished());
+    let ids = timeout(Duration::from_millis(500), session.shared_lease_ids()).await;
+    assert_eq!(ids.expect("answered during the grant"), Vec::<i64>::new());
+    proxy.set_mode(ProxyMode::Pass);
+    // Whether the grant timed out or went through after the proxy's reset: the call ends.
+    let _ = acquiring.await.unwrap();
+}
+
+/// The session's connections and background tasks run on its own thread: the actix arbiter that
+/// used the session first stops, and a lease of the same session acquired on another arbiter
+/// stays held, renewed and watched (its keep-alives used to die with the first arbiter).
+#[actix_rt::test]
+async fn the_session_outlives_the_arbiter_that_used_it_first() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("first-arbiter");
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let first = actix_rt::Arbiter::new();
+    let (done, used) = tokio::sync::oneshot::channel();
+    let s1 = session.clone();
+    first.spawn(async move {
+        let lease = s1.lease(claim_settings("on-the-first-arbiter", "a"));
+        assert!(lease.acquire().await.unwrap());
+        let _ = done.send(lease);
+    });
+    let on_first = used.await.unwrap();
+    // Stop the first arbiter; its runtime and everything spawned on it goes away.
+    first.stop();
+    first.join().unwrap();
+
+    let lease = session.lease(claim_settings("kept", "a"));
+    let mut probe = LostProbe::new(&lease);
+    assert!(lease.acquire().await.unwrap());
+    let lease2 = &lease;
+    let start = lease.stats().renewals;
+    eventually(
+        Duration::from_secs(20),
+        "renewed through two ttls",
+        async || lease2.stats().renewals >= start + 6,
+    )
+    .await;
+    assert!(lease.check_alive());
+    assert!(probe.try_next().is_none(), "never lost");
+    let stats = lease.stats();
+    assert_eq!(stats.renewal_errors + stats.renewal_timeouts, 0);
+    assert!(lease.release().await.unwrap());
+    drop(on_first);
 }

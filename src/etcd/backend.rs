@@ -1,12 +1,12 @@
 //! [`EtcdBackend`]: the [`LeaseBackend`] of one lease in etcd.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, KeyValue, KvClient, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Client, Compare, CompareOp, EventType, KeyValue, KvClient, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -20,19 +20,28 @@ use crate::settings::LeaseSettings;
 
 /// How many times one acquire attempt starts over at once (a lost etcd lease, a racing change).
 const CLAIM_ROUNDS: usize = 3;
+/// Attempts of a release that finds the cluster unavailable, and the first pause between them.
+const RELEASE_ATTEMPTS: u32 = 3;
+const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
+/// First delay before retrying a failed removal of a claim; doubles up to a quarter of the TTL.
+const REMOVAL_BACKOFF_START: Duration = Duration::from_millis(100);
 
 /// The [`LeaseBackend`] of one lease stored in etcd; see [`EtcdLease`](super::EtcdLease).
 pub struct EtcdBackend {
     session: EtcdSession,
     key: Vec<u8>,
-    /// The tenure being watched: its token and shared etcd lease.
-    current: Mutex<Option<(FencingToken, Arc<Grant>)>>,
+    /// What the backend's background clean-ups share with it.
+    claims: Arc<Claims>,
     /// The store revision at which another owner was last seen holding the key.
     observed: Mutex<Option<i64>>,
+    /// `wait_for_change` just saw the key deleted: the next attempt claims without reading first.
+    seen_deleted: AtomicBool,
     /// Claiming transactions sent.
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
     claims_refused: AtomicU64,
+    /// Attempts that found another owner holding the key (by a read or a refused claim).
+    seen_held: AtomicU64,
     /// Loss watches that found the history compacted and watched on after reading the key.
     compacted_watch_resumes: AtomicU64,
 }
@@ -50,13 +59,18 @@ impl std::fmt::Debug for EtcdBackend {
 ///
 /// Dropping a tenure that was not released (the lease was dropped, like a crash) leaves its key to
 /// expire: `ttl` later the session deletes it if it is still this tenure's (compare-and-swap on the
-/// revision), even when the shared etcd lease is still renewed for other leases.
+/// revision, retried until it succeeds or the compare fails), even when the shared etcd lease is
+/// still renewed for other leases.
 pub struct EtcdTenure {
     key: Vec<u8>,
     revision: i64,
     ttl: Duration,
+    operation_timeout: Duration,
     registration: Registration,
     session: Arc<SessionInner>,
+    claims: Arc<Claims>,
+    /// Whether this tenure's watch, started from the claim, is established and unbroken.
+    watch_ok: Arc<AtomicBool>,
     settled: bool,
 }
 
@@ -93,21 +107,241 @@ impl Drop for EtcdTenure {
         let Some(client) = self.session.connected_client() else {
             return;
         };
-        let (key, revision, ttl) = (self.key.clone(), self.revision, self.ttl);
-        self.session.spawn(async move {
-            sleep(ttl).await;
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
-                .and_then([TxnOp::delete(key, None)]);
-            match timeout(ttl, client.kv_client().txn(txn)).await {
-                Ok(Ok(response)) if response.succeeded() => {
-                    tracing::debug!(revision, "deleted the key of a dropped lease after its ttl");
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => tracing::debug!(%error, "deleting the key of a dropped lease failed; its etcd lease expires it"),
-                Err(_) => tracing::debug!("deleting the key of a dropped lease timed out; its etcd lease expires it"),
+        let removal = Removal {
+            claims: Arc::clone(&self.claims),
+            target: Target::Tenure {
+                revision: self.revision,
+            },
+            grant: Arc::clone(self.registration.grant()),
+            not_before: Instant::now() + self.ttl,
+            ttl: self.ttl,
+            operation_timeout: self.operation_timeout,
+        };
+        self.session.spawn(removal.run(client, None));
+    }
+}
+
+/// What an [`EtcdBackend`] shares with the background clean-ups of its claims.
+struct Claims {
+    key: Vec<u8>,
+    /// The tenure being watched.
+    current: Mutex<Option<Current>>,
+    /// Held by a claim from before it is sent until its tenure is recorded in `current`, and by
+    /// a removal of an unanswered claim from its read to its delete: a removal never mistakes a
+    /// fresh tenure of ours for the unanswered claim.
+    claim_lock: tokio::sync::Mutex<()>,
+    /// Claims whose answer never arrived, until their removal is settled.
+    unanswered: Mutex<Vec<Arc<Unanswered>>>,
+    /// Renewals that read the key because the tenure's watch was not established.
+    verified_renewals: AtomicU64,
+    /// Keys removed by the clean-up of an unanswered claim or a dropped tenure.
+    claims_removed: AtomicU64,
+    /// Removal attempts that failed (and were retried).
+    removals_failed: AtomicU64,
+}
+
+impl Claims {
+    fn lock_current(&self) -> MutexGuard<'_, Option<Current>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_unanswered(&self) -> MutexGuard<'_, Vec<Arc<Unanswered>>> {
+        self.unanswered.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn current_token(&self) -> Option<FencingToken> {
+        self.lock_current().as_ref().map(|c| c.token)
+    }
+}
+
+/// The tenure being watched: its token, shared etcd lease and watch state.
+struct Current {
+    token: FencingToken,
+    grant: Arc<Grant>,
+    watch_ok: Arc<AtomicBool>,
+}
+
+/// A claim that was sent and never answered: it may have been applied.
+#[derive(Debug)]
+struct Unanswered {
+    owner: String,
+    lease_id: i64,
+}
+
+/// Which claim a removal deletes.
+#[derive(Debug, Clone)]
+enum Target {
+    /// A dropped tenure: the key if its `mod_revision` is still the tenure's.
+    Tenure { revision: i64 },
+    /// An unanswered claim: the key if it holds our owner on this etcd lease and no tenure of ours
+    /// uses it.
+    Unanswered(Arc<Unanswered>),
+}
+
+/// The outcome of one removal attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removed {
+    /// The key was ours and is deleted.
+    Deleted,
+    /// The key is not (or no longer) the claim: absent, someone else's, or a live tenure of ours.
+    NotThere,
+}
+
+/// The clean-up of a claim nobody will release: a dropped tenure, or a claim whose answer never
+/// arrived. It runs on the session's runtime, holds no session handle, and ends when its
+/// compare-and-swap delete succeeds or its compare fails, or when the etcd lease the key is
+/// attached to is gone (the key went with it).
+struct Removal {
+    claims: Arc<Claims>,
+    target: Target,
+    grant: Arc<Grant>,
+    /// The first attempt is not made before this instant.
+    not_before: Instant,
+    ttl: Duration,
+    operation_timeout: Duration,
+}
+
+impl Removal {
+    /// Attempts until settled; an unanswered claim is checked at once and again one TTL after it
+    /// was sent (`final_check`), since the claim may land after the first attempt looked.
+    async fn run(self, client: Client, final_check: Option<Instant>) {
+        sleep_until(self.not_before).await;
+        let mut final_check = final_check;
+        let mut backoff = REMOVAL_BACKOFF_START;
+        loop {
+            if self.grant.state().lost.is_some() {
+                break;
             }
+            match timeout(self.operation_timeout, self.attempt(&client)).await {
+                Ok(Ok(Removed::Deleted)) => break,
+                Ok(Ok(Removed::NotThere)) => match final_check.take() {
+                    Some(at) => {
+                        sleep_until(at).await;
+                        continue;
+                    }
+                    None => break,
+                },
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "removing a claim failed; retrying");
+                }
+                Err(_) => tracing::debug!("removing a claim timed out; retrying"),
+            }
+            self.claims.removals_failed.fetch_add(1, Ordering::Relaxed);
+            sleep(backoff).await;
+            backoff = (backoff * 2).min((self.ttl / 4).max(REMOVAL_BACKOFF_START));
+        }
+        if let Target::Unanswered(unanswered) = &self.target {
+            self.claims
+                .lock_unanswered()
+                .retain(|u| !Arc::ptr_eq(u, unanswered));
+        }
+    }
+
+    /// One compare-and-swap delete of the claim.
+    async fn attempt(&self, client: &Client) -> Result<Removed, etcd_client::Error> {
+        remove_claim(&self.claims, client, &self.target).await
+    }
+}
+
+/// One compare-and-swap delete of the claim `target`.
+async fn remove_claim(
+    claims: &Claims,
+    client: &Client,
+    target: &Target,
+) -> Result<Removed, etcd_client::Error> {
+    let key = claims.key.clone();
+    let mut kv = client.kv_client();
+    let compare = match target {
+        Target::Tenure { revision } => {
+            vec![Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                *revision,
+            )]
+        }
+        Target::Unanswered(unanswered) => {
+            let _claims = claims.claim_lock.lock().await;
+            let response = kv.get(key.clone(), None).await?;
+            let Some(current) = response.kvs().first() else {
+                return Ok(Removed::NotThere);
+            };
+            let ours = current.value() == unanswered.owner.as_bytes()
+                && current.lease() == unanswered.lease_id
+                && claims.current_token() != Some(token_of(current.mod_revision()));
+            if !ours {
+                return Ok(Removed::NotThere);
+            }
+            let compare = vec![
+                Compare::mod_revision(key.clone(), CompareOp::Equal, current.mod_revision()),
+                Compare::value(key.clone(), CompareOp::Equal, unanswered.owner.as_bytes()),
+                Compare::lease(key.clone(), CompareOp::Equal, unanswered.lease_id),
+            ];
+            return delete_if(&mut kv, claims, key, compare).await;
+        }
+    };
+    delete_if(&mut kv, claims, key, compare).await
+}
+
+async fn delete_if(
+    kv: &mut KvClient,
+    claims: &Claims,
+    key: Vec<u8>,
+    compare: Vec<Compare>,
+) -> Result<Removed, etcd_client::Error> {
+    let txn = Txn::new()
+        .when(compare)
+        .and_then([TxnOp::delete(key, None)]);
+    if kv.txn(txn).await?.succeeded() {
+        claims.claims_removed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(key = %String::from_utf8_lossy(&claims.key), "removed a claim nobody holds");
+        Ok(Removed::Deleted)
+    } else {
+        Ok(Removed::NotThere)
+    }
+}
+
+/// Armed before a claim is sent; disarmed by its answer. Dropped armed (the claim failed with an
+/// unknown outcome, timed out, or its future was dropped), it starts the claim's removal.
+struct ClaimGuard {
+    session: Arc<SessionInner>,
+    claims: Arc<Claims>,
+    client: Client,
+    grant: Arc<Grant>,
+    owner: String,
+    sent: Instant,
+    ttl: Duration,
+    operation_timeout: Duration,
+    armed: bool,
+}
+
+impl ClaimGuard {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let unanswered = Arc::new(Unanswered {
+            owner: self.owner.clone(),
+            lease_id: self.grant.id(),
         });
+        self.claims.lock_unanswered().push(Arc::clone(&unanswered));
+        tracing::debug!(key = %String::from_utf8_lossy(&self.claims.key), lease_id = %format_args!("{:x}", self.grant.id()), "a claim was not answered; removing it if it landed");
+        let removal = Removal {
+            claims: Arc::clone(&self.claims),
+            target: Target::Unanswered(unanswered),
+            grant: Arc::clone(&self.grant),
+            not_before: Instant::now(),
+            ttl: self.ttl,
+            operation_timeout: self.operation_timeout,
+        };
+        let final_check = self.sent + self.ttl;
+        self.session
+            .spawn(removal.run(self.client.clone(), Some(final_check)));
     }
 }
 
@@ -128,10 +362,20 @@ impl EtcdBackend {
         Self {
             key: session.settings().key(name),
             session: session.clone(),
-            current: Mutex::new(None),
+            claims: Arc::new(Claims {
+                key: session.settings().key(name),
+                current: Mutex::new(None),
+                claim_lock: tokio::sync::Mutex::new(()),
+                unanswered: Mutex::new(Vec::new()),
+                verified_renewals: AtomicU64::new(0),
+                claims_removed: AtomicU64::new(0),
+                removals_failed: AtomicU64::new(0),
+            }),
             observed: Mutex::new(None),
+            seen_deleted: AtomicBool::new(false),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
+            seen_held: AtomicU64::new(0),
             compacted_watch_resumes: AtomicU64::new(0),
         }
     }
@@ -151,6 +395,36 @@ impl EtcdBackend {
     /// existed (held by someone), or changed since it was read (a lost race).
     pub fn claims_refused(&self) -> u64 {
         self.claims_refused.load(Ordering::Relaxed)
+    }
+
+    /// How many acquire attempts found another owner holding the key, by a read before any
+    /// claim (no usable etcd lease yet) or by a refused claim.
+    pub fn seen_held(&self) -> u64 {
+        self.seen_held.load(Ordering::Relaxed)
+    }
+
+    /// How many renewals also read the key to prove it is still this tenure's, because the
+    /// tenure's watch was not established or had broken (for tests and cost checks: none while
+    /// the watch works).
+    pub fn verified_renewals(&self) -> u64 {
+        self.claims.verified_renewals.load(Ordering::Relaxed)
+    }
+
+    /// How many keys of claims nobody held any more (a claim whose answer never arrived, a
+    /// dropped tenure) this backend's clean-up deleted.
+    pub fn claims_removed(&self) -> u64 {
+        self.claims.claims_removed.load(Ordering::Relaxed)
+    }
+
+    /// How many attempts to remove such a key failed (unreachable etcd, a timeout) and were
+    /// retried.
+    pub fn claim_removals_failed(&self) -> u64 {
+        self.claims.removals_failed.load(Ordering::Relaxed)
+    }
+
+    /// How many claims whose answer never arrived are still being cleaned up.
+    pub fn unanswered_claims(&self) -> usize {
+        self.claims.lock_unanswered().len()
     }
 
     /// How many times the loss watch of a tenure found the history since its claim compacted
@@ -243,12 +517,33 @@ impl EtcdBackend {
         })
     }
 
-    fn lock_current(&self) -> MutexGuard<'_, Option<(FencingToken, Arc<Grant>)>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn lock_observed(&self) -> MutexGuard<'_, Option<i64>> {
         self.observed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the key: `Some` when another owner holds it (and remembers the revision at which
+    /// it was seen, for `wait_for_change`).
+    async fn held_by_other(
+        &self,
+        kv: &mut KvClient,
+        owner: &str,
+    ) -> Result<Option<AcquireAttempt<EtcdTenure>>, EtcdError> {
+        let response = kv
+            .get(self.key.clone(), None)
+            .await
+            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
+        let Some(current) = response.kvs().first() else {
+            return Ok(None);
+        };
+        if current.value() == owner.as_bytes() {
+            return Ok(None);
+        }
+        *self.lock_observed() = Some(response.header().map_or(0, |h| h.revision()));
+        self.seen_held.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(AcquireAttempt::HeldByOther {
+            holder: Some(String::from_utf8_lossy(current.value()).into_owned()),
+            expires_at: None,
+        }))
     }
 
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
@@ -292,6 +587,23 @@ fn first_kv(response: &TxnResponse) -> Option<KeyValue> {
     })
 }
 
+/// Whether a tenure's watch is established; reset when the watch ends.
+struct WatchOk(Option<Arc<AtomicBool>>);
+
+impl WatchOk {
+    fn set(&self, ok: bool) {
+        if let Some(flag) = &self.0 {
+            flag.store(ok, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for WatchOk {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// Resolves with the grant's loss reason once it is lost; never without a grant.
 async fn grant_lost(state: &mut Option<watch::Receiver<GrantState>>) -> String {
     if let Some(receiver) = state.as_mut() {
@@ -327,20 +639,64 @@ impl LeaseBackend for EtcdBackend {
         let mut kv = client.kv_client();
         let owner = settings.owner();
         for _ in 0..CLAIM_ROUNDS {
+            let just_freed = self.seen_deleted.swap(false, Ordering::Relaxed);
+            if !just_freed && !inner.has_usable_grant(settings) {
+                // Read before granting: a contender that finds the lease held needs no etcd lease.
+                // (Skipped right after the watch saw the key deleted: it is most likely free.)
+                if let Some(held) = self.held_by_other(&mut kv, owner).await? {
+                    return Ok(held);
+                }
+            }
             let registration = inner.register(&client, settings).await?;
             let grant = Arc::clone(registration.grant());
-            match self.claim(&mut kv, owner, grant.id()).await {
+            // From before the claim is sent until its tenure is recorded: see `Claims`.
+            let _claiming = self.claims.claim_lock.lock().await;
+            let guard = ClaimGuard {
+                session: Arc::clone(inner),
+                claims: Arc::clone(&self.claims),
+                client: client.clone(),
+                grant: Arc::clone(&grant),
+                owner: owner.to_owned(),
+                sent: Instant::now(),
+                ttl: settings.ttl(),
+                operation_timeout: settings.operation_timeout(),
+                armed: true,
+            };
+            let claim = self.claim(&mut kv, owner, grant.id()).await;
+            let answered = match &claim {
+                Ok(_) => true,
+                Err(error) => matches!(
+                    error,
+                    EtcdError::LeaseNotFound { .. }
+                        | EtcdError::Rejected { .. }
+                        | EtcdError::PermissionDenied { .. }
+                        | EtcdError::Unauthenticated { .. }
+                ),
+            };
+            if answered {
+                // Applied, refused or rejected: nothing unknown is left in the store.
+                guard.disarm();
+            }
+            match claim {
                 Ok(Claim::Won { revision }) => {
                     let token = token_of(revision);
-                    *self.lock_current() = Some((token, Arc::clone(&grant)));
+                    let watch_ok = Arc::new(AtomicBool::new(false));
+                    *self.claims.lock_current() = Some(Current {
+                        token,
+                        grant: Arc::clone(&grant),
+                        watch_ok: Arc::clone(&watch_ok),
+                    });
                     tracing::debug!(key = %self.key_lossy(), revision, lease_id = %format_args!("{:x}", grant.id()), "claimed the lease key");
                     return Ok(AcquireAttempt::Acquired {
                         tenure: EtcdTenure {
                             key: self.key.clone(),
                             revision,
                             ttl: settings.ttl(),
+                            operation_timeout: settings.operation_timeout(),
                             registration,
                             session: Arc::clone(inner),
+                            claims: Arc::clone(&self.claims),
+                            watch_ok,
                             settled: false,
                         },
                         token,
@@ -351,6 +707,7 @@ impl LeaseBackend for EtcdBackend {
                 }
                 Ok(Claim::Held { holder, revision }) => {
                     *self.lock_observed() = Some(revision);
+                    self.seen_held.fetch_add(1, Ordering::Relaxed);
                     return Ok(AcquireAttempt::HeldByOther {
                         holder,
                         expires_at: None,
@@ -373,14 +730,28 @@ impl LeaseBackend for EtcdBackend {
         settings: &LeaseSettings,
         tenure: &mut EtcdTenure,
     ) -> Result<RenewOutcome, EtcdError> {
-        // No I/O of its own: the shared etcd lease's keep-alive (sent after this call started, or
-        // shared with another lease that renewed a moment ago) extends this key too.
-        let grant = tenure.registration.grant();
+        // No I/O of its own while the tenure's watch is established: the shared etcd lease's
+        // keep-alive (sent after this call started, or shared with another lease that renewed a
+        // moment ago) extends this key too, and the watch proves the key is still ours.
+        let grant = Arc::clone(tenure.registration.grant());
         let start = Instant::now();
-        match grant
-            .fresh_keep_alive(start, settings.renewal_interval() / 2)
-            .await
-        {
+        let keep_alive = grant.fresh_keep_alive(start, settings.renewal_interval() / 2);
+        let freshness = if tenure.watch_ok.load(Ordering::Acquire) {
+            keep_alive.await
+        } else {
+            // The watch is not established (or broke): the renewal proves ownership itself, with
+            // a read of the key in the same round as the keep-alive.
+            self.claims
+                .verified_renewals
+                .fetch_add(1, Ordering::Relaxed);
+            let token = token_of(tenure.revision);
+            let (freshness, key) = tokio::join!(keep_alive, self.loss_now(token));
+            if let Some(reason) = key?.0 {
+                return Ok(RenewOutcome::Lost(reason));
+            }
+            freshness
+        };
+        match freshness {
             Freshness::Renewed(sent) => Ok(RenewOutcome::Renewed {
                 valid_from: Some(sent),
             }),
@@ -408,13 +779,31 @@ impl LeaseBackend for EtcdBackend {
             )])
             .and_then([TxnOp::delete(self.key.clone(), None)])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        // An error leaves the tenure unsettled: its key expires as after a crash.
-        let response = kv
-            .txn(txn)
-            .await
-            .map_err(|e| EtcdError::from_client("release", tenure.lease_id(), e))?;
+        // With several endpoints, a request may go to a member that is down (connection refused)
+        // while the others answer: retry an unavailable cluster a few times (the compare makes a
+        // repeated delete harmless), within the caller's operation timeout. An error in the end
+        // leaves the tenure unsettled: its key is removed one TTL later, as after a crash.
+        let mut pause = RELEASE_RETRY_START;
+        let mut attempts = 1;
+        let response = loop {
+            match kv.txn(txn.clone()).await {
+                Ok(response) => break response,
+                Err(error) => {
+                    let error = EtcdError::from_client("release", tenure.lease_id(), error);
+                    if attempts >= RELEASE_ATTEMPTS
+                        || !matches!(error, EtcdError::Unavailable { .. })
+                    {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, attempt = attempts, "release failed; retrying");
+                    attempts += 1;
+                    sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        };
         tenure.settled = true;
-        self.lock_current().take();
+        self.claims.lock_current().take();
         if response.succeeded() {
             return Ok(ReleaseOutcome::Released);
         }
@@ -435,12 +824,16 @@ impl LeaseBackend for EtcdBackend {
         _settings: &LeaseSettings,
         token: FencingToken,
     ) -> Result<LostReason, EtcdError> {
-        let grant = self
+        let (grant, watch_ok) = self
+            .claims
             .lock_current()
             .as_ref()
-            .filter(|(t, _)| *t == token)
-            .map(|(_, g)| Arc::clone(g));
+            .filter(|c| c.token == token)
+            .map(|c| (Arc::clone(&c.grant), Arc::clone(&c.watch_ok)))
+            .unzip();
         let mut grant_state = grant.as_ref().map(|g| g.subscribe());
+        // Established from the claim's revision on, until this call ends.
+        let watch_ok = WatchOk(watch_ok);
         let revision = i64::try_from(token.value()).unwrap_or(i64::MAX);
         let mut watch = self
             .inner()
@@ -454,7 +847,7 @@ impl LeaseBackend for EtcdBackend {
                 event = watch.next() => event,
             };
             match event {
-                Some(HubEvent::Created) => {}
+                Some(HubEvent::Created) => watch_ok.set(true),
                 Some(HubEvent::Events(events)) => {
                     // Every write after our claim is someone else's: the tenure never writes.
                     if let Some(event) = events.first() {
@@ -479,6 +872,7 @@ impl LeaseBackend for EtcdBackend {
                     }
                     // History before `compact_revision` is gone: look at the key itself, and
                     // watch on from there if it is still ours.
+                    watch_ok.set(false);
                     let (lost, now) = self.loss_now(token).await?;
                     if let Some(reason) = lost {
                         return Ok(reason);
@@ -497,6 +891,21 @@ impl LeaseBackend for EtcdBackend {
                 }
             }
         }
+    }
+
+    async fn release_unanswered(&self, _settings: &LeaseSettings) -> Result<(), EtcdError> {
+        let pending: Vec<Arc<Unanswered>> = self.claims.lock_unanswered().clone();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let client = self.inner().client().await?;
+        for unanswered in pending {
+            // The background removal goes on too: it checks again one TTL after the claim.
+            remove_claim(&self.claims, &client, &Target::Unanswered(unanswered))
+                .await
+                .map_err(|e| EtcdError::from_client("remove an unanswered claim", 0, e))?;
+        }
+        Ok(())
     }
 
     fn notifies_changes(&self) -> bool {
@@ -525,7 +934,10 @@ impl LeaseBackend for EtcdBackend {
                     Some(HubEvent::Created) => {}
                     // Deleted (released, expired): try again now. A compacted history also
                     // means "look again".
-                    Some(HubEvent::Events(_)) => return,
+                    Some(HubEvent::Events(_)) => {
+                        self.seen_deleted.store(true, Ordering::Relaxed);
+                        return;
+                    }
                     Some(HubEvent::Canceled {
                         compact_revision, ..
                     }) if compact_revision > 0 => return,

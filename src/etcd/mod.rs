@@ -46,6 +46,24 @@ pub const ETCD_BACKEND: &str = "etcd";
 /// other value means another owner holds it. Every claiming write is therefore a compare-and-swap,
 /// and two racing owners produce one winner.
 ///
+/// A session that has no usable etcd lease for the TTL yet **reads the key first**: a contender
+/// that finds the lease held asks etcd for nothing else (no etcd lease is granted for it; waiting
+/// contenders never grant, [`EtcdSession::grants_requested`] counts grants). Grant requests are
+/// sent outside the session's locks, one per TTL at a time.
+///
+/// ## Claims whose answer never arrives
+///
+/// A claim can land in etcd while its answer is lost (the operation timeout, a broken
+/// connection, an acquire whose caller gave up). Such a key would block the lease for as long as
+/// the session keeps its shared etcd lease alive for *other* leases. So a guard exists before
+/// every claim is sent: when no answer arrives, the key is removed by a compare-and-swap delete
+/// (value = this owner, etcd lease = this session's, and no tenure of this lease uses it) at once
+/// and again one TTL after the claim was sent, retried with a backoff until it succeeds or the
+/// compare fails. `release()` after such an acquire removes the claim before it answers
+/// `Ok(true)`. A dropped (unreleased) tenure's key is removed the same way one TTL after the drop.
+/// [`EtcdBackend::claims_removed`], [`EtcdBackend::claim_removals_failed`] and
+/// [`EtcdBackend::unanswered_claims`] count what happens.
+///
 /// # Fencing tokens
 ///
 /// The token of a tenure is the etcd revision of its claiming write. Revisions are global to the
@@ -73,6 +91,14 @@ pub const ETCD_BACKEND: &str = "etcd";
 ///   someone): every lease on it is lost at once.
 /// * The key of every held lease is watched, over one multiplexed watch stream per session: a
 ///   deletion or a write by anyone else fires `on_lost` at once, without waiting for the deadline.
+/// * **A renewal proves ownership.** Keep-alives prove that the process's etcd lease lives, not
+///   that the key is still this tenure's. A renewal counts on the keep-alive alone only while the
+///   tenure's watch is established (created from the claim's revision, so it has seen every change
+///   since the claim) and unbroken; otherwise the renewal also reads the key in the same round and
+///   reports the loss if its `mod_revision` is not the tenure's. Cost per renewal: nothing of its
+///   own while the watch works (the common case: about one keep-alive per process per renewal
+///   interval), one read per lease while it does not ([`EtcdBackend::verified_renewals`] counts
+///   them).
 /// * A contender that finds the lease held waits for the key's deletion on that same watch stream
 ///   instead of polling, and tries again at once when it sees it.
 ///
@@ -87,14 +113,26 @@ pub const ETCD_BACKEND: &str = "etcd";
 /// * etcd counts TTLs in whole seconds and enforces a minimum (about 2 s with default election
 ///   settings). A TTL of 2.5 s is granted as 3 s: contenders may wait up to that much longer, the
 ///   holder still gives the lease up after its own 2.5 s.
-/// * When etcd restarts or elects a new leader it *extends* every lease by its TTL. That only
-///   delays contenders; it never shortens a holder's claim.
-/// * Keep-alives prove that the process's etcd lease lives, not that the key is still ours: a
-///   write by someone else is seen by the watch only. While the watch stream is broken such a write
-///   is reported late, when the stream is back (the watch resumes from the claim's revision and
-///   replays what it missed; if that history was compacted, the key itself is read).
-/// * The session's background tasks (keep-alives, the watch stream) run on the Tokio runtime that
-///   first used the session: keep that runtime alive while the session is in use.
+/// * While the watch stream is broken, a write by someone else is found by the next renewal (at
+///   most one renewal interval later, see above) or by the watch when it is back (it resumes from
+///   the claim's revision and replays what it missed; if that history was compacted, the key
+///   itself is read).
+/// * The session's connections and background tasks (keep-alives, the watch stream, removals of
+///   claims) run on the session's own thread ([`EtcdSession`]), not on the runtime or actix
+///   arbiter that used it first.
+/// * **What etcd itself can do against the guarantee.** (1) Restoring a backup moves the store's
+///   revisions back: fencing tokens handed out after the backup can be handed out again, and keys
+///   of old tenures reappear (held until their TTL). Restore with etcd's options that move the
+///   revision forward and mark it compacted (`etcdutl snapshot restore --bump-revision ...
+///   --mark-compacted`, in recent releases), or make the resources you fence remember the highest
+///   token seen and start the new cluster above it. (2) An old leader stuck on a slow disk or
+///   CPU can revoke etcd leases early, before their TTL, when leadership changes
+///   ([etcd-io/etcd#15247](https://github.com/etcd-io/etcd/issues/15247); fixed in later 3.4
+///   and 3.5 releases, "ignore old leader's lease revoking requests"): the key disappears before
+///   the holder's deadline, its watch reports the loss at once, but a contender may claim a few
+///   milliseconds before the holder hears of it. Run an etcd release with the fix, and fence side
+///   effects with the token. (3) etcd extends every lease by its TTL on a leader change; that only
+///   delays contenders.
 /// * Only `http://` endpoints are supported (no TLS in this build); etcd 3.4 or newer is required
 ///   (client-chosen watch ids).
 ///
@@ -214,6 +252,13 @@ pub enum EtcdError {
         /// The lease key (lossy UTF-8).
         key: String,
     },
+    /// The session's own thread (which runs its connections) is not running: it could not be
+    /// started, or it stopped.
+    #[error("the etcd session's thread is not running: {message}")]
+    SessionStopped {
+        /// What happened.
+        message: String,
+    },
     /// etcd answered something the backend cannot interpret.
     #[error("unexpected etcd response to {operation}: {detail}")]
     UnexpectedResponse {
@@ -301,7 +346,8 @@ impl BackendError for EtcdError {
             EtcdError::InvalidSettings { .. }
             | EtcdError::Unauthenticated { .. }
             | EtcdError::PermissionDenied { .. }
-            | EtcdError::Rejected { .. } => false,
+            | EtcdError::Rejected { .. }
+            | EtcdError::SessionStopped { .. } => false,
         }
     }
 }

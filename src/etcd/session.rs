@@ -53,7 +53,14 @@ const REVOKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// same TTL with their keep-alive loops, and one multiplexed watch stream. See the
 /// [`EtcdLease`](super::EtcdLease) documentation for what is shared and why.
 ///
-/// Background tasks run on the Tokio runtime that first uses the session.
+/// # Its own thread
+///
+/// The client's connections, the keep-alive loops, the watch stream and the clean-up of claims
+/// run on a small runtime of the session's own (one thread, named `actix-coordination-etcd`),
+/// started when the session is created and stopped when its last clone is dropped. They
+/// therefore do not depend on the runtime or actix arbiter that happens to use the session first:
+/// an arbiter (or an actix-web worker) that stops does not take the keep-alives of other
+/// arbiters' leases with it. Requests themselves are sent from the caller's task.
 #[derive(Clone)]
 pub struct EtcdSession {
     pub(super) inner: Arc<SessionInner>,
@@ -62,12 +69,70 @@ pub struct EtcdSession {
 pub(super) struct SessionInner {
     settings: EtcdSettings,
     client: OnceCell<Client>,
-    runtime: OnceLock<Handle>,
+    runtime: SessionRuntime,
     hub: OnceLock<WatchHub>,
-    grants: tokio::sync::Mutex<HashMap<i64, Arc<Grant>>>,
+    /// The current grant per TTL (in whole seconds), and one gate per TTL that lets one grant
+    /// request at a time go out. Never held across an await.
+    grants: Mutex<Grants>,
     next_user: AtomicU64,
     /// Keep-alive requests sent for the session's shared etcd leases.
     keep_alives: AtomicU64,
+    /// Grant requests sent.
+    grants_requested: AtomicU64,
+    /// The test hook suspended watches before the hub started.
+    suspend_on_start: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Grants {
+    current: HashMap<i64, Arc<Grant>>,
+    granting: HashMap<i64, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// The session's own runtime: a thread that runs it until the session is dropped.
+struct SessionRuntime {
+    /// Why there is none: the thread could not be started.
+    handle: Result<Handle, String>,
+    /// Dropping it ends the thread (its runtime drops every task still on it).
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+impl SessionRuntime {
+    fn start() -> Self {
+        let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("actix-coordination-etcd".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = handle_tx.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                // Runs the session's tasks until the session is dropped.
+                let _ = runtime.block_on(shutdown_rx);
+                runtime.shutdown_background();
+            });
+        let handle = spawned.map_err(|e| e.to_string()).and_then(|_| {
+            handle_rx
+                .recv()
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        });
+        if let Err(error) = &handle {
+            tracing::error!(%error, "could not start the etcd session's thread; the session cannot connect");
+        }
+        Self {
+            handle,
+            _shutdown: shutdown,
+        }
+    }
 }
 
 impl fmt::Debug for EtcdSession {
@@ -80,18 +145,20 @@ impl fmt::Debug for EtcdSession {
 }
 
 impl EtcdSession {
-    /// A session for the cluster of `settings`; it connects on first use, from within a Tokio
-    /// runtime.
+    /// A session for the cluster of `settings`; it connects on first use. It starts the
+    /// session's own thread (see above) at once.
     pub fn new(settings: EtcdSettings) -> Self {
         Self {
             inner: Arc::new(SessionInner {
                 settings,
                 client: OnceCell::new(),
-                runtime: OnceLock::new(),
+                runtime: SessionRuntime::start(),
                 hub: OnceLock::new(),
-                grants: tokio::sync::Mutex::new(HashMap::new()),
+                grants: Mutex::new(Grants::default()),
                 next_user: AtomicU64::new(0),
                 keep_alives: AtomicU64::new(0),
+                grants_requested: AtomicU64::new(0),
+                suspend_on_start: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -145,6 +212,13 @@ impl EtcdSession {
         self.inner.keep_alives.load(Ordering::Relaxed)
     }
 
+    /// How many etcd leases the session asked etcd to grant so far (for cost checks and tests):
+    /// one per TTL in use while something is held or claimed, none for contenders that only find
+    /// their lease held.
+    pub fn grants_requested(&self) -> u64 {
+        self.inner.grants_requested.load(Ordering::Relaxed)
+    }
+
     /// The etcd lease ids new claims of this session would use now, one per TTL in use (for
     /// diagnostics and tests); no request is sent.
     ///
@@ -152,19 +226,47 @@ impl EtcdSession {
     ///
     /// Cancel safe.
     pub async fn shared_lease_ids(&self) -> Vec<i64> {
-        let grants = self.inner.grants.lock().await;
-        let mut ids: Vec<i64> = grants.values().map(|g| g.id).collect();
+        let mut ids: Vec<i64> = self
+            .inner
+            .lock_grants()
+            .current
+            .values()
+            .map(|g| g.id)
+            .collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Test hook: while `suspended`, the session's watch stream is broken and no watch can be
+    /// opened, as if etcd could not be reached for watches while everything else works.
+    #[doc(hidden)]
+    pub fn suspend_watches_for_tests(&self, suspended: bool) {
+        if let Some(hub) = self.inner.hub.get() {
+            hub.suspend(suspended);
+        } else if suspended {
+            self.inner.suspend_on_start.store(true, Ordering::Relaxed);
+        }
     }
 }
 
 impl SessionInner {
-    /// The client, connecting first if needed.
+    /// The client, connecting first if needed (on the session's runtime, which then runs the
+    /// client's connections).
     pub(super) async fn client(&self) -> Result<Client, EtcdError> {
         let client = self
             .client
-            .get_or_try_init(|| self.connect_client())
+            .get_or_try_init(|| {
+                let connecting = self
+                    .runtime()
+                    .map(|runtime| runtime.spawn(connect_client(self.settings.clone())));
+                async move {
+                    connecting?.await.unwrap_or_else(|e| {
+                        Err(EtcdError::SessionStopped {
+                            message: e.to_string(),
+                        })
+                    })
+                }
+            })
             .await?;
         Ok(client.clone())
     }
@@ -174,50 +276,28 @@ impl SessionInner {
         self.client.get().cloned()
     }
 
-    async fn connect_client(&self) -> Result<Client, EtcdError> {
-        let settings = &self.settings;
-        let connect_timeout = settings.connect_timeout();
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(connect_timeout)
-            .with_keep_alive(HTTP2_KEEP_ALIVE_INTERVAL, HTTP2_KEEP_ALIVE_TIMEOUT)
-            .with_keep_alive_while_idle(false)
-            .with_require_leader(true);
-        if let Some((user, password)) = settings.credentials() {
-            options = options
-                .with_user(user, password)
-                .with_auto_token_refresh(true);
-        }
-        let _ = self.runtime.set(Handle::current());
-        match timeout(
-            connect_timeout,
-            Client::connect(settings.endpoints(), Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(client)) => {
-                tracing::debug!(endpoints = ?settings.endpoints(), user = ?settings.user(), "etcd client created");
-                Ok(client)
-            }
-            Ok(Err(e)) => Err(EtcdError::from_client("connect", 0, e)),
-            Err(_) => Err(EtcdError::Timeout {
-                operation: "connect",
-                timeout: connect_timeout,
-            }),
-        }
+    fn lock_grants(&self) -> MutexGuard<'_, Grants> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `future` on the session's runtime (the one that connected it), or the current one.
+    /// The session's runtime.
+    fn runtime(&self) -> Result<&Handle, EtcdError> {
+        self.runtime
+            .handle
+            .as_ref()
+            .map_err(|message| EtcdError::SessionStopped {
+                message: message.clone(),
+            })
+    }
+
+    /// Runs `future` on the session's runtime (it cannot be missing once connected: the client
+    /// is connected on it).
     pub(super) fn spawn<F>(&self, future: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let handle = self
-            .runtime
-            .get()
-            .cloned()
-            .or_else(|| Handle::try_current().ok());
-        if let Some(handle) = handle {
-            handle.spawn(future);
+        if let Ok(runtime) = self.runtime() {
+            runtime.spawn(future);
         }
     }
 
@@ -229,24 +309,41 @@ impl SessionInner {
         deletes_only: bool,
     ) -> Result<WatchHandle, EtcdError> {
         let client = self.client().await?;
+        let runtime = self.runtime()?;
         let hub = self.hub.get_or_init(|| {
-            let runtime = self.runtime.get().cloned().unwrap_or_else(Handle::current);
-            WatchHub::start(
-                &runtime,
+            let hub = WatchHub::start(
+                runtime,
                 client.watch_client(),
                 self.settings.connect_timeout(),
-            )
+            );
+            if self.suspend_on_start.load(Ordering::Relaxed) {
+                hub.suspend(true);
+            }
+            hub
         });
         Ok(hub.watch(key, start_revision, deletes_only))
+    }
+
+    /// Whether a claim with `settings.ttl()` would find a usable etcd lease to attach to (no
+    /// request is sent).
+    pub(super) fn has_usable_grant(&self, settings: &LeaseSettings) -> bool {
+        let ttl_secs = etcd_ttl_secs(settings.ttl());
+        self.lock_grants()
+            .current
+            .get(&ttl_secs)
+            .is_some_and(|g| g.usable(Instant::now()))
     }
 
     /// Registers a user on the current grant for `settings.ttl()`, granting a new etcd lease if
     /// there is no usable one.
     ///
+    /// No request is sent while the session's map of grants is locked: one grant request per TTL
+    /// is in flight at a time (behind a gate of that TTL), and registrations on usable grants of
+    /// any TTL never wait for it.
+    ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a grant made by a cancelled call is kept for the next one, or revoked when
-    /// unused.
+    /// Cancel safe: an etcd lease granted for a cancelled call has no key and expires by its TTL.
     pub(super) async fn register(
         self: &Arc<Self>,
         client: &Client,
@@ -258,16 +355,18 @@ impl SessionInner {
             timeout: settings.operation_timeout(),
         };
         let user = self.next_user.fetch_add(1, Ordering::Relaxed);
-        let mut grants = self.grants.lock().await;
-        if let Some(grant) = grants.get(&ttl_secs) {
-            if grant.usable(Instant::now()) {
-                return Ok(Grant::register(grant, user, timing));
-            }
-            // Lost or stale: its remaining users keep it; new claims get a new etcd lease.
-            grants.remove(&ttl_secs);
+        if let Some(registration) = self.register_on_usable(ttl_secs, user, timing) {
+            return Ok(registration);
+        }
+        let gate = Arc::clone(self.lock_grants().granting.entry(ttl_secs).or_default());
+        let _one_grant_at_a_time = gate.lock().await;
+        // Someone else may have granted while this call waited at the gate.
+        if let Some(registration) = self.register_on_usable(ttl_secs, user, timing) {
+            return Ok(registration);
         }
         let mut lease_client = client.lease_client();
         let sent = Instant::now();
+        self.grants_requested.fetch_add(1, Ordering::Relaxed);
         let response = lease_client
             .grant(ttl_secs, None)
             .await
@@ -288,15 +387,59 @@ impl SessionInner {
         }
         let ttl = Duration::from_secs(response.ttl().unsigned_abs());
         let grant = Arc::new(Grant::new(id, ttl, sent));
-        let registration = Grant::register(&grant, user, timing);
-        grants.insert(ttl_secs, Arc::clone(&grant));
-        drop(grants);
+        let registration = {
+            let mut grants = self.lock_grants();
+            // A lost or stale grant keeps its remaining users; new claims use this one.
+            let registration = Grant::register(&grant, user, timing);
+            grants.current.insert(ttl_secs, Arc::clone(&grant));
+            registration
+        };
         tracing::debug!(lease_id = %format_args!("{id:x}"), ttl_secs, "granted a shared etcd lease");
         let span = tracing::debug_span!("etcd_keep_alive", lease_id = %format_args!("{id:x}"));
         self.spawn(
             keep_alive_loop(Arc::downgrade(self), grant, ttl_secs, lease_client).instrument(span),
         );
         Ok(registration)
+    }
+
+    /// Registers `user` on the current grant of `ttl_secs` if it is usable.
+    fn register_on_usable(&self, ttl_secs: i64, user: u64, timing: Timing) -> Option<Registration> {
+        // Registration happens under the map lock: `close_if_unused` relies on it.
+        let grants = self.lock_grants();
+        let grant = grants.current.get(&ttl_secs)?;
+        grant
+            .usable(Instant::now())
+            .then(|| Grant::register(grant, user, timing))
+    }
+}
+
+async fn connect_client(settings: EtcdSettings) -> Result<Client, EtcdError> {
+    let connect_timeout = settings.connect_timeout();
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(connect_timeout)
+        .with_keep_alive(HTTP2_KEEP_ALIVE_INTERVAL, HTTP2_KEEP_ALIVE_TIMEOUT)
+        .with_keep_alive_while_idle(false)
+        .with_require_leader(true);
+    if let Some((user, password)) = settings.credentials() {
+        options = options
+            .with_user(user, password)
+            .with_auto_token_refresh(true);
+    }
+    match timeout(
+        connect_timeout,
+        Client::connect(settings.endpoints(), Some(options)),
+    )
+    .await
+    {
+        Ok(Ok(client)) => {
+            tracing::debug!(endpoints = ?settings.endpoints(), user = ?settings.user(), "etcd client created");
+            Ok(client)
+        }
+        Ok(Err(e)) => Err(EtcdError::from_client("connect", 0, e)),
+        Err(_) => Err(EtcdError::Timeout {
+            operation: "connect",
+            timeout: connect_timeout,
+        }),
     }
 }
 
@@ -535,7 +678,7 @@ async fn keep_alive_loop(
         let (timing, _) = grant.users_snapshot();
         let state = grant.state();
         if state.lost.is_some() {
-            retire(&session, &grant, ttl_secs).await;
+            retire(&session, &grant, ttl_secs);
             return;
         }
         let expires = state.last_ok + grant.ttl;
@@ -547,7 +690,7 @@ async fn keep_alive_loop(
                 _ = grant.users_changed.notified() => continue,
                 _ = sleep_until((since + linger).min(expires)) => {}
             }
-            if let Some(keep) = close_if_unused(&session, &grant, ttl_secs).await {
+            if let Some(keep) = close_if_unused(&session, &grant, ttl_secs) {
                 if !keep && Instant::now() < expires {
                     match timeout(REVOKE_TIMEOUT, client.revoke(grant.id)).await {
                         Ok(Ok(_)) => tracing::debug!("revoked the unused shared etcd lease"),
@@ -685,35 +828,40 @@ async fn keep_alive_once(
 
 /// Removes `grant` from the session if it is unused; returns whether a dropped tenure's key is
 /// attached, or `None` if it got a user meanwhile.
-async fn close_if_unused(
+fn close_if_unused(
     session: &Weak<SessionInner>,
     grant: &Arc<Grant>,
     ttl_secs: i64,
 ) -> Option<bool> {
     let session = session.upgrade();
     // Registration happens under the map lock: holding it, an unused grant stays unused.
-    let mut grants = match &session {
-        Some(session) => Some(session.grants.lock().await),
-        None => None,
-    };
+    let mut grants = session.as_ref().map(|s| s.lock_grants());
     let users = grant.lock_users();
     if !users.active.is_empty() {
         return None;
     }
     if let Some(grants) = grants.as_mut() {
-        if grants.get(&ttl_secs).is_some_and(|g| Arc::ptr_eq(g, grant)) {
-            grants.remove(&ttl_secs);
+        if grants
+            .current
+            .get(&ttl_secs)
+            .is_some_and(|g| Arc::ptr_eq(g, grant))
+        {
+            grants.current.remove(&ttl_secs);
         }
     }
     Some(users.keep_keys)
 }
 
 /// Removes a lost grant from the session.
-async fn retire(session: &Weak<SessionInner>, grant: &Arc<Grant>, ttl_secs: i64) {
+fn retire(session: &Weak<SessionInner>, grant: &Arc<Grant>, ttl_secs: i64) {
     if let Some(session) = session.upgrade() {
-        let mut grants = session.grants.lock().await;
-        if grants.get(&ttl_secs).is_some_and(|g| Arc::ptr_eq(g, grant)) {
-            grants.remove(&ttl_secs);
+        let mut grants = session.lock_grants();
+        if grants
+            .current
+            .get(&ttl_secs)
+            .is_some_and(|g| Arc::ptr_eq(g, grant))
+        {
+            grants.current.remove(&ttl_secs);
         }
     }
 }

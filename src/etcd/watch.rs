@@ -58,8 +58,15 @@ impl Watcher {
 }
 
 enum Command {
-    Watch { id: i64, watcher: Watcher },
-    Cancel { id: i64 },
+    Watch {
+        id: i64,
+        watcher: Watcher,
+    },
+    Cancel {
+        id: i64,
+    },
+    /// Breaks the stream and refuses every watch while `true` (a test hook).
+    Suspend(bool),
 }
 
 /// The handle of the hub task; dropping it (with the session) stops the task.
@@ -109,6 +116,14 @@ impl WatchHub {
     }
 }
 
+impl WatchHub {
+    /// While `suspended`, the stream is broken and every watch ends at once with
+    /// [`HubEvent::Broken`], as if etcd could not be reached for watches only.
+    pub(super) fn suspend(&self, suspended: bool) {
+        let _ = self.commands.send(Command::Suspend(suspended));
+    }
+}
+
 /// One watch; cancelled when dropped.
 pub(super) struct WatchHandle {
     id: i64,
@@ -145,6 +160,8 @@ struct Hub {
     connecting: Option<Connecting>,
     /// Watches cancelled while their create request was in flight on a connecting stream.
     cancel_on_connect: Vec<i64>,
+    /// Suspended by the test hook: no stream, every watch broken at once.
+    suspended: bool,
 }
 
 async fn hub_task(
@@ -159,6 +176,7 @@ async fn hub_task(
         stream: None,
         connecting: None,
         cancel_on_connect: Vec::new(),
+        suspended: false,
     };
     loop {
         let step = {
@@ -178,6 +196,12 @@ async fn hub_task(
             Step::Command(None) => return,
             Step::Command(Some(Command::Watch { id, watcher })) => hub.add(id, watcher).await,
             Step::Command(Some(Command::Cancel { id })) => hub.cancel(id).await,
+            Step::Command(Some(Command::Suspend(suspended))) => {
+                hub.suspended = suspended;
+                if suspended {
+                    hub.broken("watches suspended");
+                }
+            }
             Step::Connected(joined) => {
                 hub.connecting = None;
                 match joined {
@@ -195,6 +219,12 @@ async fn hub_task(
 
 impl Hub {
     async fn add(&mut self, id: i64, mut watcher: Watcher) {
+        if self.suspended {
+            let _ = watcher
+                .events
+                .send(HubEvent::Broken("watches suspended".into()));
+            return;
+        }
         if let Some((sender, _)) = self.stream.as_mut() {
             watcher.sent = true;
             let options = watcher.options(id);

@@ -25,10 +25,29 @@ pub trait ChaosBackend {
     /// Called once before the nodes start, with the run's directory (for the server's log, files
     /// the nodes' configurations name, ...).
     fn prepare(&mut self, run_dir: &Path) -> impl std::future::Future<Output = ()>;
-    /// Where the nodes' proxies forward to.
-    fn upstream(&self) -> SocketAddr;
-    /// The `CoordinationConfig` TOML of a node whose traffic goes through `proxy`.
-    fn config_toml(&self, proxy: SocketAddr, lease_ttl: Duration) -> String;
+    /// Where the nodes' proxies forward to: one proxy per server (cluster member) per node.
+    fn upstreams(&self) -> Vec<SocketAddr>;
+    /// The `CoordinationConfig` TOML of a node whose traffic goes through `proxies` (one per
+    /// upstream, in the same order).
+    fn config_toml(&self, proxies: &[SocketAddr], lease_ttl: Duration) -> String;
+    /// The kinds of fault a run injects ([`Fault::ALL`] unless the backend has more).
+    fn fault_kinds(&self) -> Vec<Fault> {
+        Fault::ALL.to_vec()
+    }
+    /// Injects a server-side fault ([`Fault::is_server`]) and returns when it is over; the
+    /// default handles [`Fault::ServerRestart`] with [`restart_server`](Self::restart_server).
+    fn server_fault(
+        &mut self,
+        fault: Fault,
+        rng: &mut fastrand::Rng,
+        ttl: Duration,
+    ) -> impl std::future::Future<Output = ()> {
+        let _ = (rng, ttl);
+        async move {
+            assert_eq!(fault, Fault::ServerRestart, "not a fault of this backend");
+            self.restart_server().await;
+        }
+    }
     /// Stops the server and starts it again.
     fn restart_server(&mut self) -> impl std::future::Future<Output = ()>;
 }
@@ -36,8 +55,17 @@ pub trait ChaosBackend {
 struct Node {
     owner: String,
     child: Child,
-    proxy: FaultProxy,
+    proxies: Vec<FaultProxy>,
     events: PathBuf,
+}
+
+impl Node {
+    /// Sets every proxy of the node (all its traffic) to `mode`.
+    fn set_mode(&self, mode: ProxyMode) {
+        for proxy in &self.proxies {
+            proxy.set_mode(mode);
+        }
+    }
 }
 
 impl Drop for Node {
@@ -131,9 +159,13 @@ async fn spawn_node<B: ChaosBackend>(
 ) -> Node {
     let owner = format!("node-{index}.{generation}");
     let events = dir.join(format!("{owner}.jsonl"));
-    let proxy = FaultProxy::start(backend.upstream()).await;
+    let mut proxies = Vec::new();
+    for upstream in backend.upstreams() {
+        proxies.push(FaultProxy::start(upstream).await);
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
     let config = dir.join(format!("{owner}.toml"));
-    std::fs::write(&config, backend.config_toml(proxy.addr(), ttl)).unwrap();
+    std::fs::write(&config, backend.config_toml(&addrs, ttl)).unwrap();
     let log = std::fs::File::create(dir.join(format!("{owner}.log"))).unwrap();
     let mut command = Command::new(bin);
     command
@@ -160,7 +192,7 @@ async fn spawn_node<B: ChaosBackend>(
     Node {
         owner,
         child,
-        proxy,
+        proxies,
         events,
     }
 }
@@ -216,7 +248,7 @@ pub async fn run<B: ChaosBackend>(
     let (dir, lease) = prepare_run(backend, "chaos").await;
     // The kinds of fault come from their own generator, so that a seed replays them whatever
     // the other draws (waits, targets when nobody acts).
-    let mut schedule = FaultSchedule::new(seed);
+    let mut schedule = FaultSchedule::with_kinds(seed, &backend.fault_kinds());
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut generation = 0usize;
     let mut running: Vec<Node> = Vec::new();
@@ -287,11 +319,14 @@ pub async fn run<B: ChaosBackend>(
                 signal(pid, "CONT");
             }
             Fault::Blackhole => {
-                running[target].proxy.set_mode(ProxyMode::Blackhole);
+                running[target].set_mode(ProxyMode::Blackhole);
                 sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
-                running[target].proxy.set_mode(ProxyMode::Pass);
+                running[target].set_mode(ProxyMode::Pass);
             }
-            Fault::ServerRestart => backend.restart_server().await,
+            Fault::ServerRestart
+            | Fault::MemberKill
+            | Fault::LeaderKill
+            | Fault::MemberPartition => backend.server_fault(fault, &mut rng, ttl).await,
             Fault::GracefulStop => {
                 let mut node = running.remove(target);
                 stop_gracefully(&mut node).await;
@@ -312,11 +347,11 @@ pub async fn run<B: ChaosBackend>(
             }
         }
         // A node fault aimed at a node that was not acting tests nothing a holder is for.
-        let met_holder = holder.is_some() && (fault == Fault::ServerRestart || at_holder.is_some());
+        let met_holder = holder.is_some() && (fault.is_server() || at_holder.is_some());
         schedule.done(fault, met_holder);
         faults.push(FaultRecord {
             fault,
-            owner: (fault != Fault::ServerRestart).then_some(owner),
+            owner: (!fault.is_server()).then_some(owner),
             holder: if met_holder { holder } else { None },
             start_ns: t0,
             end_ns: resumed_ns.unwrap_or_else(now_ns),
@@ -549,6 +584,9 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
         Fault::Blackhole => ("#7b3fbf", "traffic blackholed"),
         Fault::ServerRestart => ("#888888", "server kill -9..ready"),
         Fault::GracefulStop => ("#2b8a3e", "SIGTERM (graceful stop, new process)"),
+        Fault::MemberKill => ("#5c5c5c", "etcd member kill -9..restarted"),
+        Fault::LeaderKill => ("#222222", "etcd leader kill -9..restarted"),
+        Fault::MemberPartition => ("#a0a0a0", "etcd member SIGSTOP..SIGCONT"),
     }
 }
 
@@ -613,7 +651,10 @@ pub fn draw_svg(
         "hsl(200,60%,62%)".into(),
         "tenure, labelled with its fencing token".into(),
     )];
-    for kind in Fault::ALL {
+    for kind in Fault::EVERY {
+        if !Fault::ALL.contains(&kind) && !faults.iter().any(|f| f.fault == kind) {
+            continue;
+        }
         let (colour, what) = fault_style(kind);
         legend.push((colour.into(), format!("{kind:?}: {what}")));
     }

@@ -411,9 +411,17 @@ pub enum Fault {
     /// SIGTERM: the node stops its singleton, releases the lease and exits; a new process
     /// replaces it. The next tenure must start well before the TTL.
     GracefulStop,
+    /// A three-member etcd cluster: one member (any) killed with SIGKILL, restarted a little later.
+    MemberKill,
+    /// The same for the member that leads the cluster.
+    LeaderKill,
+    /// One member frozen (SIGSTOP: cut off from its peers and its clients) for longer than the
+    /// TTL, then resumed.
+    MemberPartition,
 }
 
 impl Fault {
+    /// The kinds of a run against one server.
     pub const ALL: [Fault; 5] = [
         Fault::Kill,
         Fault::Pause,
@@ -421,10 +429,43 @@ impl Fault {
         Fault::ServerRestart,
         Fault::GracefulStop,
     ];
+
+    /// The kinds of a run against a three-member etcd cluster: the node faults and the member
+    /// faults (no whole-cluster restart).
+    pub const CLUSTER: [Fault; 7] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Blackhole,
+        Fault::GracefulStop,
+        Fault::MemberKill,
+        Fault::LeaderKill,
+        Fault::MemberPartition,
+    ];
+
+    /// Every kind.
+    pub const EVERY: [Fault; 8] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Blackhole,
+        Fault::ServerRestart,
+        Fault::GracefulStop,
+        Fault::MemberKill,
+        Fault::LeaderKill,
+        Fault::MemberPartition,
+    ];
+
+    /// Whether it hits the server side (no node in particular).
+    pub fn is_server(self) -> bool {
+        matches!(
+            self,
+            Fault::ServerRestart | Fault::MemberKill | Fault::LeaderKill | Fault::MemberPartition
+        )
+    }
 }
 
 /// The harness's choice of faults: every kind once, in an order shuffled by the seed, then random
-/// kinds (kill, pause, blackhole and graceful stop 2 in 10 each, server restart 2 in 10). A kind of
+/// kinds (with [`Fault::ALL`]: kill, pause, blackhole and graceful stop 2 in 10 each, server restart
+/// 2 in 10; in general every kind with the same weight). A kind of
 /// the opening round that met no acting holder is drawn again next, so even a short run checks
 /// what each kind of fault is for (a paused holder that runs nothing after the resume, a graceful
 /// handover well before the TTL, ...). The same seed gives the same sequence for the same
@@ -433,16 +474,29 @@ impl Fault {
 pub struct FaultSchedule {
     rng: fastrand::Rng,
     uncovered: VecDeque<Fault>,
+    /// The kinds drawn after the opening round.
+    draw: Vec<Fault>,
 }
 
 impl FaultSchedule {
+    /// The schedule of a run against one server ([`Fault::ALL`]).
     pub fn new(seed: u64) -> Self {
+        Self::with_kinds(seed, &Fault::ALL)
+    }
+
+    /// The schedule of a run with these kinds of fault.
+    pub fn with_kinds(seed: u64, kinds: &[Fault]) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let mut kinds = Fault::ALL.to_vec();
-        rng.shuffle(&mut kinds);
+        let mut opening = kinds.to_vec();
+        rng.shuffle(&mut opening);
+        // Drawn in this order (the order of `ALL` draws 0-1 kill, 2-3 pause, 4-5 blackhole, 6-7
+        // graceful stop, 8-9 server restart, as runs before the cluster kinds did).
+        let mut draw: Vec<Fault> = kinds.iter().copied().filter(|k| !k.is_server()).collect();
+        draw.extend(kinds.iter().copied().filter(|k| k.is_server()));
         Self {
             rng,
-            uncovered: kinds.into(),
+            uncovered: opening.into(),
+            draw,
         }
     }
 
@@ -451,13 +505,8 @@ impl FaultSchedule {
         if let Some(&fault) = self.uncovered.front() {
             return fault;
         }
-        match self.rng.u8(0..10) {
-            0..=1 => Fault::Kill,
-            2..=3 => Fault::Pause,
-            4..=5 => Fault::Blackhole,
-            6..=7 => Fault::GracefulStop,
-            _ => Fault::ServerRestart,
-        }
+        let slots = u8::try_from(self.draw.len() * 2).unwrap_or(u8::MAX);
+        self.draw[usize::from(self.rng.u8(0..slots) / 2)]
     }
 
     /// Reports how the fault from [`next_fault`](Self::next_fault) went: whether it met an acting
@@ -725,7 +774,7 @@ pub fn parse_faults(text: &str, events: &[NodeEvent]) -> Vec<FaultRecord> {
     text.lines()
         .filter_map(|line| {
             let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
-            let fault = *Fault::ALL
+            let fault = *Fault::EVERY
                 .iter()
                 .find(|k| format!("{k:?}") == v["fault"].as_str().unwrap_or_default())?;
             let owner = v["owner"].as_str().map(str::to_owned);
@@ -946,7 +995,7 @@ impl ChaosReport {
         }
         let _ = writeln!(
             out,
-            "{:<14} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+            "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
             "fault",
             "faults",
             "at holder",
@@ -965,13 +1014,16 @@ impl ChaosReport {
                 )
             })
         };
-        for kind in Fault::ALL {
+        for kind in Fault::EVERY {
+            if !self.faults.iter().any(|f| f.fault == kind) {
+                continue;
+            }
             let outcomes: Vec<&FaultOutcome> =
                 self.outcomes.iter().filter(|o| o.fault == kind).collect();
             let takeovers: Vec<Takeover> = outcomes.iter().filter_map(|o| o.takeover).collect();
             let _ = writeln!(
                 out,
-                "{:<14} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+                "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
                 format!("{kind:?}"),
                 self.faults.iter().filter(|f| f.fault == kind).count(),
                 outcomes.len(),

@@ -183,6 +183,9 @@ pub struct EtcdProcess {
     dir: PathBuf,
     client_port: u16,
     peer_port: u16,
+    /// `--name` and `--initial-cluster` (a member of a private cluster, or alone).
+    name: String,
+    initial_cluster: String,
     child: Option<Child>,
 }
 
@@ -204,11 +207,109 @@ impl EtcdProcess {
             dir,
             client_port,
             peer_port,
+            name: "test".into(),
+            initial_cluster: format!("test=http://127.0.0.1:{peer_port}"),
             child: None,
         };
         etcd.spawn();
         etcd.wait_ready(Duration::from_secs(30)).await;
         etcd
+    }
+
+    /// Starts a private cluster of `n` members (`m0`, `m1`, ...) and waits until every member
+    /// answers (which needs an elected leader), within 60 s.
+    pub async fn cluster(test: &str, n: usize) -> Vec<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let bin = etcd_bin();
+        let base = std::env::temp_dir().join(format!(
+            "actix-coord-etcd-cluster-{test}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&base);
+        let ports: Vec<[u16; 2]> = (0..n).map(|_| super::free_loopback_ports()).collect();
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, [_, peer])| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Self> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &[client_port, peer_port])| {
+                let dir = base.join(format!("m{i}"));
+                std::fs::create_dir_all(&dir).expect("create etcd dir");
+                Self {
+                    bin: bin.clone(),
+                    dir,
+                    client_port,
+                    peer_port,
+                    name: format!("m{i}"),
+                    initial_cluster: initial_cluster.clone(),
+                    child: None,
+                }
+            })
+            .collect();
+        for member in &mut members {
+            member.spawn();
+        }
+        for member in &mut members {
+            member.wait_ready(Duration::from_secs(60)).await;
+        }
+        members
+    }
+
+    /// The index of the current leader among `members` (asking each running member), if one
+    /// knows it.
+    pub async fn leader(members: &[Self]) -> Option<usize> {
+        for member in members.iter().filter(|m| m.child.is_some()) {
+            let status = async {
+                let mut client = etcd_client::Client::connect([member.endpoint()], None)
+                    .await
+                    .ok()?;
+                client.status().await.ok()
+            };
+            let Ok(Some(status)) = tokio::time::timeout(Duration::from_secs(2), status).await
+            else {
+                continue;
+            };
+            let leader = status.leader();
+            for (i, m) in members.iter().enumerate() {
+                if m.child.is_none() || leader == 0 {
+                    continue;
+                }
+                let id = async {
+                    let mut client = etcd_client::Client::connect([m.endpoint()], None)
+                        .await
+                        .ok()?;
+                    client.status().await.ok()
+                };
+                if let Ok(Some(s)) = tokio::time::timeout(Duration::from_secs(2), id).await {
+                    if s.header().map(|h| h.member_id()) == Some(leader) {
+                        return Some(i);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the process runs (not killed).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Resumes a frozen etcd (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    /// Starts a killed etcd again (same ports, data directory and flags) and waits until it
+    /// answers.
+    pub async fn start_again(&mut self) {
+        self.spawn();
+        self.wait_ready(Duration::from_secs(60)).await;
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -224,13 +325,13 @@ impl EtcdProcess {
             .open(self.dir.join("etcd.log"))
             .expect("etcd log");
         let child = Command::new(&self.bin)
-            .arg("--name=test")
+            .arg(format!("--name={}", self.name))
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={}", self.endpoint()))
             .arg(format!("--advertise-client-urls={}", self.endpoint()))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=test={peer}"))
+            .arg(format!("--initial-cluster={}", self.initial_cluster))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd log"))
             .stderr(log)

@@ -8,6 +8,8 @@ pub mod chaos_check;
 pub mod contract;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "etcd")]
+pub mod etcd_cluster;
 #[cfg(feature = "kubernetes")]
 pub mod k8s;
 pub mod proxy;

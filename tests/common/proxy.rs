@@ -23,6 +23,9 @@ pub enum ProxyMode {
     Blackhole,
     /// Forward both ways, each chunk from the server after this delay.
     SlowAnswers(Duration),
+    /// Forward requests to the server but drop its answers (the server applies them, the client
+    /// never hears back); connections are reset when the mode changes again.
+    DropAnswers,
 }
 
 /// A running proxy; it stops when dropped.
@@ -111,8 +114,9 @@ async fn serve(
             return reset(client);
         }
         ProxyMode::SlowAnswers(d) => delay = Some(d),
-        ProxyMode::Pass => {}
+        ProxyMode::Pass | ProxyMode::DropAnswers => {}
     }
+    let mut drop_answers = current == ProxyMode::DropAnswers;
     let Ok(server) = TcpStream::connect(upstream).await else {
         return reset(client);
     };
@@ -138,6 +142,9 @@ async fn serve(
             n = sr.read(&mut sbuf) => match n {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    if drop_answers {
+                        continue;
+                    }
                     if let Some(delay) = delay {
                         tokio::time::sleep(delay).await;
                     }
@@ -145,7 +152,12 @@ async fn serve(
                 }
             },
         };
+        if drop_answers {
+            // The client's view of the connection is broken (answers are missing): reset it.
+            break;
+        }
         match new_mode {
+            ProxyMode::DropAnswers => drop_answers = true,
             ProxyMode::Pass => delay = None,
             ProxyMode::SlowAnswers(d) => delay = Some(d),
             ProxyMode::Reset => break,
