@@ -130,6 +130,9 @@ def sources(records, labels=None):
             continue
         g = (r["command"], r["commit"], r["date"][:10], r.get("source"))
         label = (labels or {}).get(id(r)) or BACKEND_NAME.get(r["backend"], r["backend"])
+        if r.get("variant") == "3 members" and label == BACKEND_NAME.get(r["backend"]):
+            label += ", 3 members"
+
         groups.setdefault(g, [])
         if label not in groups[g]:
             groups[g].append(label)
