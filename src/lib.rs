@@ -95,8 +95,8 @@ mod kubernetes;
 pub use kubernetes::{
     is_valid_object_name as is_valid_kubernetes_object_name, kubernetes_client,
     object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
-    KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSettings, KubernetesStats,
-    KubernetesTenure, KUBERNETES_BACKEND,
+    KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSessionStats,
+    KubernetesSettings, KubernetesStats, KubernetesTenure, KUBERNETES_BACKEND,
     LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
 };
 
@@ -159,6 +159,7 @@ mod send_sync {
             assert_send_sync::<KubernetesError>();
             assert_send_sync::<KubernetesLease>();
             assert_send_sync::<KubernetesSettings>();
+            assert_send_sync::<KubernetesSession>();
         }
         #[cfg(feature = "etcd")]
         {

@@ -17,8 +17,8 @@ use std::time::Duration;
 use actix_coordination::{
     is_valid_kubernetes_object_name as is_valid_object_name, kubernetes_object_name as object_name,
     AcquireAttempt, BackendError, CoordinationConfig, KubernetesBackend, KubernetesError,
-    KubernetesLease, KubernetesSettings, Lease, LeaseBackend, LeaseError, LeaseProvider,
-    LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome,
+    KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseBackend, LeaseError,
+    LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome,
     KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
@@ -1354,6 +1354,202 @@ async fn connections_set_tcp_nodelay() {
         );
     }
     assert!(from_settings.release().await.unwrap());
+}
+
+/// Settings of leases that reach the API server through `proxy` with the test token.
+fn through(proxy: &FaultProxy) -> KubernetesSettings {
+    KubernetesSettings::new(&env().namespace)
+        .with_api_url(format!("https://{}", proxy.addr()))
+        .with_token(&env().token)
+        .with_ca_file(&env().ca)
+}
+
+/// The established TCP connections to `peer` on this machine, from `/proc/self/net/tcp` and
+/// `/proc/self/net/tcp6` (the kernel's table: hex `address:port` columns, state `01` =
+/// ESTABLISHED). Only this test process connects to a proxy of its own, so these are its own
+/// client-side connections (the proxy's accepted legs have `peer` as their *local* address).
+fn established_connections_to(peer: SocketAddr) -> usize {
+    fn parse(column: &str) -> Option<SocketAddr> {
+        let (ip, port) = column.split_once(':')?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        // The kernel prints each 32-bit word of the address in host byte order.
+        let mut bytes = Vec::new();
+        for word in 0..ip.len() / 8 {
+            let word = u32::from_str_radix(&ip[word * 8..word * 8 + 8], 16).ok()?;
+            bytes.extend_from_slice(&word.to_ne_bytes());
+        }
+        let ip = match bytes.len() {
+            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+            16 => {
+                let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+                v6.to_ipv4_mapped()
+                    .map(std::net::IpAddr::from)
+                    .unwrap_or(v6.into())
+            }
+            _ => return None,
+        };
+        Some(SocketAddr::new(ip, port))
+    }
+    let mut count = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let columns: Vec<&str> = line.split_whitespace().collect();
+            if columns.len() > 3 && columns[3] == "01" && parse(columns[2]) == Some(peer) {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Acquires every lease at once and waits until each has opened the watch of its tenure.
+async fn acquire_all_and_watch(leases: &[KubernetesLease]) {
+    let acquired = futures_util::future::join_all(leases.iter().map(|l| l.acquire())).await;
+    for (lease, acquired) in leases.iter().zip(acquired) {
+        assert!(acquired.unwrap(), "{} was free", lease.name());
+    }
+    timeout(Duration::from_secs(30), async {
+        while leases.iter().any(|l| l.backend().stats().watches == 0) {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every tenure watches its object");
+}
+
+/// The connection count of the README and of `KubernetesSession`: one session holding 200 leases
+/// (200 open watches, renewals going on) keeps at most 2 TCP connections to the API server,
+/// counted in the kernel's table (`/proc/self/net/tcp*`) for a proxy only this test talks
+/// through. With a client per lease over HTTP/1.1 (before sessions) it kept more than 200: a
+/// connection per watch plus the writes'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_keeps_two_connections_for_200_leases() {
+    const LEASES: usize = 200;
+    let _f = KubeFixture::new().await;
+    let proxy = FaultProxy::start(env().upstream).await;
+    let session = KubernetesSession::new(through(&proxy)).unwrap();
+    let base = unique("many");
+    let leases: Vec<KubernetesLease> = (0..LEASES)
+        .map(|i| {
+            // A longer TTL than the suite's: 200 renewals per interval on a loaded 2-core machine.
+            let settings = LeaseSettings::builder(format!("{base}-{i}"), "a")
+                .ttl(Duration::from_secs(15))
+                .renewal_interval(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            session.lease(settings)
+        })
+        .collect();
+    acquire_all_and_watch(&leases).await;
+    // A few rounds of renewals (1 s apart) on top of the open watches.
+    let mut most = 0;
+    for _ in 0..6 {
+        sleep(Duration::from_millis(500)).await;
+        most = most.max(established_connections_to(proxy.addr()));
+    }
+    let stats = session.stats();
+    assert!(
+        leases.iter().all(|l| l.backend().stats().updates >= 2),
+        "renewals went on"
+    );
+    assert!(most >= 1, "the count sees the session's connection");
+    assert!(
+        most <= 2,
+        "{most} connections for {LEASES} leases of one session: {stats:?}"
+    );
+    assert!(stats.connections <= 2, "{stats:?}");
+    assert_eq!(stats.http1_responses, 0, "{stats:?}");
+    let released = futures_util::future::join_all(leases.iter().map(|l| l.release())).await;
+    assert!(released.into_iter().all(|r| r.unwrap()));
+}
+
+/// The session and `kubernetes_client` speak HTTP/2 with the real API server (ALPN `h2` over
+/// TLS): every response of a lease's acquire and release came over HTTP/2 (the session's
+/// counters), and a request of a client from `kubernetes_client` answers with `HTTP/2.0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_is_negotiated_with_the_real_apiserver() {
+    let _f = KubeFixture::new().await;
+    let session = KubernetesSession::new(
+        KubernetesSettings::new(&env().namespace)
+            .with_api_url(&env().url)
+            .with_token(&env().token)
+            .with_ca_file(&env().ca),
+    )
+    .unwrap();
+    let lease = session.lease(no_retries(settings(&unique("h2"), "a")));
+    assert!(lease.acquire().await.unwrap());
+    assert!(lease.release().await.unwrap());
+    let stats = session.stats();
+    assert!(
+        stats.http2_responses >= 3,
+        "GET, create, release: {stats:?}"
+    );
+    assert_eq!(stats.http1_responses, 0, "{stats:?}");
+
+    let client = client(&env().url, &env().token);
+    let request = http::Request::get("/version").body(Vec::new()).unwrap();
+    let response = client.send(request.map(Into::into)).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+}
+
+/// The provider shares one session among leases whose `kubernetes` sections are equal (also
+/// under two lease keys): 20 leases held through a proxy only this test uses keep at most 2
+/// connections (one session each would keep 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_shares_one_session_for_equal_sections() {
+    let _f = KubeFixture::new().await;
+    let proxy = FaultProxy::start(env().upstream).await;
+    let section = format!(
+        r#"
+        namespace = "{ns}"
+        api-url = "https://{addr}"
+        token = "{token}"
+        ca-file = "{ca}"
+        "#,
+        ns = env().namespace,
+        addr = proxy.addr(),
+        token = env().token,
+        ca = env().ca.display(),
+    );
+    let config: CoordinationConfig = toml::from_str(&format!(
+        r#"
+        [leases.one]
+        backend = "kubernetes"
+        ttl = "15s"
+        [leases.one.kubernetes]
+        {section}
+        [leases.two]
+        backend = "kubernetes"
+        ttl = "15s"
+        [leases.two.kubernetes]
+        {section}
+        "#
+    ))
+    .unwrap();
+    let provider = LeaseProvider::new(config);
+    let base = unique("provided-shared");
+    let leases: Vec<_> = (0..20)
+        .map(|i| {
+            let key = if i % 2 == 0 { "one" } else { "two" };
+            provider
+                .get_lease(&format!("{base}-{i}"), key, "a")
+                .unwrap()
+        })
+        .collect();
+    let acquired = futures_util::future::join_all(leases.iter().map(|l| l.acquire())).await;
+    assert!(acquired.into_iter().all(|a| a.unwrap()));
+    // Each holder opens its watch right after acquiring.
+    sleep(Duration::from_secs(1)).await;
+    let connections = established_connections_to(proxy.addr());
+    assert!(
+        (1..=2).contains(&connections),
+        "{connections} connections for 20 leases of equal sections"
+    );
+    let released = futures_util::future::join_all(leases.iter().map(|l| l.release())).await;
+    assert!(released.into_iter().all(|r| r.unwrap()));
 }
 
 /// A CA that did not sign the test API server's certificate (a self-signed EC P-256 CA, valid

@@ -58,6 +58,13 @@ pub enum KubernetesError {
         #[source]
         source: kube::Error,
     },
+    /// The thread that runs the connections of every [`KubernetesSession`](crate::KubernetesSession)
+    /// could not be started.
+    #[error("cannot start the thread of the kubernetes sessions: {reason}")]
+    Runtime {
+        /// Why.
+        reason: String,
+    },
     /// The API server refused the request for lack of permission (HTTP 403): RBAC does not grant
     /// `verb` on `resource` in `namespace` to the identity of the token.
     #[error("forbidden: RBAC does not allow `{verb}` on {resource} in namespace {namespace:?} (grant it with a Role, see deploy/rbac.yaml): {user_message}")]
@@ -176,6 +183,7 @@ impl BackendError for KubernetesError {
             | KubernetesError::MissingEnvironment { .. }
             | KubernetesError::Config { .. }
             | KubernetesError::BuildClient { .. }
+            | KubernetesError::Runtime { .. }
             | KubernetesError::Client { .. }
             | KubernetesError::Forbidden { .. }
             | KubernetesError::Unauthorized { .. }

@@ -5,11 +5,12 @@ mod client;
 pub use client::kubernetes_client;
 mod error;
 mod name;
+mod session;
 mod settings;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -27,6 +28,7 @@ use crate::shared::SharedLease;
 
 pub use error::KubernetesError;
 pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
+pub use session::{KubernetesSession, KubernetesSessionStats};
 pub use settings::KubernetesSettings;
 
 /// The name of the Kubernetes backend in a [`CoordinationConfig`](crate::CoordinationConfig).
@@ -158,23 +160,34 @@ const MAX_UNCONFIRMED: usize = 16;
 /// Outside a cluster, build a [`kube::Client`] from a kubeconfig and use
 /// [`KubernetesLease::with_client`].
 ///
+/// # Many leases: one session
+///
+/// Leases built from one [`KubernetesSession`] ([`KubernetesSession::lease`],
+/// [`KubernetesLease::with_session`]) share its kube client, and with it one HTTP/2 connection
+/// to the API server and one token and CA re-reading; [`KubernetesLease::new`] builds a session
+/// of its own for each lease. Build one session per API server and credentials and all leases of
+/// the process from it (the [`LeaseProvider`](crate::LeaseProvider) does so for equal
+/// sections). See [`KubernetesSession`] for the connection count and its limits.
+///
 /// # Runtime
 ///
-/// The client built from [`KubernetesSettings`] is created on first use, inside the Tokio runtime
-/// of that call, and runs a small background task there: use a lease from a runtime that outlives
-/// it (with actix, the system's).
+/// The connections of a session (or of [`KubernetesLease::new`]'s own one) run on a thread of
+/// their own, not on the runtime of the caller. A client passed to
+/// [`KubernetesLease::with_client`] runs on the runtime it was built on: use such a lease from a
+/// runtime that outlives it (with actix, the system's).
 pub type KubernetesLease = ManagedLease<KubernetesBackend>;
 
 impl ManagedLease<KubernetesBackend> {
-    /// A lease with `settings` on the API server described by `k8s`.
+    /// A lease with `settings` on the API server described by `k8s`, with a
+    /// [`KubernetesSession`] of its own (its own client and connection): for more than a few
+    /// leases, build one session and use [`KubernetesLease::with_session`].
     ///
     /// The settings are validated and the token and CA files read once now; nothing is sent to
     /// the API server before the first `acquire`.
     ///
     /// # Errors
     ///
-    /// [`KubernetesError::InvalidSettings`], [`KubernetesError::ReadFile`] or
-    /// [`KubernetesError::Config`] when `k8s` is unusable.
+    /// See [`KubernetesSession::new`].
     pub fn new(settings: LeaseSettings, k8s: KubernetesSettings) -> Result<Self, KubernetesError> {
         let backend = KubernetesBackend::new(settings.name(), &k8s)?;
         Ok(ManagedLease::from_backend(settings, backend))
@@ -201,20 +214,43 @@ impl ManagedLease<KubernetesBackend> {
 ///
 /// The backend's section (`[leases.<key>.kubernetes]`) deserializes to [`KubernetesSettings`]
 /// (`namespace`, `api-url`, `token` or `token-file`, `ca-file`); without a section the settings
-/// come from [`KubernetesSettings::from_env`].
+/// come from [`KubernetesSettings::from_env`]. Leases whose settings are equal share one
+/// [`KubernetesSession`] (one client, one connection), for as long as one of them lives; the
+/// factory keeps no session alive by itself.
 pub fn provider_factory(
 ) -> impl Fn(LeaseSettings, Option<&serde_json::Value>) -> Result<SharedLease, BoxError>
        + Send
        + Sync
        + 'static {
-    |settings: LeaseSettings,
-     section: Option<&serde_json::Value>|
-     -> Result<SharedLease, BoxError> {
+    let sessions = SessionCache::default();
+    move |settings: LeaseSettings,
+          section: Option<&serde_json::Value>|
+          -> Result<SharedLease, BoxError> {
         let k8s = match section {
             Some(section) => KubernetesSettings::deserialize_section(section)?,
             None => KubernetesSettings::from_env()?,
         };
-        Ok(SharedLease::new(KubernetesLease::new(settings, k8s)?))
+        let session = sessions.get(k8s)?;
+        Ok(SharedLease::new(KubernetesLease::with_session(
+            settings, &session,
+        )))
+    }
+}
+
+/// The provider's sessions by settings, held weakly: a session lives as long as a lease uses it.
+#[derive(Default)]
+struct SessionCache(Mutex<HashMap<KubernetesSettings, Weak<session::SessionInner>>>);
+
+impl SessionCache {
+    fn get(&self, k8s: KubernetesSettings) -> Result<KubernetesSession, KubernetesError> {
+        let mut sessions = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        sessions.retain(|_, weak| weak.strong_count() > 0);
+        if let Some(session) = sessions.get(&k8s).and_then(KubernetesSession::upgrade) {
+            return Ok(session);
+        }
+        let session = KubernetesSession::new(k8s.clone())?;
+        sessions.insert(k8s, session.downgrade());
+        Ok(session)
     }
 }
 
@@ -259,10 +295,7 @@ struct Counters {
 
 enum ClientSource {
     Ready(Client),
-    Lazy {
-        config: Box<kube::Config>,
-        client: Mutex<Option<Client>>,
-    },
+    Session(KubernetesSession),
 }
 
 /// The [`LeaseBackend`] of one lease on a Kubernetes API server; see [`KubernetesLease`].
@@ -341,15 +374,27 @@ impl KubernetesBackend {
     ///
     /// See [`KubernetesLease::new`].
     pub fn new(name: &str, k8s: &KubernetesSettings) -> Result<Self, KubernetesError> {
-        let config = k8s.kube_config()?;
-        Ok(Self::build(
+        Ok(Self::with_session(
             name,
-            ClientSource::Lazy {
-                config: Box::new(config),
-                client: Mutex::new(None),
-            },
-            k8s.namespace().to_owned(),
+            &KubernetesSession::new(k8s.clone())?,
         ))
+    }
+
+    /// The backend of lease `name` on `session`, with its object in the session's namespace.
+    pub fn with_session(name: &str, session: &KubernetesSession) -> Self {
+        Self::build(
+            name,
+            ClientSource::Session(session.clone()),
+            session.namespace().to_owned(),
+        )
+    }
+
+    /// The session of this backend (`None` for one built from a ready client).
+    pub fn session(&self) -> Option<&KubernetesSession> {
+        match &self.client {
+            ClientSource::Ready(_) => None,
+            ClientSource::Session(session) => Some(session),
+        }
     }
 
     /// The backend of lease `name` using `client`, with its object in `namespace`.
@@ -406,17 +451,7 @@ impl KubernetesBackend {
     fn api(&self) -> Result<Api<LeaseObject>, KubernetesError> {
         let client = match &self.client {
             ClientSource::Ready(client) => client.clone(),
-            ClientSource::Lazy { config, client } => {
-                let mut slot = client.lock().unwrap_or_else(|p| p.into_inner());
-                match &*slot {
-                    Some(client) => client.clone(),
-                    None => {
-                        let built = client::kubernetes_client(config)?;
-                        *slot = Some(built.clone());
-                        built
-                    }
-                }
-            }
+            ClientSource::Session(session) => session.client(),
         };
         Ok(Api::namespaced(client, &self.namespace))
     }
@@ -735,9 +770,10 @@ impl LeaseBackend for KubernetesBackend {
     /// duplicate check) for one built with a ready client, whose server is not known.
     fn store_id(&self) -> Option<String> {
         match &self.client {
-            ClientSource::Lazy { config, .. } => Some(format!(
+            ClientSource::Session(session) => Some(format!(
                 "kubernetes:{}/{}",
-                config.cluster_url, self.namespace
+                session.cluster_url(),
+                self.namespace
             )),
             ClientSource::Ready(_) => None,
         }
@@ -1157,15 +1193,10 @@ mod tests {
     impl KubernetesBackend {
         /// A backend whose client is never built (for tests that send nothing).
         fn with_client_for_tests(name: &str) -> Self {
-            let config = Box::new(kube::Config::new("https://127.0.0.1:1".parse().unwrap()));
-            Self::build(
-                name,
-                ClientSource::Lazy {
-                    config,
-                    client: Mutex::new(None),
-                },
-                "ns".into(),
-            )
+            let mut config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+            config.default_namespace = "ns".into();
+            let session = KubernetesSession::from_config(&config).unwrap();
+            Self::with_session(name, &session)
         }
     }
 
@@ -1308,6 +1339,47 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    /// The provider's cache: equal settings get the same session while one of its users lives,
+    /// a new one after the last is gone (the cache holds none alive), other settings another one.
+    #[test]
+    fn equal_sections_share_one_session_while_it_is_used() {
+        let dir = std::env::temp_dir().join(format!(
+            "actix-coordination-k8s-sessions-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (token, ca) = (dir.join("token"), dir.join("ca.crt"));
+        std::fs::write(&token, "abc").unwrap();
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nTUlJQg==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let k8s = || {
+            KubernetesSettings::new("ns")
+                .with_api_url("http://127.0.0.1:1")
+                .with_token_file(&token)
+                .with_ca_file(&ca)
+        };
+        let cache = SessionCache::default();
+        let a = cache.get(k8s()).unwrap();
+        let b = cache.get(k8s()).unwrap();
+        assert_eq!(a.session_id(), b.session_id());
+        let lease = KubernetesBackend::with_session("n", &b);
+        assert_eq!(lease.session().unwrap().session_id(), a.session_id());
+        let other = cache.get(k8s().with_token("t")).unwrap();
+        assert_ne!(other.session_id(), a.session_id());
+        let first = a.session_id();
+        drop((a, b, lease));
+        assert!(
+            cache.0.lock().unwrap()[&k8s()].upgrade().is_none(),
+            "the cache keeps no session alive"
+        );
+        let again = cache.get(k8s()).unwrap();
+        assert_eq!(cache.0.lock().unwrap().len(), 2);
+        drop((again, first, other));
     }
 
     #[test]

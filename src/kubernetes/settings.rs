@@ -65,7 +65,7 @@ pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The token is never logged: `Debug` prints it as `"<redacted>"` (and the `user:password@` part
 /// of an `api-url`, which validation refuses), and no error of deserialization or validation
 /// contains it (a `token` that is not a string is refused without quoting it).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct KubernetesSettings {
     namespace: String,
