@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use actix_coordination::{
     CoordinationConfig, EtcdConfig, EtcdError, EtcdLease, EtcdSession, EtcdSettings,
-    KubernetesError, KubernetesLease, KubernetesSettings, Lease, LeaseProvider, LeaseSettings,
-    ProviderError,
+    KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseProvider,
+    LeaseSettings, ProviderError,
 };
 
 const TOKEN: &str = "s3cr3t-TOKEN-value";
@@ -290,7 +290,7 @@ fn provider_errors_never_show_a_secret() {
 }
 
 #[test]
-fn kubernetes_settings_and_lease_never_show_the_token() {
+fn kubernetes_settings_session_and_lease_never_show_the_token() {
     let settings = KubernetesSettings::new(NAMESPACE)
         .with_api_url(CLOSED)
         .with_token(TOKEN);
@@ -315,6 +315,17 @@ fn kubernetes_settings_and_lease_never_show_the_token() {
     .unwrap_err();
     assert_error_clean("KubernetesSettings from a number", &error, "`token`");
 
+    let session = KubernetesSession::new(settings.clone()).expect("valid settings, nothing read");
+    assert_clean("KubernetesSession", &format!("{session:?}"), "<redacted>");
+    let from_session = session.lease(LeaseSettings::new("jobs", "node-1").unwrap());
+    assert_clean(
+        "KubernetesLease (session)",
+        &format!("{:?}", from_session.backend()),
+        NAMESPACE,
+    );
+    let error = KubernetesSession::new(KubernetesSettings::new(NAMESPACE).with_token(TOKEN))
+        .expect_err("the default CA file does not exist here");
+    assert_error_clean("KubernetesSession::new", &error, "ca-file");
     let lease = KubernetesLease::new(LeaseSettings::new("jobs", "node-1").unwrap(), settings)
         .expect("valid settings, nothing read");
     assert_clean("KubernetesLease", &format!("{lease:?}"), "jobs");

@@ -17,7 +17,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -56,9 +56,9 @@ const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`KubernetesError::BuildClient`] when the TLS or authentication settings of `config` cannot be
 /// loaded (an unreadable CA or token file, a bad certificate).
 pub fn kubernetes_client(config: &kube::Config) -> Result<Client, KubernetesError> {
-    let http =
-        hyper_client(config, None).map_err(|source| KubernetesError::BuildClient { source })?;
-    stack(config, http).map_err(|source| KubernetesError::BuildClient { source })
+    let lanes = Lanes::new(config, None, Arc::default())
+        .map_err(|source| KubernetesError::BuildClient { source })?;
+    stack(config, lanes).map_err(|source| KubernetesError::BuildClient { source })
 }
 
 /// What a session's HTTP stack counts (see [`KubernetesSessionStats`](super::KubernetesSessionStats)).
@@ -78,25 +78,19 @@ pub(super) fn session_client(
     counters: Arc<HttpCounters>,
 ) -> Result<Client, KubernetesError> {
     let _entered = runtime.enter();
-    let http = hyper_client(config, Some(Arc::clone(&counters)))
+    let lanes = Lanes::new(config, Some(runtime.clone()), counters)
         .map_err(|source| KubernetesError::BuildClient { source })?;
-    let on_runtime = OnRuntime {
-        inner: http,
-        runtime: runtime.clone(),
-        counters,
-        gate: Arc::default(),
-    };
-    stack(config, on_runtime).map_err(|source| KubernetesError::BuildClient { source })
+    stack(config, lanes).map_err(|source| KubernetesError::BuildClient { source })
 }
 
 type HttpsConnector = hyper_rustls::HttpsConnector<Counting<HttpConnector>>;
 type HyperClient = hyper_util::client::legacy::Client<HttpsConnector, kube::client::Body>;
 
-/// hyper's client on a `TCP_NODELAY` connector with rustls offering `h2` and `http/1.1`.
-fn hyper_client(
+/// A `TCP_NODELAY` connector with rustls offering `h2` and `http/1.1`, counting its connections.
+fn connector(
     config: &kube::Config,
-    counters: Option<Arc<HttpCounters>>,
-) -> Result<HyperClient, kube::Error> {
+    counters: Arc<HttpCounters>,
+) -> Result<HttpsConnector, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -108,19 +102,21 @@ fn hyper_client(
     // kube's own connector builder enables HTTP/1.1 only; build it from kube's TLS configuration
     // (the CA, re-read about once a minute when it is a file) with both protocols instead.
     let tls = config.rustls_client_config()?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_all_versions()
-        .wrap_connector(http);
-    Ok(
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .http2_keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
-            .http2_keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT)
-            .http2_keep_alive_while_idle(true)
-            .build(https),
-    )
+        .wrap_connector(http))
+}
+
+/// hyper's client (one connection pool) on `connector`, with HTTP/2 keep-alive pings.
+fn hyper_client(connector: HttpsConnector) -> HyperClient {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .http2_keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+        .http2_keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(connector)
 }
 
 /// kube's layers (base URI, authentication with token-file refresh, extra headers) on `http`.
@@ -149,7 +145,7 @@ where
 #[derive(Clone)]
 struct Counting<C> {
     inner: C,
-    counters: Option<Arc<HttpCounters>>,
+    counters: Arc<HttpCounters>,
 }
 
 impl<C> tower::Service<http::Uri> for Counting<C>
@@ -172,41 +168,131 @@ where
         let counters = self.counters.clone();
         Box::pin(async move {
             let connected = connecting.await?;
-            if let Some(counters) = counters {
-                counters.connections.fetch_add(1, Ordering::Relaxed);
-            }
+            counters.connections.fetch_add(1, Ordering::Relaxed);
             Ok(connected)
         })
     }
 }
 
-/// Runs every request of `inner` (its connect, TLS handshake and the connection's task) on
-/// `runtime`, whichever runtime the caller is on: a session's connections then do not depend on
-/// the runtime or actix arbiter that happened to use the session first. The response body is
-/// read by the caller, from the connection task through a channel.
+/// Requests one connection carries at once: below kube-apiserver's default limit of 250
+/// concurrent HTTP/2 streams per connection, beyond which a request waits for a stream (a renewal
+/// stuck behind open watches). Each held lease keeps a watch open, so a client holding more
+/// leases opens another connection per 200 (`a_connection_carries_at_most_200_requests`).
+pub(super) const STREAMS_PER_CONNECTION: usize = 200;
+
+/// The HTTP service under kube's layers: requests go to the first *lane* (a hyper client, with
+/// its own pool: one connection over HTTP/2) that carries fewer than [`STREAMS_PER_CONNECTION`]
+/// requests (a request counts until its response body is dropped, so an open watch counts for
+/// its whole life); a new lane is added when all are full.
 ///
-/// While the session has no working connection (at first, and after a request failed), requests
-/// go out one at a time until one is answered. hyper learns that a server speaks HTTP/2 only
-/// once a connection is up, so 200 leases acquiring at once would otherwise open 200 connections
-/// (and TLS handshakes) and keep one.
+/// With a `runtime` (a session), every request (its connect, TLS handshake and the connection's
+/// task) runs on it, whichever runtime the caller is on: a session's connections then do not
+/// depend on the runtime or actix arbiter that happened to use the session first. The response
+/// body is read by the caller, from the connection task through a channel.
+///
+/// A request that fails, or that its caller gives up before the answer (an operation timeout),
+/// retires its lane: later requests go to a new lane, on a new connection, and the old one closes
+/// once its last request is done. That is what HTTP/1.1 did for a connection whose answer was
+/// lost; on a shared HTTP/2 connection, a lost answer usually means the connection is bad, and
+/// its half-read state must not be reused (`backend_steps_handle_lost_answers_and_conflicts`).
+///
+/// Until a lane's first answer, its requests go out one at a time: hyper learns that a server
+/// speaks HTTP/2 only once a connection is up, so 200 leases acquiring at once would otherwise
+/// open 200 connections (and TLS handshakes) and keep one.
 #[derive(Clone)]
-struct OnRuntime {
-    inner: HyperClient,
-    runtime: Handle,
-    counters: Arc<HttpCounters>,
-    gate: Arc<Gate>,
+struct Lanes {
+    shared: Arc<LanesShared>,
 }
 
-#[derive(Default)]
-struct Gate {
+struct LanesShared {
+    connector: HttpsConnector,
+    runtime: Option<Handle>,
+    counters: Arc<HttpCounters>,
+    lanes: std::sync::Mutex<Vec<Arc<Lane>>>,
+}
+
+struct Lane {
+    client: HyperClient,
+    /// Requests sent on this lane whose response (body) is still alive.
+    in_flight: AtomicUsize,
     /// A request was answered since the last failure.
     warm: std::sync::atomic::AtomicBool,
-    /// Held by the one request in flight while the session is not warm.
+    /// Held by the one request in flight while the lane is not warm.
     cold: tokio::sync::Mutex<()>,
+    /// A request failed or was given up: no new request goes to this lane.
+    retired: std::sync::atomic::AtomicBool,
 }
 
-impl tower::Service<http::Request<kube::client::Body>> for OnRuntime {
-    type Response = http::Response<hyper::body::Incoming>;
+/// Retires its lane when dropped before [`Unanswered::answered`].
+struct Unanswered<'a>(Option<&'a Lane>);
+
+impl Unanswered<'_> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.0 {
+            lane.retired.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A request counted on its lane until dropped.
+struct InFlight(Arc<Lane>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Lanes {
+    fn new(
+        config: &kube::Config,
+        runtime: Option<Handle>,
+        counters: Arc<HttpCounters>,
+    ) -> Result<Self, kube::Error> {
+        Ok(Self {
+            shared: Arc::new(LanesShared {
+                connector: connector(config, Arc::clone(&counters))?,
+                runtime,
+                counters,
+                lanes: std::sync::Mutex::default(),
+            }),
+        })
+    }
+
+    /// The first lane with room, counting the request on it.
+    fn pick(&self) -> InFlight {
+        let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        lanes.retain(|l| !l.retired.load(Ordering::Acquire));
+        let lane = match lanes
+            .iter()
+            .find(|l| l.in_flight.load(Ordering::Acquire) < STREAMS_PER_CONNECTION)
+        {
+            Some(lane) => Arc::clone(lane),
+            None => {
+                let lane = Arc::new(Lane {
+                    client: hyper_client(self.shared.connector.clone()),
+                    in_flight: AtomicUsize::new(0),
+                    warm: std::sync::atomic::AtomicBool::new(false),
+                    cold: tokio::sync::Mutex::new(()),
+                    retired: std::sync::atomic::AtomicBool::new(false),
+                });
+                lanes.push(Arc::clone(&lane));
+                lane
+            }
+        };
+        lane.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(lane)
+    }
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Lanes {
+    type Response = http::Response<Tracked>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -216,41 +302,71 @@ impl tower::Service<http::Request<kube::client::Body>> for OnRuntime {
     }
 
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        let inner = self.inner.clone();
-        let runtime = self.runtime.clone();
-        let counters = Arc::clone(&self.counters);
-        let gate = Arc::clone(&self.gate);
+        let in_flight = self.pick();
+        let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            let _cold = if gate.warm.load(Ordering::Acquire) {
+            let lane = Arc::clone(&in_flight.0);
+            let _cold = if lane.warm.load(Ordering::Acquire) {
                 None
             } else {
-                let guard = gate.cold.lock().await;
+                let guard = lane.cold.lock().await;
                 // Answered while this one waited: go on without the gate.
-                (!gate.warm.load(Ordering::Acquire)).then_some(guard)
+                (!lane.warm.load(Ordering::Acquire)).then_some(guard)
             };
-            let sent = runtime.spawn(inner.request(request));
-            // A caller that gives up (an operation timeout) cancels the request with it.
-            let _abort = AbortOnDrop(sent.abort_handle());
-            let response = match sent.await.map_err(BoxError::from) {
-                Ok(Ok(response)) => response,
-                Ok(Err(error)) => {
-                    gate.warm.store(false, Ordering::Release);
-                    return Err(error.into());
-                }
-                Err(error) => {
-                    gate.warm.store(false, Ordering::Release);
-                    return Err(error);
+            let unanswered = Unanswered(Some(&lane));
+            let sending = lane.client.request(request);
+            let sent = match &shared.runtime {
+                None => sending.await.map_err(BoxError::from),
+                Some(runtime) => {
+                    let task = runtime.spawn(sending);
+                    // A caller that gives up (an operation timeout) cancels the request with it.
+                    let _abort = AbortOnDrop(task.abort_handle());
+                    match task.await {
+                        Ok(sent) => sent.map_err(BoxError::from),
+                        Err(error) => Err(BoxError::from(error)),
+                    }
                 }
             };
-            gate.warm.store(true, Ordering::Release);
+            let response = sent?;
+            unanswered.answered();
+            lane.warm.store(true, Ordering::Release);
             let counter = if response.version() == http::Version::HTTP_2 {
-                &counters.http2_responses
+                &shared.counters.http2_responses
             } else {
-                &counters.http1_responses
+                &shared.counters.http1_responses
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            Ok(response)
+            Ok(response.map(|inner| Tracked {
+                inner,
+                _in_flight: in_flight,
+            }))
         })
+    }
+}
+
+/// A response body that keeps its request counted on its lane until it is dropped.
+pub(super) struct Tracked {
+    inner: hyper::body::Incoming,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -259,5 +375,39 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lane takes [`STREAMS_PER_CONNECTION`] requests; the next goes to a new lane (a new
+    /// connection), a finished request makes room again, and a retired lane takes none.
+    #[test]
+    fn a_connection_carries_at_most_200_requests() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = runtime.enter();
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let lanes = Lanes::new(&config, None, Arc::default()).unwrap();
+        let mut first: Vec<InFlight> = (0..STREAMS_PER_CONNECTION).map(|_| lanes.pick()).collect();
+        assert_eq!(STREAMS_PER_CONNECTION, 200);
+        assert!(first.iter().all(|f| Arc::ptr_eq(&f.0, &first[0].0)));
+        let second = lanes.pick();
+        assert!(!Arc::ptr_eq(&second.0, &first[0].0), "a second lane");
+        first.pop();
+        let again = lanes.pick();
+        assert!(Arc::ptr_eq(&again.0, &first[0].0), "room on the first lane");
+        first[0].0.retired.store(true, Ordering::Release);
+        drop(again);
+        let after = lanes.pick();
+        assert!(
+            !Arc::ptr_eq(&after.0, &first[0].0),
+            "the retired lane takes none"
+        );
+        assert_eq!(lanes.shared.lanes.lock().unwrap().len(), 1);
     }
 }
