@@ -1495,6 +1495,40 @@ async fn http2_is_negotiated_with_the_real_apiserver() {
     assert_eq!(response.version(), http::Version::HTTP_2);
 }
 
+/// A session created outside any runtime, used first from a runtime that then stops, still
+/// works from another runtime, on the same connection: its client and connection run on the
+/// sessions' own thread, not on the runtime that used it first.
+#[test]
+fn the_session_outlives_the_runtime_that_used_it_first() {
+    let session = KubernetesSession::new(
+        KubernetesSettings::new(&env().namespace)
+            .with_api_url(&env().url)
+            .with_token(&env().token)
+            .with_ca_file(&env().ca),
+    )
+    .unwrap();
+    let name = unique("outlives");
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = session.lease(no_retries(settings(&name, "a")));
+    runtime().block_on(async {
+        let _gate = GATE.clone().read_owned().await;
+        assert!(first.acquire().await.unwrap());
+        assert!(first.release().await.unwrap());
+    });
+    let second = session.lease(no_retries(settings(&name, "b")));
+    runtime().block_on(async {
+        let _gate = GATE.clone().read_owned().await;
+        assert!(second.acquire().await.unwrap());
+        assert!(second.release().await.unwrap());
+    });
+    assert_eq!(session.stats().connections, 1, "{:?}", session.stats());
+}
+
 /// The provider shares one session among leases whose `kubernetes` sections are equal (also
 /// under two lease keys): 20 leases held through a proxy only this test uses keep at most 2
 /// connections (one session each would keep 20).

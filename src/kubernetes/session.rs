@@ -6,9 +6,9 @@
 //! A [`KubernetesLease`](super::KubernetesLease) built on its own has a kube `Client` of its own:
 //! its own connection pool, TLS configuration, token and CA re-reading, and, over HTTP/1.1, a TCP
 //! connection for every request in flight and every open watch. A process holding N leases then
-//! kept more than N connections to the API server (`one_session_keeps_two_connections_for_200_leases`
-//! in `tests/kubernetes.rs` fails with 200 leases built that way) and each connection its TLS state
-//! (BENCHMARKS.md measured 56–67 KB per lease).
+//! kept more than N connections to the API server (400 for 200 leases, measured once with
+//! `one_session_keeps_two_connections_for_200_leases` in `tests/kubernetes.rs` on a client per
+//! lease) and each connection its TLS state (BENCHMARKS.md measured 56–67 KB per lease).
 //!
 //! A session owns **one** client for one API server and one set of credentials (token or token
 //! file, CA file); every lease built from it ([`KubernetesSession::lease`],
@@ -19,8 +19,8 @@
 //!   API server speaks over TLS, so all requests and watches of the session are streams of one TCP
 //!   connection (with `TCP_NODELAY`, kept alive with HTTP/2 pings): a session holding 200 leases
 //!   keeps at most 2 connections to the API server
-//!   (`one_session_keeps_two_connections_for_200_leases`; the second allows for a connection being
-//!   replaced), and [`KubernetesSessionStats::http2_responses`] shows the protocol in use
+//!   (`one_session_keeps_two_connections_for_200_leases`: their 200 watches fill one connection,
+//!   see the stream limit below, and the writes go over the second), and [`KubernetesSessionStats::http2_responses`] shows the protocol in use
 //!   (`http2_is_negotiated_with_the_real_apiserver`).
 //! * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
 //!   about once a minute, once per session rather than once per lease
@@ -30,15 +30,19 @@
 //!   `actix-coordination-kubernetes`, started with the first session), so they do not depend on
 //!   the runtime or actix arbiter that happens to use the session first: an arbiter that stops
 //!   does not take the connection of other arbiters' leases with it. A session can be created
-//!   outside any runtime.
+//!   outside any runtime (`the_session_outlives_the_runtime_that_used_it_first`).
 //!
 //! Each lease keeps its own state (what it observed of its object, its tenure) and its own watch;
 //! only the client is shared.
 //!
 //! **HTTP/2's stream limit.** An API server accepts a bounded number of concurrent streams per
-//! connection (250 by default in kube-apiserver); requests beyond it wait for a stream. Every held
-//! lease and every waiting contender keeps one watch open, so one session should not hold or wait
-//! for more than about 200 leases at once. Split larger sets over several sessions.
+//! connection (250 by default in kube-apiserver); requests beyond it would wait for a stream, a
+//! renewal stuck behind open watches. Every held lease and every waiting contender keeps one watch
+//! open, so the client puts at most 200 requests (an open watch counts for its whole life) on one
+//! connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
+//! `src/kubernetes/client.rs`). A request that fails or is given up (an operation timeout) moves
+//! later requests to a new connection, as HTTP/1.1 did: on a shared connection a lost answer
+//! usually means the connection is bad.
 //!
 //! The [`LeaseProvider`](crate::LeaseProvider) shares one session among the leases whose
 //! `kubernetes` sections are equal (`provider_shares_one_session_for_equal_sections`), for as
