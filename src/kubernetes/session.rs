@@ -1,52 +1,5 @@
 //! [`KubernetesSession`]: one kube client per API server and credentials, shared by the leases
-//! of a process.
-//!
-//! # What is shared, and why
-//!
-//! A [`KubernetesLease`](super::KubernetesLease) built on its own has a kube `Client` of its own:
-//! its own connection pool, TLS configuration, token and CA re-reading, and, over HTTP/1.1, a TCP
-//! connection for every request in flight and every open watch. A process holding N leases then
-//! kept more than N connections to the API server (400 for 200 leases, measured once with
-//! `one_session_keeps_two_connections_for_200_leases` in `tests/kubernetes.rs` on a client per
-//! lease) and each connection its TLS state (BENCHMARKS.md measured 56–67 KB per lease).
-//!
-//! A session owns **one** client for one API server and one set of credentials (token or token
-//! file, CA file); every lease built from it ([`KubernetesSession::lease`],
-//! [`KubernetesLease::with_session`](super::KubernetesLease::with_session)) and every clone of
-//! it uses that client. What comes with it:
-//!
-//! * **One connection.** The client offers HTTP/2 (ALPN `h2`, HTTP/1.1 as the fallback), which the
-//!   API server speaks over TLS, so all requests and watches of the session are streams of one TCP
-//!   connection (with `TCP_NODELAY`, kept alive with HTTP/2 pings): a session holding 200 leases
-//!   keeps at most 2 connections to the API server
-//!   (`one_session_keeps_two_connections_for_200_leases`: their 200 watches fill one connection,
-//!   see the stream limit below, and the writes go over the second), and [`KubernetesSessionStats::http2_responses`] shows the protocol in use
-//!   (`http2_is_negotiated_with_the_real_apiserver`).
-//! * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
-//!   about once a minute, once per session rather than once per lease
-//!   (`rotated_token_and_ca_files_are_picked_up`).
-//! * **Its own thread.** The client's connections, its request buffer and every request run on a
-//!   small runtime shared by all Kubernetes sessions of the process (one thread, named
-//!   `actix-coordination-kubernetes`, started with the first session), so they do not depend on
-//!   the runtime or actix arbiter that happens to use the session first: an arbiter that stops
-//!   does not take the connection of other arbiters' leases with it. A session can be created
-//!   outside any runtime (`the_session_outlives_the_runtime_that_used_it_first`).
-//!
-//! Each lease keeps its own state (what it observed of its object, its tenure) and its own watch;
-//! only the client is shared.
-//!
-//! **HTTP/2's stream limit.** An API server accepts a bounded number of concurrent streams per
-//! connection (250 by default in kube-apiserver); requests beyond it would wait for a stream, a
-//! renewal stuck behind open watches. Every held lease and every waiting contender keeps one watch
-//! open, so the client puts at most 200 requests (an open watch counts for its whole life) on one
-//! connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
-//! `src/kubernetes/client.rs`). A request that fails or is given up (an operation timeout) moves
-//! later requests to a new connection, as HTTP/1.1 did: on a shared connection a lost answer
-//! usually means the connection is bad.
-//!
-//! The [`LeaseProvider`](crate::LeaseProvider) shares one session among the leases whose
-//! `kubernetes` sections are equal (`provider_shares_one_session_for_equal_sections`), for as
-//! long as one of them lives.
+//! of a process (what is shared and why is documented on the type).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -61,7 +14,58 @@ use crate::managed::ManagedLease;
 use crate::settings::LeaseSettings;
 
 /// A kube client for one API server and one set of credentials, shared by many leases; clones
-/// share it. See the [module documentation](self) for what is shared and why.
+/// share it.
+///
+/// # What is shared, and why
+///
+/// A client per lease (what every [`KubernetesLease`](super::KubernetesLease) had before
+/// sessions, and what [`KubernetesLease::new`](super::KubernetesLease::new) still builds) means a
+/// connection pool, TLS configuration and token and CA re-reading per lease, and, over HTTP/1.1, a
+/// TCP connection for every request in flight and every open watch. A process holding N leases then
+/// kept more than N connections to the API server (400 for 200 leases, measured once with
+/// `one_session_keeps_two_connections_for_200_leases` in `tests/kubernetes.rs` on a client per
+/// lease) and each connection its TLS state (BENCHMARKS.md measured 56–67 KB per lease).
+///
+/// A session owns **one** client for one API server and one set of credentials (token or token
+/// file, CA file); every lease built from it ([`KubernetesSession::lease`],
+/// [`KubernetesLease::with_session`](super::KubernetesLease::with_session)) and every clone of
+/// it uses that client. What comes with it:
+///
+/// * **One connection.** The client offers HTTP/2 (ALPN `h2`, HTTP/1.1 as the fallback), which the
+///   API server speaks over TLS, so all requests and watches of the session are streams of one TCP
+///   connection (with `TCP_NODELAY`, kept alive with HTTP/2 pings): a session holding 200 leases
+///   keeps at most 2 connections to the API server
+///   (`one_session_keeps_two_connections_for_200_leases`: their 200 watches fill one connection,
+///   see the stream limit below, and the writes go over the second), and
+///   [`KubernetesSessionStats::http2_responses`] shows the protocol in use
+///   (`http2_is_negotiated_with_the_real_apiserver`).
+/// * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
+///   about once a minute, once per session rather than once per lease
+///   (`rotated_token_and_ca_files_are_picked_up`).
+/// * **Its own thread.** The client's connections, its request buffer and every request run on a
+///   small runtime shared by all Kubernetes sessions of the process (one thread, named
+///   `actix-coordination-kubernetes`, started with the first session), so they do not depend on
+///   the runtime or actix arbiter that happens to use the session first: an arbiter that stops
+///   does not take the connection of other arbiters' leases with it. A session can be created
+///   outside any runtime (`the_session_outlives_the_runtime_that_used_it_first`).
+///
+/// Each lease keeps its own state (what it observed of its object, its tenure) and its own watch;
+/// only the client is shared.
+///
+/// **HTTP/2's stream limit.** An API server accepts a bounded number of concurrent streams per
+/// connection (250 by default in kube-apiserver); requests beyond it would wait for a stream, a
+/// renewal stuck behind open watches. Every held lease and every waiting contender keeps one watch
+/// open, so the client puts at most 200 requests (an open watch counts for its whole life) on one
+/// connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
+/// `src/kubernetes/client.rs`). A request that fails or is given up (an operation timeout) moves
+/// later requests to a new connection, as HTTP/1.1 did: on a shared connection a lost answer
+/// usually means the connection is bad.
+///
+/// The [`LeaseProvider`](crate::LeaseProvider) shares one session among the leases whose
+/// `kubernetes` sections are equal (`provider_shares_one_session_for_equal_sections`), for as
+/// long as one of them lives.
+///
+/// # Example
 ///
 /// ```no_run
 /// use actix_coordination::{KubernetesSession, KubernetesSettings, Lease, LeaseSettings};
