@@ -190,8 +190,8 @@ pub(super) const STREAMS_PER_CONNECTION: usize = 200;
 /// depend on the runtime or actix arbiter that happened to use the session first. The response
 /// body is read by the caller, from the connection task through a channel.
 ///
-/// A request that fails, or that its caller gives up before the answer (an operation timeout),
-/// retires its lane: later requests go to a new lane, on a new connection, and the old one closes
+/// A request that fails, or that its caller gives up before the answer (an operation timeout;
+/// not a watch, whose caller may simply have lost interest), retires its lane: later requests go to a new lane, on a new connection, and the old one closes
 /// once its last request is done. That is what HTTP/1.1 did for a connection whose answer was
 /// lost; on a shared HTTP/2 connection, a lost answer usually means the connection is bad, and
 /// its half-read state must not be reused (`backend_steps_handle_lost_answers_and_conflicts`).
@@ -215,7 +215,7 @@ struct Lane {
     client: HyperClient,
     /// Requests sent on this lane whose response (body) is still alive.
     in_flight: AtomicUsize,
-    /// A request was answered since the last failure.
+    /// A request was answered on this lane.
     warm: std::sync::atomic::AtomicBool,
     /// Held by the one request in flight while the lane is not warm.
     cold: tokio::sync::Mutex<()>,
@@ -313,7 +313,13 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                 // Answered while this one waited: go on without the gate.
                 (!lane.warm.load(Ordering::Acquire)).then_some(guard)
             };
-            let unanswered = Unanswered(Some(&lane));
+            // A watch given up before its answer is a caller no longer interested (a tenure that
+            // ended while its watch was being opened), not a sign of a bad connection.
+            let is_watch = request
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+            let unanswered = Unanswered((!is_watch).then_some(&*lane));
             let sending = lane.client.request(request);
             let sent = match &shared.runtime {
                 None => sending.await.map_err(BoxError::from),
@@ -327,7 +333,13 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                     }
                 }
             };
-            let response = sent?;
+            let response = match sent {
+                Ok(response) => response,
+                Err(error) => {
+                    lane.retired.store(true, Ordering::Release);
+                    return Err(error);
+                }
+            };
             unanswered.answered();
             lane.warm.store(true, Ordering::Release);
             let counter = if response.version() == http::Version::HTTP_2 {
