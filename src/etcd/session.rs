@@ -466,6 +466,8 @@ pub(super) struct GrantState {
     pub(super) failure: Option<(Instant, String)>,
     /// Why the grant is lost, once it is.
     pub(super) lost: Option<String>,
+    /// When the keep-alive in flight (sent, not answered yet) was sent.
+    pub(super) in_flight: Option<Instant>,
 }
 
 /// The answer to a renewal's request for a fresh keep-alive.
@@ -506,6 +508,7 @@ impl Grant {
                 last_ok: sent,
                 failure: None,
                 lost: None,
+                in_flight: None,
             }),
             users: Mutex::new(Users::default()),
             users_changed: Notify::new(),
@@ -558,55 +561,64 @@ impl Grant {
         });
     }
 
+    /// A keep-alive sent at `sent` is in flight.
+    fn sending(&self, sent: Instant) {
+        self.state.send_modify(|state| state.in_flight = Some(sent));
+    }
+
     fn succeeded(&self, sent: Instant) {
         self.state.send_modify(|state| {
             state.last_ok = state.last_ok.max(sent);
             state.failure = None;
+            state.in_flight = None;
         });
     }
 
     fn failed(&self, sent: Instant, error: String) {
         tracing::debug!(%error, "keep-alive of a shared etcd lease failed");
-        self.state
-            .send_modify(|state| state.failure = Some((sent, error)));
+        self.state.send_modify(|state| {
+            state.failure = Some((sent, error));
+            state.in_flight = None;
+        });
     }
 
     /// Waits for a keep-alive sent at or after `start`, or accepts one sent at most `tolerance`
-    /// before it; asks the keep-alive loop for one if needed.
+    /// before it (one that succeeded already, or the one in flight if it succeeds); asks the
+    /// keep-alive loop for one if needed. Renewals that start while a keep-alive is in flight
+    /// therefore share it instead of asking for the next one, so the keep-alives of a grant stay
+    /// at least `tolerance` apart.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the keep-alive still happens and serves the next renewal.
     pub(super) async fn fresh_keep_alive(&self, start: Instant, tolerance: Duration) -> Freshness {
         let mut state = self.state.subscribe();
-        {
-            let current = state.borrow_and_update();
-            if let Some(reason) = &current.lost {
-                return Freshness::Lost(reason.clone());
+        let mut asked = false;
+        loop {
+            {
+                let current = state.borrow_and_update();
+                if let Some(reason) = &current.lost {
+                    return Freshness::Lost(reason.clone());
+                }
+                if current.last_ok + tolerance >= start {
+                    return Freshness::Renewed(current.last_ok);
+                }
+                if let Some((sent, error)) = &current.failure {
+                    if *sent >= start {
+                        // The attempt made for this renewal (or a later one) failed.
+                        return Freshness::Failed(error.clone());
+                    }
+                }
+                let shared = current.in_flight.is_some_and(|s| s + tolerance >= start);
+                if !shared && !asked {
+                    self.demand.notify_one();
+                    asked = true;
+                }
             }
-            if current.last_ok + tolerance >= start {
-                return Freshness::Renewed(current.last_ok);
+            // The sender lives in `self`: waiting cannot fail.
+            if state.changed().await.is_err() {
+                return Freshness::Failed("the keep-alive loop stopped".into());
             }
-        }
-        self.demand.notify_one();
-        let answered = state
-            .wait_for(|s| {
-                s.lost.is_some()
-                    || s.last_ok >= start
-                    || s.failure.as_ref().is_some_and(|(sent, _)| *sent >= start)
-            })
-            .await;
-        // The sender lives in `self`: waiting cannot fail.
-        let Ok(current) = answered else {
-            return Freshness::Failed("the keep-alive loop stopped".into());
-        };
-        if let Some(reason) = &current.lost {
-            Freshness::Lost(reason.clone())
-        } else if current.last_ok >= start {
-            Freshness::Renewed(current.last_ok)
-        } else {
-            let error = current.failure.as_ref().map(|(_, e)| e.clone());
-            Freshness::Failed(error.unwrap_or_default())
         }
     }
 
@@ -762,6 +774,7 @@ async fn keep_alive_loop(
                     session.keep_alives.fetch_add(1, Ordering::Relaxed);
                 }
                 let sent = Instant::now();
+                grant.sending(sent);
                 match timeout(
                     timing.timeout,
                     keep_alive_once(&mut client, &mut stream, grant.id),
@@ -949,13 +962,55 @@ mod tests {
             async move { grant.fresh_keep_alive(start, tolerance).await }
         });
         grant.demand.notified().await;
+        let too_old = start - tolerance - Duration::from_millis(1);
         grant.failed(start - Duration::from_millis(1), "an older attempt".into());
-        grant.succeeded(start - Duration::from_millis(1));
+        grant.succeeded(too_old);
         tokio::task::yield_now().await;
-        assert!(!renewal.is_finished(), "older attempts do not answer it");
+        assert!(
+            !renewal.is_finished(),
+            "a failure from before it, a success from before its tolerance: no answer"
+        );
         let sent = start + Duration::from_millis(5);
         grant.succeeded(sent);
         assert_eq!(renewal.await.unwrap(), Freshness::Renewed(sent));
+
+        // A keep-alive in flight, sent within the tolerance before the renewal started, is
+        // shared: no new one is asked for, and its success answers the renewal.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let in_flight = Instant::now();
+        grant.sending(in_flight);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let start = Instant::now();
+        let renewal = tokio::spawn({
+            let grant = Arc::clone(&grant);
+            async move { grant.fresh_keep_alive(start, tolerance).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            timeout(Duration::from_millis(1), grant.demand.notified())
+                .await
+                .is_err(),
+            "no keep-alive asked for while one sent just before is in flight"
+        );
+        grant.succeeded(in_flight);
+        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(in_flight));
+
+        // If the shared one fails, the renewal asks for its own.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let in_flight = Instant::now();
+        grant.sending(in_flight);
+        let start = in_flight + Duration::from_millis(10);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let renewal = tokio::spawn({
+            let grant = Arc::clone(&grant);
+            async move { grant.fresh_keep_alive(start, tolerance).await }
+        });
+        tokio::task::yield_now().await;
+        grant.failed(in_flight, "reset".into());
+        grant.demand.notified().await;
+        let own = Instant::now();
+        grant.succeeded(own);
+        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(own));
 
         // A failure of the attempt made for it is reported as such.
         tokio::time::advance(Duration::from_secs(3)).await;
