@@ -311,11 +311,13 @@ mod kubernetes {
 
         fn client_counters(&self, lease: &KubernetesLease) -> Counters {
             let s = lease.backend().stats();
+            let w = lease.backend().watch_stats();
             Counters::from([
                 ("GET".into(), s.gets as f64),
                 ("CREATE".into(), s.creates as f64),
                 ("PUT".into(), s.updates as f64),
-                ("WATCH opened".into(), s.watches as f64),
+                ("LIST".into(), w.list_requests as f64),
+                ("WATCH opened".into(), w.watch_requests as f64),
             ])
         }
 

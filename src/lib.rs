@@ -96,8 +96,9 @@ pub use kubernetes::{
     is_valid_object_name as is_valid_kubernetes_object_name, kubernetes_client,
     object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
     KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSessionStats,
-    KubernetesSettings, KubernetesStats, KubernetesTenure, KUBERNETES_BACKEND,
-    LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
+    KubernetesSettings, KubernetesStats, KubernetesTenure, KubernetesWatchStats,
+    KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
+    WATCH_FLOOR as KUBERNETES_WATCH_FLOOR,
 };
 
 /// The items most programs need.

@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use actix::Actor;
 use actix_coordination::{
     is_valid_kubernetes_object_name as is_valid_object_name, kubernetes_object_name as object_name,
-    AcquireAttempt, BackendError, CoordinationConfig, KubernetesBackend, KubernetesError,
-    KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseBackend, LeaseError,
-    LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome,
-    KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
+    AcquireAttempt, BackendError, ClusterSingletonManager, CoordinationConfig, KubernetesBackend,
+    KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseBackend,
+    LeaseError, LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome, Shutdown,
+    SingletonSettings, SingletonState, KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
 use common::k8s::{client, env, ApiserverProcess};
@@ -421,9 +422,9 @@ async fn takeover_and_deletion_are_reported_by_the_watch() {
     assert!(!a.check_alive());
 }
 
-/// A contender waiting between attempts watches the object: the holder's renewals cost it
-/// nothing, and the release wakes it: it gets the lease long before its retry delay (a minute)
-/// could have passed, with one read and one claim after the release.
+/// A contender waiting between attempts learns of the object from the namespace watch: the
+/// holder's renewals cost it nothing, and the release wakes it: it gets the lease long before its
+/// retry delay (a minute) could have passed, with one claim after the release and no read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_contender_sees_the_release_at_once() {
     const RETRY_DELAY: Duration = Duration::from_secs(60);
@@ -456,22 +457,15 @@ async fn waiting_contender_sees_the_release_at_once() {
     .await
     .expect("b was woken by the release, not by its retry delay");
     assert!(got.unwrap(), "b got the released lease");
-    // One read before waiting, one watch through a's renewals, one read and one claim after the
-    // release: no polling.
+    // At most one read before the namespace watch was listed, then nothing through a's renewals,
+    // and one claim after the release (decided from the watch's view, without a read): no
+    // polling. The namespace watch was opened once, and serves the new tenure too.
     let spent = b.backend().stats();
-    assert_eq!(spent.gets - before.gets, 2, "{before:?} -> {spent:?}");
+    assert!(spent.gets - before.gets <= 1, "{before:?} -> {spent:?}");
     assert_eq!(spent.updates - before.updates, 1, "{before:?} -> {spent:?}");
-    // The watches: the one that waited, and the new tenure's own (opened by its renewal task,
-    // maybe a moment after acquire returned).
-    timeout(Duration::from_secs(5), async {
-        while b.backend().stats().watches - before.watches < 2 {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the tenure watches its object");
-    let spent = b.backend().stats();
-    assert_eq!(spent.watches - before.watches, 2, "{before:?} -> {spent:?}");
+    let watch = b.backend().watch_stats();
+    assert_eq!(watch.watch_requests, 1, "{watch:?}");
+    assert_eq!(watch.list_requests, 1, "{watch:?}");
     assert!(b.release().await.unwrap());
 }
 
@@ -884,7 +878,11 @@ async fn holder_sends_one_request_per_renewal_interval() {
     assert_eq!(a.stats().renewals - renewals0, RENEWALS);
     assert_eq!(s1.updates - s0.updates, RENEWALS, "one update per renewal");
     assert_eq!(s1.requests() - s0.requests(), RENEWALS, "{s0:?} -> {s1:?}");
-    assert_eq!(s1.watches, s0.watches, "the watch stays open");
+    assert_eq!(
+        a.backend().watch_stats().watch_requests,
+        1,
+        "the namespace watch stays open"
+    );
     assert_eq!(
         starts.len() as u64,
         RENEWALS,
@@ -907,6 +905,127 @@ async fn holder_sends_one_request_per_renewal_interval() {
         "requests on leases seen by the API server over {RENEWALS} renewals"
     );
     assert!(a.release().await.unwrap());
+}
+
+/// A `ClusterSingletonManager` waiting for a lease held elsewhere sends nothing periodic: over
+/// three acquire rounds, the API server counts no request on leases but the holder's renewals
+/// (one update each), and the waiting lease sent no request and no watch. A release still hands
+/// over at once: the manager runs its singleton well before the TTL.
+#[test]
+fn a_waiting_manager_sends_no_periodic_request() {
+    struct Idle;
+    impl Actor for Idle {
+        type Context = actix::Context<Self>;
+    }
+    common::run_real(async {
+        const ROUNDS: u64 = 3;
+        let f = KubeFixture::exclusive().await;
+        let admin = client(&env().url, &env().admin_token);
+        let m_start = lease_requests(&admin).await;
+        let name = unique("quiet");
+        let ttl = Duration::from_secs(2);
+        let lease_settings = |owner: &str| {
+            LeaseSettings::builder(&name, owner)
+                .ttl(ttl)
+                .build()
+                .unwrap()
+        };
+        let a = f.lease(lease_settings("a")).await;
+        assert!(a.acquire().await.unwrap());
+        let b = Arc::new(f.lease(lease_settings("b")).await);
+        let manager = ClusterSingletonManager::from_arc(Arc::clone(&b), |_, _| Idle)
+            .settings(SingletonSettings {
+                retry_delay: Some(Duration::from_millis(500)),
+                ..SingletonSettings::default()
+            })
+            .start();
+        // What the API server must have counted once every answered request is counted: the
+        // leases' own requests and their namespace watches' lists (watches are counted when
+        // they end).
+        let ours = || {
+            a.backend().stats().requests()
+                + b.backend().stats().requests()
+                + a.backend().watch_stats().list_requests
+                + b.backend().watch_stats().list_requests
+        };
+        let settled = || {
+            let (admin, m_start, ours) = (&admin, &m_start, &ours);
+            async move {
+                timeout(Duration::from_secs(10), async {
+                    loop {
+                        let expected = ours();
+                        let metrics = lease_requests(admin).await;
+                        let counted: u64 = metrics
+                            .iter()
+                            .filter(|(verb, _)| *verb != "WATCH")
+                            .map(|(verb, n)| n - m_start.get(verb).copied().unwrap_or(0))
+                            .sum();
+                        if counted == expected && ours() == expected {
+                            return metrics;
+                        }
+                        sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await
+                .expect("the API server counted the leases' requests")
+            }
+        };
+        // Until its namespace watch is listed, the manager's first attempt reads the object.
+        timeout(Duration::from_secs(10), async {
+            while !(b.backend().watching() && b.stats().acquire_attempts >= 2) {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the manager competes, its watch listed");
+        let m0 = settled().await;
+        let (a0, b0, w0) = (
+            a.backend().stats(),
+            b.backend().stats(),
+            b.backend().watch_stats(),
+        );
+        let attempts0 = b.stats().acquire_attempts;
+        // Each round makes two attempts: one at its start, one when its wait ends.
+        timeout(ttl * 4 * ROUNDS as u32, async {
+            while b.stats().acquire_attempts < attempts0 + 2 * ROUNDS {
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the manager goes on competing");
+        let m1 = settled().await;
+        let (a1, b1, w1) = (
+            a.backend().stats(),
+            b.backend().stats(),
+            b.backend().watch_stats(),
+        );
+        assert_eq!(b1, b0, "the waiting lease sent no request");
+        assert_eq!(w1, w0, "its namespace watch was not re-opened");
+        let renewals = a1.updates - a0.updates;
+        assert!(
+            renewals >= ROUNDS,
+            "the holder renewed meanwhile: {a0:?} -> {a1:?}"
+        );
+        let delta: BTreeMap<&str, u64> = m1
+            .iter()
+            .map(|(verb, n)| (verb.as_str(), n - m0.get(verb).copied().unwrap_or(0)))
+            .filter(|(verb, n)| *n > 0 && *verb != "WATCH")
+            .collect();
+        assert_eq!(
+            delta,
+            BTreeMap::from([("PUT", renewals)]),
+            "requests on leases over {ROUNDS} rounds of the waiting manager"
+        );
+        // A release wakes the manager through the watch.
+        let released = Instant::now();
+        assert!(a.release().await.unwrap());
+        common::actors::wait_for_state(&manager, SingletonState::Running, ttl).await;
+        assert!(released.elapsed() < ttl, "{:?}", released.elapsed());
+        assert!(
+            manager.send(Shutdown).await.unwrap().unwrap(),
+            "released at shutdown"
+        );
+    });
 }
 
 /// `apiserver_request_total{resource="leases"}` by verb, from the API server's metrics.
@@ -1334,9 +1453,9 @@ async fn connections_set_tcp_nodelay() {
     let from_client = f.lease(no_retries(settings(&name, "b"))).await;
     assert!(from_settings.acquire().await.unwrap());
     assert!(!from_client.acquire().await.unwrap());
-    // The holder's renewal task opens a second connection for its watch.
+    // The holder's namespace watch is open (on the session's connection).
     timeout(Duration::from_secs(10), async {
-        while from_settings.backend().stats().watches == 0 {
+        while !from_settings.backend().watching() {
             sleep(Duration::from_millis(5)).await;
         }
     })
@@ -1405,23 +1524,23 @@ fn established_connections_to(peer: SocketAddr) -> usize {
     count
 }
 
-/// Acquires every lease at once and waits until each has opened the watch of its tenure.
+/// Acquires every lease at once and waits until the namespace watch of each is listed.
 async fn acquire_all_and_watch(leases: &[KubernetesLease]) {
     let acquired = futures_util::future::join_all(leases.iter().map(|l| l.acquire())).await;
     for (lease, acquired) in leases.iter().zip(acquired) {
         assert!(acquired.unwrap(), "{} was free", lease.name());
     }
     timeout(Duration::from_secs(30), async {
-        while leases.iter().any(|l| l.backend().stats().watches == 0) {
+        while leases.iter().any(|l| !l.backend().watching()) {
             sleep(Duration::from_millis(20)).await;
         }
     })
     .await
-    .expect("every tenure watches its object");
+    .expect("every lease watches its namespace");
 }
 
 /// The connection count of the README and of `KubernetesSession`: one session holding 200 leases
-/// (200 open watches, renewals going on) keeps at most 2 TCP connections to the API server,
+/// (one namespace watch for all of them, renewals going on) keeps at most 2 TCP connections to the API server,
 /// counted in the kernel's table (`/proc/self/net/tcp*`) for a proxy only this test talks
 /// through. With a client per lease over HTTP/1.1 (before sessions) it kept more than 200: a
 /// connection per watch plus the writes'.
@@ -1462,6 +1581,10 @@ async fn one_session_keeps_two_connections_for_200_leases() {
     );
     assert!(stats.connections <= 2, "{stats:?}");
     assert_eq!(stats.http1_responses, 0, "{stats:?}");
+    assert_eq!(
+        stats.watch.watch_requests, 1,
+        "one watch for all: {stats:?}"
+    );
     let released = futures_util::future::join_all(leases.iter().map(|l| l.release())).await;
     assert!(released.into_iter().all(|r| r.unwrap()));
 }

@@ -7,16 +7,16 @@ mod error;
 mod name;
 mod session;
 mod settings;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::time::Instant;
 
@@ -30,6 +30,8 @@ pub use error::KubernetesError;
 pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
 pub use session::{KubernetesSession, KubernetesSessionStats};
 pub use settings::KubernetesSettings;
+pub use watch::{KubernetesWatchStats, WATCH_FLOOR};
+use watch::{Subscription, View, WatchHub};
 
 /// The name of the Kubernetes backend in a [`CoordinationConfig`](crate::CoordinationConfig).
 pub const KUBERNETES_BACKEND: &str = "kubernetes";
@@ -38,11 +40,6 @@ pub const KUBERNETES_BACKEND: &str = "kubernetes";
 const FIELD_MANAGER: &str = "actix-coordination";
 /// Compare-and-swap rounds within one call before giving up with [`KubernetesError::Conflict`].
 const MAX_CAS_ATTEMPTS: u32 = 4;
-/// How long one watch request of a holder stays open before it is re-opened.
-const WATCH_TIMEOUT_SECS: u32 = 290;
-/// How long past [`WATCH_TIMEOUT_SECS`] a holder's watch may stay open before it is taken for a
-/// half-open connection and replaced.
-const WATCH_SILENCE_MARGIN: Duration = Duration::from_secs(30);
 /// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
 const MAX_UNCONFIRMED: usize = 16;
 
@@ -270,8 +267,6 @@ pub struct KubernetesStats {
     pub creates: u64,
     /// `update` requests (claims, renewals, releases).
     pub updates: u64,
-    /// `watch` requests opened.
-    pub watches: u64,
     /// `create` and `update` requests the API server refused with `409 Conflict` (someone else
     /// wrote first: a lost compare-and-swap race); counted in `creates` and `updates` too.
     pub conflicts: u64,
@@ -289,7 +284,6 @@ struct Counters {
     gets: AtomicU64,
     creates: AtomicU64,
     updates: AtomicU64,
-    watches: AtomicU64,
     conflicts: AtomicU64,
 }
 
@@ -309,6 +303,8 @@ pub struct KubernetesBackend {
     object: String,
     state: Mutex<State>,
     counters: Counters,
+    hub: Arc<WatchHub>,
+    subscription: OnceLock<Subscription>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -324,6 +320,11 @@ impl std::fmt::Debug for KubernetesBackend {
 #[derive(Default)]
 struct State {
     observed: Option<Observed>,
+    /// What this instance knows of the object (from the namespace watch or its own requests), and
+    /// the epoch of the namespace watch it learned it in (0: the watch was not synced).
+    known: Option<(View, u64)>,
+    /// The last delivery of the namespace watch folded in.
+    folded: u64,
     /// The `resourceVersion` of this instance's latest write in the current tenure.
     tenure_version: Option<String>,
 }
@@ -413,7 +414,13 @@ impl KubernetesBackend {
     }
 
     fn build(name: &str, client: ClientSource, namespace: String) -> Self {
+        let hub = match &client {
+            ClientSource::Ready(client) => Arc::new(WatchHub::new(client.clone(), None)),
+            ClientSource::Session(session) => Arc::clone(session.hub()),
+        };
         Self {
+            hub,
+            subscription: OnceLock::new(),
             client,
             namespace,
             name: name.to_owned(),
@@ -439,7 +446,6 @@ impl KubernetesBackend {
             gets: self.counters.gets.load(Ordering::Relaxed),
             creates: self.counters.creates.load(Ordering::Relaxed),
             updates: self.counters.updates.load(Ordering::Relaxed),
-            watches: self.counters.watches.load(Ordering::Relaxed),
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
         }
     }
@@ -510,25 +516,41 @@ impl KubernetesBackend {
         Ok(updated)
     }
 
-    /// Records an observation of the object; the clock of a version starts when it is first seen.
+    /// Records what a request returned of the object.
     fn observe(&self, lease: &LeaseObject) {
-        let Some(version) = lease.metadata.resource_version.clone() else {
-            return;
-        };
+        let epoch = self.synced_epoch();
+        self.learn(
+            View::Present(Arc::new(lease.clone())),
+            Instant::now(),
+            epoch,
+        );
+    }
+
+    /// Records what is known of the object, unless it is older than what is known already; the
+    /// expiry clock of a version starts when this instance first saw it (`at`).
+    fn learn(&self, view: View, at: Instant, epoch: u64) {
         let mut state = self.lock();
-        if state
-            .observed
-            .as_ref()
-            .is_some_and(|o| o.version == version)
-        {
-            return;
+        if let (Some(new), Some(known)) = (
+            view.version(),
+            state.known.as_ref().and_then(|(v, _)| v.version()),
+        ) {
+            if watch::older(new, known) {
+                return;
+            }
         }
-        state.observed = Some(Observed {
-            version,
-            first_seen: Instant::now(),
-            holder: holder_of(lease).map(str::to_owned),
-            duration: duration_of(lease),
-        });
+        if let View::Present(lease) = &view {
+            if let Some(version) = lease.metadata.resource_version.as_deref() {
+                if state.observed.as_ref().is_none_or(|o| o.version != version) {
+                    state.observed = Some(Observed {
+                        version: version.to_owned(),
+                        first_seen: at,
+                        holder: holder_of(lease).map(str::to_owned),
+                        duration: duration_of(lease),
+                    });
+                }
+            }
+        }
+        state.known = Some((view, epoch));
     }
 
     fn observed(&self) -> Option<Observed> {
@@ -643,12 +665,6 @@ impl KubernetesBackend {
         }
     }
 
-    fn watch_params(&self, timeout_secs: u32) -> WatchParams {
-        WatchParams::default()
-            .fields(&format!("metadata.name={}", self.object))
-            .timeout(timeout_secs)
-    }
-
     /// `future`, a request with `verb`, bounded by `limit` ([`KubernetesError::Timeout`]).
     async fn bounded<T>(
         &self,
@@ -685,80 +701,113 @@ impl KubernetesBackend {
         })
     }
 
-    /// Watches the object from the tenure's last write; resolves when the tenure is lost.
-    ///
-    /// Every step is bounded in time, also with a client without a read timeout: opening a watch
-    /// and reading the object by the operation timeout (an error: the caller retries with backoff),
-    /// and each watch stream by the time the API server keeps it open plus
-    /// [`WATCH_SILENCE_MARGIN`]. The server ends every watch after [`WATCH_TIMEOUT_SECS`], so a
-    /// stream still open after that sits on a half-open connection (the server or the network went
-    /// away without a reset): it is dropped and a new watch opened, without extra requests while
-    /// the connection is fine.
-    async fn watch_tenure(
-        &self,
-        settings: &LeaseSettings,
-        token: FencingToken,
-    ) -> Result<LostReason, KubernetesError> {
-        let api = self.api()?;
-        let owner = settings.owner();
-        let known = self.lock().tenure_version.clone();
-        let mut version = match known {
-            Some(version) => version,
-            None => match self.tenure_check(&api, settings, token).await? {
-                Ok(version) => version,
-                Err(reason) => return Ok(reason),
-            },
-        };
-        let stream_lifetime =
-            Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + WATCH_SILENCE_MARGIN;
-        loop {
-            self.counters.watches.fetch_add(1, Ordering::Relaxed);
-            let give_up = Instant::now() + stream_lifetime;
-            let stream = self
-                .bounded("watch", settings.operation_timeout(), async {
-                    api.watch(&self.watch_params(WATCH_TIMEOUT_SECS), &version)
-                        .await
-                        .map_err(|e| self.error("watch", e))
-                })
-                .await?;
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let event = match tokio::time::timeout_at(give_up, stream.try_next()).await {
-                    Err(_) => {
-                        tracing::debug!(object = %self.object, "the watch outlived its server-side timeout (a half-open connection); opening another one");
-                        break;
-                    }
-                    Ok(Err(error)) => return Err(self.error("watch", error)),
-                    // The server ended the watch (its timeout): open another one.
-                    Ok(Ok(None)) => break,
-                    Ok(Ok(Some(event))) => event,
-                };
-                match event {
-                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
-                        self.observe(&lease);
-                        if let Some(reason) = Self::loss_in(&lease, owner, token) {
-                            return Ok(reason);
-                        }
-                        if let Some(v) = lease.metadata.resource_version {
-                            version = v;
-                        }
-                    }
-                    WatchEvent::Deleted(_) => return Ok(LostReason::Deleted),
-                    WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
-                    WatchEvent::Error(status) if status.code == 410 => {
-                        // Too old to watch from: read the object and watch from its version.
-                        match self.tenure_check(&api, settings, token).await? {
-                            Ok(current) => version = current,
-                            Err(reason) => return Ok(reason),
-                        }
-                        break;
-                    }
-                    WatchEvent::Error(status) => {
-                        return Err(self.error("watch", kube::Error::Api(status)))
-                    }
-                }
+    /// The namespace watch subscription of this instance, made at first use.
+    fn subscription(&self) -> Option<&Subscription> {
+        if let Some(subscription) = self.subscription.get() {
+            return Some(subscription);
+        }
+        match self.hub.subscribe(&self.namespace, &self.object) {
+            Ok(subscription) => Some(self.subscription.get_or_init(|| subscription)),
+            Err(error) => {
+                tracing::debug!(%error, object = %self.object, "cannot watch the namespace; reading the object before each attempt");
+                None
             }
         }
+    }
+
+    /// The epoch of the namespace watch if it is synced, else 0.
+    fn synced_epoch(&self) -> u64 {
+        self.subscription
+            .get()
+            .map(Subscription::status)
+            .filter(|s| s.synced)
+            .map_or(0, |s| s.epoch)
+    }
+
+    /// Folds the namespace watch's latest delivery for the object into what this instance knows.
+    fn fold(&self) {
+        let Some(subscription) = self.subscription() else {
+            return;
+        };
+        let snapshot = subscription.latest();
+        {
+            let mut state = self.lock();
+            if snapshot.seq <= state.folded {
+                return;
+            }
+            state.folded = snapshot.seq;
+        }
+        let Some(view) = snapshot.view else {
+            return;
+        };
+        if let View::Present(lease) = &view {
+            // Not this lease's object (a name collision): the next read reports it.
+            if self.check_owner_name(lease).is_err() {
+                return;
+            }
+        }
+        let status = subscription.status();
+        let epoch = if status.synced && status.epoch == snapshot.epoch {
+            snapshot.epoch
+        } else {
+            0
+        };
+        self.learn(view, snapshot.at, epoch);
+    }
+
+    /// What this instance knows of the object, if it is current: learned in the epoch of the
+    /// namespace watch that still runs, synced (see the `watch` module).
+    fn current_view(&self) -> Option<View> {
+        self.fold();
+        let status = self.subscription.get()?.status();
+        if !status.synced {
+            return None;
+        }
+        match &self.lock().known {
+            Some((view, epoch)) if *epoch == status.epoch && *epoch > 0 => Some(view.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether `view`, a delivery of the namespace watch, shows the tenure with `token` lost. A
+    /// view that shows a loss but may be older than the tenure's last write (versions that are not
+    /// numbers, a listing) is confirmed by a read; one older than that write is ignored.
+    async fn judge(
+        &self,
+        view: &View,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<Option<LostReason>, KubernetesError> {
+        let reason = match view {
+            View::Present(lease) => match Self::loss_in(lease, settings.owner(), token) {
+                None => return Ok(None),
+                Some(reason) => reason,
+            },
+            View::Absent { .. } => LostReason::Deleted,
+        };
+        let ours = self.lock().tenure_version.clone();
+        if let (Some(seen), Some(ours)) = (view.version(), ours.as_deref()) {
+            if watch::newer(seen, ours) {
+                return Ok(Some(reason));
+            }
+            if seen == ours || watch::older(seen, ours) {
+                return Ok(None);
+            }
+        }
+        let api = self.api()?;
+        Ok(self.tenure_check(&api, settings, token).await?.err())
+    }
+
+    /// Whether the namespace watch this lease learns from is listed and running; until it is, a
+    /// waiting attempt reads the object first.
+    pub fn watching(&self) -> bool {
+        self.synced_epoch() > 0
+    }
+
+    /// The requests of the namespace watch this lease uses (shared with every lease of its
+    /// session in the namespace).
+    pub fn watch_stats(&self) -> KubernetesWatchStats {
+        self.hub.counters.stats()
     }
 }
 
@@ -785,8 +834,17 @@ impl LeaseBackend for KubernetesBackend {
     ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
         let api = self.api()?;
         let owner = settings.owner();
+        // While the namespace watch is synced, what it delivered is the object now (up to its
+        // delay): decide from it without a read. A claim on a stale view fails its
+        // compare-and-swap, and the next round reads.
+        let mut cached = self.current_view();
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let Some(current) = self.get(&api).await? else {
+            let current = match cached.take() {
+                Some(View::Present(lease)) => Some((*lease).clone()),
+                Some(View::Absent { .. }) => None,
+                None => self.get(&api).await?,
+            };
+            let Some(current) = current else {
                 match self.create(&api, &self.new_object(settings)).await {
                     Ok(created) => return Ok(self.acquired(created)),
                     Err(e) if e.status_code() == Some(409) => continue,
@@ -937,16 +995,24 @@ impl LeaseBackend for KubernetesBackend {
         settings: &LeaseSettings,
         token: FencingToken,
     ) -> Result<LostReason, KubernetesError> {
-        match self.watch_tenure(settings, token).await {
-            // A freshly started API server answers 403 for a moment, until its RBAC caches are
-            // synced (seen in the chaos runs), so a refused watch is retried: ManagedLease backs
-            // off up to one renewal interval. Without the `watch` verb that costs one refused
-            // request per renewal interval; renewals still notice a loss meanwhile.
-            Err(error @ KubernetesError::Forbidden { .. }) => {
-                tracing::warn!(%error, object = %self.object, "cannot watch the lease object, retrying; until then losses are noticed by renewals (grant `watch` and `list`, see deploy/rbac.yaml)");
-                Err(error)
+        let Some(subscription) = self.subscription() else {
+            return Err(KubernetesError::Runtime {
+                reason: "the lease's namespace watch needs a Tokio runtime".into(),
+            });
+        };
+        let mut changes = subscription.changes();
+        loop {
+            self.fold();
+            if let Some(view) = subscription.latest().view {
+                if let Some(reason) = self.judge(&view, settings, token).await? {
+                    return Ok(reason);
+                }
             }
-            other => other,
+            if !changes.next().await {
+                return Err(KubernetesError::Runtime {
+                    reason: "the lease's namespace watch ended with its runtime".into(),
+                });
+            }
         }
     }
 
@@ -963,77 +1029,42 @@ impl LeaseBackend for KubernetesBackend {
             Some(holder) if holder == owner => None,
             Some(_) => Some(observed.expires_at().min(not_after)),
         };
-        let Some(observed) = self.observed() else {
-            let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
-            tokio::time::sleep_until(retry_at).await;
-            return;
-        };
-        let Some(mut wake) = wake_at(&observed) else {
-            return;
-        };
-        let mut version = observed.version;
-        // Without a working watch, try again after the retry delay at the latest: the caller
-        // relies on the notification and may have passed its whole deadline as `not_after`.
         let retry_delay = settings.acquire_retry_delay();
-        let api = match self.api() {
-            Ok(api) => api,
-            Err(_) => {
-                return tokio::time::sleep_until(wake.min(Instant::now() + retry_delay)).await
-            }
+        let Some(subscription) = self.subscription() else {
+            tokio::time::sleep_until(not_after.min(Instant::now() + retry_delay)).await;
+            return;
         };
-        let give_up = |error: KubernetesError, wake: Instant| {
-            tracing::debug!(%error, object = %self.object, "cannot watch the lease object; trying again soon");
-            tokio::time::sleep_until(wake.min(Instant::now() + retry_delay))
-        };
-        // Watch the object from the version last seen. A renewal by the holder only restarts the
-        // expiry clock (no request); a release, a deletion, or a claim by this owner ends the wait.
+        let mut changes = subscription.changes();
+        // Without a synced watch the caller's next attempt reads the object: no later than the
+        // retry delay after the watch was seen failing (the caller may have passed its whole
+        // deadline as `not_after`).
+        let mut unsynced_since: Option<Instant> = None;
         loop {
-            let now = Instant::now();
-            if wake <= now {
+            self.fold();
+            if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
                 return;
             }
-            // The server ends the watch after `secs`: cover the whole wait up to `not_after` (a
-            // renewal moves `wake` later, up to `not_after`), so one watch serves it.
-            let secs = u32::try_from(not_after.saturating_duration_since(now).as_secs() + 1)
-                .unwrap_or(u32::MAX)
-                .min(WATCH_TIMEOUT_SECS);
-            self.counters.watches.fetch_add(1, Ordering::Relaxed);
-            let stream =
-                match tokio::time::timeout_at(wake, api.watch(&self.watch_params(secs), &version))
-                    .await
-                {
-                    Err(_) => return,
-                    Ok(Err(error)) => return give_up(self.error("watch", error), wake).await,
-                    Ok(Ok(stream)) => stream,
-                };
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let event = match tokio::time::timeout_at(wake, stream.try_next()).await {
-                    Err(_) => return,
-                    Ok(Err(error)) => return give_up(self.error("watch", error), wake).await,
-                    // The server ended the watch (its timeout): open another one.
-                    Ok(Ok(None)) => break,
-                    Ok(Ok(Some(event))) => event,
-                };
-                match event {
-                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
-                        self.observe(&lease);
-                        let Some(next) = self.observed().and_then(|o| wake_at(&o)) else {
-                            return;
-                        };
-                        wake = next;
-                        if let Some(v) = lease.metadata.resource_version {
-                            version = v;
-                        }
-                    }
-                    WatchEvent::Deleted(_) => return,
-                    WatchEvent::Bookmark(bookmark) => version = bookmark.metadata.resource_version,
-                    // 410 Gone: too old to watch from; the object changed, read it again.
-                    WatchEvent::Error(status) if status.code == 410 => return,
-                    WatchEvent::Error(status) => {
-                        return give_up(self.error("watch", kube::Error::Api(status)), wake).await
-                    }
-                }
+            let mut wake = match self.observed() {
+                None => not_after.min(Instant::now() + retry_delay),
+                Some(observed) => match wake_at(&observed) {
+                    None => return,
+                    Some(wake) => wake,
+                },
+            };
+            if subscription.status().synced {
+                unsynced_since = None;
+            } else {
+                wake = wake.min(*unsynced_since.get_or_insert_with(Instant::now) + retry_delay);
+            }
+            if wake <= Instant::now() {
+                return;
+            }
+            tokio::select! {
+                running = changes.next() => if !running {
+                    tokio::time::sleep_until(wake.min(Instant::now() + retry_delay)).await;
+                    return;
+                },
+                () = tokio::time::sleep_until(wake) => return,
             }
         }
     }
@@ -1200,75 +1231,120 @@ mod tests {
         }
     }
 
-    /// A fake API server on plain HTTP that answers every request with the headers of a watch
-    /// and then stays silent on that connection (as a half-open one would); reports each request
-    /// line with the instant it arrived.
-    async fn silent_watch_server() -> (
-        std::net::SocketAddr,
-        tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
-    ) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut silent = Vec::new();
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&head)
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned();
-                let _ = tx.send((Instant::now(), line));
-                let _ = socket
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                          Transfer-Encoding: chunked\r\n\r\n",
-                    )
-                    .await;
-                silent.push(socket);
-            }
-        });
-        (addr, rx)
+    /// How a fake API server answers watch requests.
+    #[derive(Clone, Copy)]
+    enum WatchAnswer {
+        /// The headers of a watch, then nothing on that connection (as a half-open one would).
+        Silent,
+        /// An empty watch stream, ended after this long (a proxy that cuts long responses).
+        EndAfter(Duration),
     }
 
-    /// A holder's watch on a connection that went half-open (headers, then nothing, and no read
-    /// timeout in the client) does not hang forever: it is replaced once the server should have
-    /// ended it, from the same version, and the tenure is still watched.
+    /// The body of a fake answer: `data`, then the end after `end` (never: `forever`).
+    struct FakeBody {
+        data: Option<bytes::Bytes>,
+        end: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+        forever: bool,
+    }
+
+    impl http_body::Body for FakeBody {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            use std::future::Future;
+            if let Some(data) = self.data.take() {
+                return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+            }
+            if self.forever {
+                return std::task::Poll::Pending;
+            }
+            match self.end.as_mut() {
+                None => std::task::Poll::Ready(None),
+                Some(sleep) => sleep.as_mut().poll(cx).map(|()| None),
+            }
+        }
+    }
+
+    /// A backend of lease `n` in namespace `ns` of a fake API server (a service, no sockets, so
+    /// that the paused clock rules everything): it answers a list of leases with lease `n` held
+    /// by `a` (token 1) at version 41, and a watch as `answer` says; it reports each request line
+    /// with the instant it arrived.
+    fn fake_backend(
+        answer: WatchAnswer,
+    ) -> (
+        KubernetesBackend,
+        tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let line = format!("{} {}", request.method(), request.uri());
+            let _ = tx.send((Instant::now(), line.clone()));
+            async move {
+                let body = if line.contains("watch=true") {
+                    FakeBody {
+                        data: None,
+                        forever: matches!(answer, WatchAnswer::Silent),
+                        end: match answer {
+                            WatchAnswer::Silent => None,
+                            WatchAnswer::EndAfter(after) => {
+                                Some(Box::pin(tokio::time::sleep(after)))
+                            }
+                        },
+                    }
+                } else {
+                    FakeBody {
+                        forever: false,
+                        end: None,
+                        data: Some(bytes::Bytes::from_static(br#"{"kind":"LeaseList","apiVersion":"coordination.k8s.io/v1","metadata":{"resourceVersion":"41"},"items":[{"metadata":{"name":"n","namespace":"ns","resourceVersion":"41"},"spec":{"holderIdentity":"a","leaseDurationSeconds":15,"leaseTransitions":1}}]}"#)),
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(http::Response::new(body))
+            }
+        });
+        let client = Client::new(service, "ns");
+        let backend = KubernetesBackend::with_client("n", client, "ns").unwrap();
+        (backend, rx)
+    }
+
+    /// The watch requests among `requests` received within `within`.
+    async fn watch_requests(
+        requests: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+        count: usize,
+        within: Duration,
+    ) -> Vec<(Instant, String)> {
+        let mut seen = Vec::new();
+        tokio::time::timeout(within, async {
+            while seen.len() < count {
+                let request = requests.recv().await.unwrap();
+                if request.1.contains("watch=true") {
+                    seen.push(request);
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{count} watch requests within {within:?}: {seen:?}"));
+        seen
+    }
+
+    /// The namespace watch on a connection that went half-open (headers, then nothing, and no
+    /// read timeout in the client) does not hang forever: it is replaced once the server should
+    /// have ended it, from the same version, and the tenure is still watched.
     #[tokio::test(start_paused = true)]
     async fn a_silent_watch_is_replaced_after_its_server_side_timeout() {
-        let (addr, mut requests) = silent_watch_server().await;
-        let mut config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-        config.read_timeout = None;
-        config.connect_timeout = None;
-        config.write_timeout = None;
-        config.default_retry = false;
-        let client = Client::try_from(config).unwrap();
-        let backend = KubernetesBackend::with_client("n", client, "ns").unwrap();
+        let (backend, mut requests) = fake_backend(WatchAnswer::Silent);
         backend.lock().tenure_version = Some("41".into());
         let settings = LeaseSettings::new("n", "a").unwrap();
-        let watch = backend.watch_tenure(&settings, FencingToken::new(1));
+        let watch = backend.watch_lost(&settings, FencingToken::new(1));
         let mut watch = std::pin::pin!(watch);
-        let stream_lifetime =
-            Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + WATCH_SILENCE_MARGIN;
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            let request = tokio::select! {
-                done = &mut watch => panic!("the watch ended: {done:?}"),
-                request = tokio::time::timeout(stream_lifetime * 2, requests.recv()) => {
-                    request.expect("a watch request before the bound").unwrap()
-                }
-            };
-            seen.push(request);
-        }
+        let server_timeout = Duration::from_secs(u64::from(watch::WATCH_TIMEOUT_SECS));
+        let seen = tokio::select! {
+            done = &mut watch => panic!("the watch ended: {done:?}"),
+            seen = watch_requests(&mut requests, 3, server_timeout * 3) => seen,
+        };
         for (_, line) in &seen {
             assert!(line.starts_with("GET "), "{line}");
             assert!(line.contains("watch=true"), "{line}");
@@ -1277,12 +1353,41 @@ mod tests {
         for pair in seen.windows(2) {
             let gap = pair[1].0 - pair[0].0;
             assert!(
-                gap >= Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)),
+                gap >= server_timeout,
                 "re-opened after {gap:?}, before the server could have ended it"
             );
-            assert!(gap <= stream_lifetime + Duration::from_secs(1), "{gap:?}");
+            assert!(gap <= server_timeout + Duration::from_secs(6), "{gap:?}");
         }
-        assert_eq!(backend.stats().watches, 3, "{:?}", backend.stats());
+        assert!(backend.watch_stats().watch_requests >= 3);
+        assert_eq!(backend.watch_stats().list_requests, 1, "no relist");
+    }
+
+    /// A watch stream that the server (or a proxy) ends every 100 ms is re-opened at most once
+    /// per floor delay, not in a tight loop; the watch stays synced meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_ended_early_is_reopened_after_the_floor_delay() {
+        let (backend, mut requests) =
+            fake_backend(WatchAnswer::EndAfter(Duration::from_millis(100)));
+        backend.lock().tenure_version = Some("41".into());
+        let settings = LeaseSettings::new("n", "a").unwrap();
+        let watch = backend.watch_lost(&settings, FencingToken::new(1));
+        let mut watch = std::pin::pin!(watch);
+        const REOPENS: usize = 10;
+        let seen = tokio::select! {
+            done = &mut watch => panic!("the watch ended: {done:?}"),
+            seen = watch_requests(&mut requests, REOPENS + 1, WATCH_FLOOR * (REOPENS as u32 + 5)) => seen,
+        };
+        for pair in seen.windows(2) {
+            let gap = pair[1].0 - pair[0].0;
+            assert!(
+                gap >= WATCH_FLOOR,
+                "re-opened {gap:?} after the previous one"
+            );
+        }
+        let stats = backend.watch_stats();
+        assert!(stats.floored >= REOPENS as u64, "{stats:?}");
+        assert_eq!(stats.list_requests, 1, "no relist: {stats:?}");
+        assert!(backend.watching(), "an early end is not a failure");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use kube::Client;
 use tokio::runtime::Handle;
 
 use super::client::{session_client, HttpCounters};
+use super::watch::{KubernetesWatchStats, WatchHub};
 use super::{KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSettings};
 use crate::managed::ManagedLease;
 use crate::settings::LeaseSettings;
@@ -93,6 +94,7 @@ pub(super) struct SessionInner {
     cluster_url: http::Uri,
     client: Client,
     counters: Arc<HttpCounters>,
+    hub: Arc<WatchHub>,
 }
 
 /// What a [`KubernetesSession`]'s HTTP stack counted so far (for cost checks and tests).
@@ -106,6 +108,8 @@ pub struct KubernetesSessionStats {
     pub http2_responses: u64,
     /// Responses received over HTTP/1.x (an API server or proxy that refused `h2`).
     pub http1_responses: u64,
+    /// The requests of the session's namespace watch (one for all its leases).
+    pub watch: KubernetesWatchStats,
 }
 
 impl fmt::Debug for KubernetesSession {
@@ -150,6 +154,7 @@ impl KubernetesSession {
         let runtime = runtime()?;
         let counters = Arc::new(HttpCounters::default());
         let client = session_client(config, runtime, Arc::clone(&counters))?;
+        let hub = Arc::new(WatchHub::new(client.clone(), Some(runtime.clone())));
         Ok(Self {
             inner: Arc::new(SessionInner {
                 namespace: config.default_namespace.clone(),
@@ -157,6 +162,7 @@ impl KubernetesSession {
                 settings,
                 client,
                 counters,
+                hub,
             }),
         })
     }
@@ -190,6 +196,7 @@ impl KubernetesSession {
             connections: c.connections.load(Ordering::Relaxed),
             http2_responses: c.http2_responses.load(Ordering::Relaxed),
             http1_responses: c.http1_responses.load(Ordering::Relaxed),
+            watch: self.inner.hub.counters.stats(),
         }
     }
 
@@ -198,6 +205,10 @@ impl KubernetesSession {
     #[doc(hidden)]
     pub fn session_id(&self) -> usize {
         Arc::as_ptr(&self.inner) as usize
+    }
+
+    pub(super) fn hub(&self) -> &Arc<WatchHub> {
+        &self.inner.hub
     }
 
     pub(super) fn cluster_url(&self) -> &http::Uri {

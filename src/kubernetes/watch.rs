@@ -1,0 +1,573 @@
+//! One watch per (client, namespace): every lease of a process that holds or waits for a Lease
+//! object in a namespace learns about that object from one shared watch on all `Lease` objects of
+//! the namespace, built on [`kube::runtime::watcher`] (with its backoff and its relist after
+//! `410 Gone`), and dispatched by object name.
+//!
+//! # What a lease gets from it
+//!
+//! Each [`KubernetesBackend`](super::KubernetesBackend) subscribes to the name of its object and
+//! receives [`Snapshot`]s: the object as the watch last saw it (or that it is absent), and *when
+//! this process received it*. The backend folds them into what it observed (the observed-time
+//! expiry is judged from the instant a version was first received, exactly as with a read), so:
+//!
+//! * a contender that waits needs no request of its own: the holder's renewals restart its expiry
+//!   clock, a release or a deletion wakes it, and its next attempt decides from what it observed;
+//! * a holder hears of a takeover or a deletion without a request.
+//!
+//! # Which view is current
+//!
+//! The watch counts *epochs*: an epoch starts with each complete listing of the namespace (at
+//! start and after `410 Gone`), after which every change is delivered in order. What a backend
+//! learned (from a snapshot or from its own read or write) during the epoch that is still running
+//! is current, as long as the watch is *synced* (listed, and not failing). Only a current view lets
+//! an attempt skip its read; otherwise it reads the object first. A stale view can never grant a
+//! claim: every claim is a compare-and-swap on the `resourceVersion` it judged, and the expiry of a
+//! version counts from when this process first saw it, after it was written.
+//!
+//! # Cost and bounds
+//!
+//! The watch asks for `Lease` objects of the whole namespace (a client-go holder's object has no
+//! label of ours to select on); events of objects no lease here subscribed to are dropped as they
+//! arrive, and only subscribed objects are buffered during a listing. A watch stream that ends
+//! sooner than requested (a proxy or load balancer cutting long responses) is re-opened only
+//! [`WATCH_FLOOR`] after the previous one was opened, so such a proxy cannot turn the watch into a
+//! tight request loop; failures back off as kube's watcher does (0.8 s doubling to 30 s, like
+//! client-go's reflector). A stream silent for longer than the server's timeout plus 5 s is taken
+//! for a dead connection and re-opened.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::KubernetesError;
+
+/// The shortest time between the starts of two watch requests of one namespace watch.
+pub const WATCH_FLOOR: Duration = Duration::from_secs(1);
+
+/// How long the API server keeps one watch request open (it ends it after this, and the watch
+/// goes on from where it was).
+pub(super) const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// What the watch last saw of one object.
+#[derive(Debug, Clone)]
+pub(super) enum View {
+    /// The object, as of its `resourceVersion`.
+    Present(Arc<LeaseObject>),
+    /// No such object: deleted (with the `resourceVersion` of the deletion, when a watch event
+    /// said so) or missing from a listing.
+    Absent { version: Option<String> },
+}
+
+impl View {
+    /// The `resourceVersion` this view is as of, when known.
+    pub(super) fn version(&self) -> Option<&str> {
+        match self {
+            View::Present(lease) => lease.metadata.resource_version.as_deref(),
+            View::Absent { version } => version.as_deref(),
+        }
+    }
+}
+
+/// One delivery of the watch to the subscribers of an object name.
+#[derive(Debug, Clone)]
+pub(super) struct Snapshot {
+    /// Grows with every delivery of this namespace watch; 0 before the first.
+    pub(super) seq: u64,
+    /// The epoch of the watch the view belongs to.
+    pub(super) epoch: u64,
+    /// `None` until the watch has seen anything of the object.
+    pub(super) view: Option<View>,
+    /// When this process received the view.
+    pub(super) at: Instant,
+}
+
+/// The health of a namespace watch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Status {
+    /// Complete listings so far; the current epoch (0: not listed yet).
+    pub(super) epoch: u64,
+    /// Listed, and the last watch request was answered (no failure since).
+    pub(super) synced: bool,
+}
+
+/// Requests of the namespace watches of one client.
+#[derive(Debug, Default)]
+pub(super) struct WatchCounters {
+    pub(super) watch_requests: AtomicU64,
+    pub(super) list_requests: AtomicU64,
+    pub(super) floored: AtomicU64,
+}
+
+/// What the namespace watches of one client (a [`KubernetesSession`](super::KubernetesSession), or
+/// a backend built from a ready client) asked of the API server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KubernetesWatchStats {
+    /// Watch requests sent (the first, and each re-open).
+    pub watch_requests: u64,
+    /// List requests sent (a listing at start and after `410 Gone`; one per page of 500 objects).
+    pub list_requests: u64,
+    /// Watch requests held back by the floor delay, because the previous one started less than
+    /// [`WATCH_FLOOR`] before (a stream that ended early).
+    pub floored: u64,
+}
+
+impl WatchCounters {
+    pub(super) fn stats(&self) -> KubernetesWatchStats {
+        KubernetesWatchStats {
+            watch_requests: self.watch_requests.load(Ordering::Relaxed),
+            list_requests: self.list_requests.load(Ordering::Relaxed),
+            floored: self.floored.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The namespace watches of one client (a session, or a backend built from a ready client).
+pub(super) struct WatchHub {
+    client: Client,
+    /// Where the watches run; `None`: on the runtime of the first subscriber.
+    runtime: Option<Handle>,
+    watches: Mutex<HashMap<String, Weak<NamespaceWatch>>>,
+    pub(super) counters: Arc<WatchCounters>,
+}
+
+impl WatchHub {
+    pub(super) fn new(client: Client, runtime: Option<Handle>) -> Self {
+        Self {
+            client,
+            runtime,
+            watches: Mutex::default(),
+            counters: Arc::default(),
+        }
+    }
+
+    /// Subscribes to object `object` of `namespace`, starting that namespace's watch if no lease
+    /// of this hub watches it yet.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::Runtime`] when the hub has no runtime of its own and this is not called
+    /// within a Tokio runtime.
+    pub(super) fn subscribe(
+        &self,
+        namespace: &str,
+        object: &str,
+    ) -> Result<Subscription, KubernetesError> {
+        let watch = {
+            let mut watches = lock(&self.watches);
+            watches.retain(|_, w| w.strong_count() > 0);
+            match watches.get(namespace).and_then(Weak::upgrade) {
+                Some(watch) if !watch.task.is_finished() => watch,
+                _ => {
+                    let watch = Arc::new(self.start(namespace)?);
+                    watches.insert(namespace.to_owned(), Arc::downgrade(&watch));
+                    watch
+                }
+            }
+        };
+        let snapshots = {
+            let mut registry = lock(&watch.state.registry);
+            let listing = registry.listing;
+            let entry = registry
+                .objects
+                .entry(object.to_owned())
+                .or_insert_with(|| Entry {
+                    sender: watch::channel(Snapshot {
+                        seq: 0,
+                        epoch: 0,
+                        view: None,
+                        at: Instant::now(),
+                    })
+                    .0,
+                    since_listing: listing,
+                });
+            entry.sender.subscribe()
+        };
+        let status = watch.state.status.subscribe();
+        Ok(Subscription {
+            watch,
+            object: object.to_owned(),
+            snapshots,
+            status,
+        })
+    }
+
+    fn start(&self, namespace: &str) -> Result<NamespaceWatch, KubernetesError> {
+        let runtime = match &self.runtime {
+            Some(runtime) => runtime.clone(),
+            None => Handle::try_current().map_err(|_| KubernetesError::Runtime {
+                reason: "the lease's namespace watch needs a Tokio runtime".into(),
+            })?,
+        };
+        let state = Arc::new(WatchState {
+            registry: Mutex::default(),
+            status: watch::channel(Status::default()).0,
+        });
+        let floor = Floor {
+            client: self.client.clone(),
+            shared: Arc::new(FloorShared {
+                last_start: Mutex::new(None),
+                counters: Arc::clone(&self.counters),
+                state: Arc::downgrade(&state),
+            }),
+        };
+        let namespace = namespace.to_owned();
+        let task = runtime.spawn(run(Arc::clone(&state), floor, namespace.clone()));
+        Ok(NamespaceWatch {
+            namespace,
+            state,
+            task: task.abort_handle(),
+        })
+    }
+}
+
+/// One running namespace watch; its task ends when the last subscription is dropped.
+pub(super) struct NamespaceWatch {
+    namespace: String,
+    state: Arc<WatchState>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for NamespaceWatch {
+    fn drop(&mut self) {
+        tracing::debug!(namespace = %self.namespace, "no lease watches the namespace any more; ending its watch");
+        self.task.abort();
+    }
+}
+
+struct WatchState {
+    registry: Mutex<Registry>,
+    status: watch::Sender<Status>,
+}
+
+#[derive(Default)]
+struct Registry {
+    objects: HashMap<String, Entry>,
+    /// Deliveries so far.
+    seq: u64,
+    /// Listings started so far.
+    listing: u64,
+}
+
+struct Entry {
+    sender: watch::Sender<Snapshot>,
+    /// The listing that was running (or last started) when the first subscriber came: a listing
+    /// that started before can say the object is absent, one that was running cannot (its pages
+    /// before the subscription were not buffered for it).
+    since_listing: u64,
+}
+
+impl WatchState {
+    fn deliver(&self, registry: &mut Registry, name: &str, epoch: u64, view: View, at: Instant) {
+        if let Some(entry) = registry.objects.get(name) {
+            registry.seq += 1;
+            entry.sender.send_replace(Snapshot {
+                seq: registry.seq,
+                epoch,
+                view: Some(view),
+                at,
+            });
+        }
+    }
+
+    /// A watch request was answered: after a failure (no listing since), the watch goes on from
+    /// where it was, with nothing missed.
+    fn established(&self) {
+        self.status.send_if_modified(|status| {
+            let resumed = status.epoch > 0 && !status.synced;
+            if resumed {
+                status.synced = true;
+            }
+            resumed
+        });
+    }
+}
+
+/// A lease's subscription to its object in a namespace watch; unsubscribes when dropped.
+pub(super) struct Subscription {
+    watch: Arc<NamespaceWatch>,
+    object: String,
+    snapshots: watch::Receiver<Snapshot>,
+    status: watch::Receiver<Status>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("namespace", &self.watch.namespace)
+            .field("object", &self.object)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The latest delivery for the object.
+    pub(super) fn latest(&self) -> Snapshot {
+        self.snapshots.borrow().clone()
+    }
+
+    /// The health of the watch now.
+    pub(super) fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    /// Receivers that resolve on the next delivery or change of health after this call.
+    pub(super) fn changes(&self) -> Changes {
+        let mut snapshots = self.snapshots.clone();
+        let mut status = self.status.clone();
+        snapshots.borrow_and_update();
+        status.borrow_and_update();
+        Changes { snapshots, status }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut registry = lock(&self.watch.state.registry);
+        // Our own receiver is still counted here.
+        if registry
+            .objects
+            .get(&self.object)
+            .is_some_and(|e| e.sender.receiver_count() <= 1)
+        {
+            registry.objects.remove(&self.object);
+        }
+    }
+}
+
+/// See [`Subscription::changes`].
+pub(super) struct Changes {
+    snapshots: watch::Receiver<Snapshot>,
+    status: watch::Receiver<Status>,
+}
+
+impl Changes {
+    /// Resolves on the next delivery for the object or change of the watch's health; `false`
+    /// when the watch ended (its runtime shut down).
+    pub(super) async fn next(&mut self) -> bool {
+        tokio::select! {
+            changed = self.snapshots.changed() => changed.is_ok(),
+            changed = self.status.changed() => changed.is_ok(),
+        }
+    }
+}
+
+/// The namespace watch: `kube::runtime::watcher` with its default backoff, its events dispatched
+/// by object name.
+async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
+    // Built here, on the runtime the watch runs on: the client's request buffer lives there.
+    let client = Client::new(floor, namespace.clone());
+    let api: Api<LeaseObject> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let mut stream = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    // Objects of subscribed names seen by the listing in progress.
+    let mut listed: Option<HashMap<String, View>> = None;
+    let mut epoch = 0;
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        let at = Instant::now();
+        let event = match event {
+            Ok(event) => {
+                if failing {
+                    tracing::info!(%namespace, "lease watch works again");
+                    failing = false;
+                }
+                event
+            }
+            Err(error) => {
+                state
+                    .status
+                    .send_if_modified(|s| std::mem::replace(&mut s.synced, false));
+                // Once per streak: the watcher retries with its backoff.
+                if !failing {
+                    tracing::warn!(%error, %namespace, "lease watch failed, retrying with backoff; meanwhile waiting leases read the object before each attempt and holders learn of a loss from their renewals (a 403 needs `list` and `watch` on leases, see deploy/rbac.yaml)");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        let mut registry = lock(&state.registry);
+        match event {
+            Event::Init => {
+                registry.listing += 1;
+                listed = Some(HashMap::new());
+                state
+                    .status
+                    .send_if_modified(|s| std::mem::replace(&mut s.synced, false));
+            }
+            Event::InitApply(lease) => {
+                if let (Some(listed), Some(name)) = (listed.as_mut(), lease.metadata.name.clone()) {
+                    if registry.objects.contains_key(&name) {
+                        listed.insert(name, View::Present(Arc::new(lease)));
+                    }
+                }
+            }
+            Event::InitDone => {
+                epoch += 1;
+                let mut listed = listed.take().unwrap_or_default();
+                let listing = registry.listing;
+                let names: Vec<(String, bool)> = registry
+                    .objects
+                    .iter()
+                    .map(|(name, entry)| (name.clone(), entry.since_listing < listing))
+                    .collect();
+                for (name, listed_for_it) in names {
+                    let view = match listed.remove(&name) {
+                        Some(view) => view,
+                        None if listed_for_it => View::Absent { version: None },
+                        // Subscribed while the listing ran: its absence proves nothing.
+                        None => continue,
+                    };
+                    state.deliver(&mut registry, &name, epoch, view, at);
+                }
+                state.status.send_replace(Status {
+                    epoch,
+                    synced: true,
+                });
+                tracing::debug!(%namespace, epoch, "lease watch listed the namespace");
+            }
+            Event::Apply(lease) => {
+                if let Some(name) = lease.metadata.name.clone() {
+                    state.deliver(
+                        &mut registry,
+                        &name,
+                        epoch,
+                        View::Present(Arc::new(lease)),
+                        at,
+                    );
+                }
+            }
+            Event::Delete(lease) => {
+                if let Some(name) = lease.metadata.name.clone() {
+                    let version = lease.metadata.resource_version;
+                    state.deliver(&mut registry, &name, epoch, View::Absent { version }, at);
+                }
+            }
+        }
+    }
+}
+
+/// The client of a namespace watch: counts its requests and starts a watch request no sooner than
+/// [`WATCH_FLOOR`] after the previous one started.
+#[derive(Clone)]
+struct Floor {
+    client: Client,
+    shared: Arc<FloorShared>,
+}
+
+struct FloorShared {
+    last_start: Mutex<Option<Instant>>,
+    counters: Arc<WatchCounters>,
+    state: Weak<WatchState>,
+}
+
+type Request = http::Request<kube::client::Body>;
+type Response = http::Response<kube::client::Body>;
+
+impl tower::Service<Request> for Floor {
+    type Response = Response;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, kube::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let client = self.client.clone();
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let is_watch = is_watch(request.uri());
+            let counters = &shared.counters;
+            if is_watch {
+                let now = Instant::now();
+                let start = {
+                    let mut last = lock(&shared.last_start);
+                    let start = last.map_or(now, |l| (l + WATCH_FLOOR).max(now));
+                    *last = Some(start);
+                    start
+                };
+                if start > now {
+                    counters.floored.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(wait = ?(start - now), "lease watch ended early; re-opening it after the floor delay");
+                    tokio::time::sleep_until(start).await;
+                }
+                counters.watch_requests.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counters.list_requests.fetch_add(1, Ordering::Relaxed);
+            }
+            let response = client.send(request).await?;
+            if is_watch && response.status().is_success() {
+                if let Some(state) = shared.state.upgrade() {
+                    state.established();
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+fn is_watch(uri: &http::Uri) -> bool {
+    uri.query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `a` is an older `resourceVersion` than `b`. Versions are opaque to clients, but every
+/// API server backed by etcd writes etcd revisions; when either is not a number this says `false`
+/// (nothing is dropped, and a compare-and-swap catches a stale view).
+pub(super) fn older(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a < b,
+        _ => false,
+    }
+}
+
+/// Whether `a` is a newer `resourceVersion` than `b`, when both are numbers.
+pub(super) fn newer(a: &str, b: &str) -> bool {
+    older(b, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_only_as_numbers() {
+        assert!(older("9", "10"));
+        assert!(!older("10", "9"));
+        assert!(!older("10", "10"));
+        assert!(!older("x", "10"));
+        assert!(newer("11", "10"));
+        assert!(!newer("a", "b"));
+    }
+
+    #[test]
+    fn watch_requests_are_recognised() {
+        let uri: http::Uri =
+            "/apis/coordination.k8s.io/v1/namespaces/n/leases?&watch=true&timeoutSeconds=290"
+                .parse()
+                .unwrap();
+        assert!(is_watch(&uri));
+        let uri: http::Uri = "/apis/coordination.k8s.io/v1/namespaces/n/leases?limit=500"
+            .parse()
+            .unwrap();
+        assert!(!is_watch(&uri));
+    }
+}
