@@ -121,9 +121,10 @@ async fn key_layout_value_token_and_cleanup() {
     assert!(session.shared_lease_ids().await.is_empty());
 }
 
-/// Another client overwriting or deleting the key takes the lease away through the watch: an
-/// etcd renewal only asks for a keep-alive and never reads the key, so `TakenOver` and `Deleted`
-/// can only come from the watch (a renewal would report `Expired`, at the deadline 10 s away).
+/// Another client overwriting or deleting the key takes the lease away through the watch at
+/// once: while the watch works an etcd renewal only asks for a keep-alive and reads nothing (a
+/// renewal reads the key only while the watch is down, and would find the change at its next
+/// interval at the earliest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_and_deletion_are_reported_at_once() {
     let endpoint = endpoint();
@@ -889,7 +890,7 @@ async fn watch_survives_a_broken_stream_and_a_compacted_history() {
         .put(format!("{prefix}compacted"), "intruder", None)
         .await
         .unwrap();
-    // Only the watch reports a takeover on etcd (a renewal never reads the key).
+    // The watch is established again: renewals read nothing, the watch reports the takeover.
     let (_, lost) = probe.next(ttl).await;
     assert_eq!(
         lost.reason,
@@ -899,11 +900,11 @@ async fn watch_survives_a_broken_stream_and_a_compacted_history() {
     );
 }
 
-/// A takeover written while the holder's watch stream is broken (and cannot be re-established)
-/// is still reported once the watch comes back: the watch resumes from the revision of the claim,
-/// so the write in between is not missed. Only the watch can report it: an etcd renewal asks for
-/// a keep-alive and never reads the key, and the keep-alives go on (the shared etcd lease is
-/// fine).
+/// A takeover written while the holder is cut off (its watch stream broken and not
+/// re-established) is still reported once the connection is back, before the deadline: the watch
+/// resumes from the revision of the claim, so the write in between is not missed, and a renewal
+/// made while the watch is down reads the key too (`renewals_verify_the_key_while_the_watch_is_down`
+/// shows that path on its own); whichever comes first reports it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_written_while_the_watch_is_broken_is_reported() {
     let endpoint = endpoint();
@@ -943,7 +944,7 @@ async fn takeover_written_while_the_watch_is_broken_is_reported() {
         LostReason::TakenOver {
             holder: Some("intruder".into())
         },
-        "reported by the resumed watch, before the deadline"
+        "reported once the connection is back, before the deadline"
     );
     assert_eq!(lost.fencing_token, Some(token));
     assert!(!a.check_alive());

@@ -1797,39 +1797,12 @@ async fn rotated_token_and_ca_files_are_picked_up() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Captures everything written by the `fmt` subscriber of a test.
-#[derive(Clone, Default)]
-struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLogs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
-    type Writer = CapturedLogs;
-    fn make_writer(&'a self) -> CapturedLogs {
-        self.clone()
-    }
-}
-
 /// The inline bearer token is never logged: a whole tenure against the real API server (claim,
 /// renewals, the watch, release), with every crate logging at `trace` level (this crate, kube,
 /// hyper, rustls), leaves no trace of it in the output — while the output shows the work.
 #[tokio::test]
 async fn the_token_never_appears_in_real_log_output() {
-    let logs = CapturedLogs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = common::logs::CapturedLogs::install();
     // Shares the cluster with the other tests (none restarts it meanwhile).
     let _fixture = KubeFixture::new().await;
     let env = env();
@@ -1848,7 +1821,7 @@ async fn the_token_never_appears_in_real_log_output() {
     }
     assert!(lease.release().await.unwrap());
     drop(lease);
-    let output = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let output = logs.text();
     assert!(
         output.contains("lease acquired") && output.contains("lease released"),
         "the capture works"

@@ -5,9 +5,12 @@
 //! No server is needed: both backends connect lazily, and the errors that need I/O are provoked
 //! against a closed port (`127.0.0.1:1`, connection refused).
 
+#[allow(unused_macros)]
+#[macro_use]
+mod common;
+
 use std::error::Error;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
 
 use actix_coordination::{
@@ -394,38 +397,11 @@ async fn etcd_config_settings_session_and_lease_never_show_the_password() {
     );
 }
 
-/// A `MakeWriter` collecting every log line.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
 /// Acquiring against a closed port: the errors (with their whole chain) and every log line at
 /// `trace` level, of this crate and of the clients, are free of secrets.
 #[tokio::test]
 async fn failing_acquires_neither_return_nor_log_a_secret() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = common::logs::CapturedLogs::install();
 
     let provider = LeaseProvider::new(config());
     for (key, name) in [("k", "jobs"), ("e", "billing")] {
@@ -437,7 +413,7 @@ async fn failing_acquires_neither_return_nor_log_a_secret() {
         assert_error_clean(&format!("acquire of {key}"), &error, "acquire");
         assert_clean(&format!("{key} after acquire"), &format!("{lease:?}"), name);
     }
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert_clean("logs", &logs, "acquire attempt failed");
     assert_clean("logs", &logs, "jobs");
     assert_clean("logs", &logs, "billing");

@@ -288,26 +288,15 @@ pub async fn run<B: ChaosBackend>(
         let owner = running[target].owner.clone();
         let t0 = now_ns();
         let mut resumed_ns = None;
+        // Kill and graceful stop end the node's process: a new one takes its slot.
+        let mut replace = false;
         match fault {
             Fault::Kill => {
                 let mut node = running.remove(target);
                 let _ = node.child.kill();
                 let _ = node.child.wait();
                 sleep(Duration::from_millis(500)).await;
-                generation += 1;
-                let replacement = spawn_node(
-                    backend,
-                    &bin,
-                    &dir,
-                    &lease,
-                    ttl,
-                    target,
-                    generation,
-                    NodeMode::Safe,
-                )
-                .await;
-                all_events.push(replacement.events.clone());
-                running.insert(target, replacement);
+                replace = true;
             }
             Fault::Pause => {
                 let pid = running[target].child.id();
@@ -330,21 +319,24 @@ pub async fn run<B: ChaosBackend>(
             Fault::GracefulStop => {
                 let mut node = running.remove(target);
                 stop_gracefully(&mut node).await;
-                generation += 1;
-                let replacement = spawn_node(
-                    backend,
-                    &bin,
-                    &dir,
-                    &lease,
-                    ttl,
-                    target,
-                    generation,
-                    NodeMode::Safe,
-                )
-                .await;
-                all_events.push(replacement.events.clone());
-                running.insert(target, replacement);
+                replace = true;
             }
+        }
+        if replace {
+            generation += 1;
+            let replacement = spawn_node(
+                backend,
+                &bin,
+                &dir,
+                &lease,
+                ttl,
+                target,
+                generation,
+                NodeMode::Safe,
+            )
+            .await;
+            all_events.push(replacement.events.clone());
+            running.insert(target, replacement);
         }
         // A node fault aimed at a node that was not acting tests nothing a holder is for.
         let met_holder = holder.is_some() && (fault.is_server() || at_holder.is_some());

@@ -260,39 +260,33 @@ impl EtcdProcess {
         members
     }
 
-    /// The index of the current leader among `members` (asking each running member), if one
-    /// knows it.
+    /// The index of the current leader among `members`: asks each running member once for its
+    /// own id and the leader it follows, and returns the member whose id is named as leader.
     pub async fn leader(members: &[Self]) -> Option<usize> {
-        for member in members.iter().filter(|m| m.child.is_some()) {
+        let mut ids = Vec::new();
+        let mut named = None;
+        for (i, member) in members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.child.is_some())
+        {
             let status = async {
                 let mut client = etcd_client::Client::connect([member.endpoint()], None)
                     .await
                     .ok()?;
                 client.status().await.ok()
             };
-            let Ok(Some(status)) = tokio::time::timeout(Duration::from_secs(2), status).await
-            else {
-                continue;
-            };
-            let leader = status.leader();
-            for (i, m) in members.iter().enumerate() {
-                if m.child.is_none() || leader == 0 {
-                    continue;
-                }
-                let id = async {
-                    let mut client = etcd_client::Client::connect([m.endpoint()], None)
-                        .await
-                        .ok()?;
-                    client.status().await.ok()
-                };
-                if let Ok(Some(s)) = tokio::time::timeout(Duration::from_secs(2), id).await {
-                    if s.header().map(|h| h.member_id()) == Some(leader) {
-                        return Some(i);
-                    }
+            if let Ok(Some(status)) = tokio::time::timeout(Duration::from_secs(2), status).await {
+                ids.push((i, status.header().map(|h| h.member_id())));
+                if status.leader() != 0 {
+                    named = Some(status.leader());
                 }
             }
         }
-        None
+        let leader = named?;
+        ids.into_iter()
+            .find(|(_, id)| *id == Some(leader))
+            .map(|(i, _)| i)
     }
 
     /// Whether the process runs (not killed).

@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod etcd_cluster;
 #[cfg(feature = "kubernetes")]
 pub mod k8s;
+pub mod logs;
 pub mod proxy;
 
 /// Expands to one `#[test]` per case of the contract suite, each building its fixture with
