@@ -21,6 +21,7 @@ use actix_coordination::{
     KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseBackend,
     LeaseError, LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome, Shutdown,
     SingletonSettings, SingletonState, KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
+    KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
 use common::k8s::{client, env, ApiserverProcess};
@@ -465,7 +466,7 @@ async fn waiting_contender_sees_the_release_at_once() {
     assert_eq!(spent.updates - before.updates, 1, "{before:?} -> {spent:?}");
     let watch = b.backend().watch_stats();
     assert_eq!(watch.watch_requests, 1, "{watch:?}");
-    assert_eq!(watch.list_requests, 1, "{watch:?}");
+    assert_eq!(watch.listings, 1, "{watch:?}");
     assert!(b.release().await.unwrap());
 }
 
@@ -905,6 +906,50 @@ async fn holder_sends_one_request_per_renewal_interval() {
         "requests on leases seen by the API server over {RENEWALS} renewals"
     );
     assert!(a.release().await.unwrap());
+}
+
+/// `release()` after a claim whose answer was lost (the API server applied it, the client never
+/// heard back) releases that claim before it answers `Ok(true)`, so that it does not block others
+/// until its TTL; a contender then gets the lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_a_lost_claim_answer_releases_the_claim() {
+    let f = KubeFixture::new().await;
+    let name = unique("lost-claim");
+    let a = f.lease(no_retries(settings(&name, "a"))).await;
+    let b = f.lease(no_retries(settings(&name, "b"))).await;
+    // The object exists and is free, and a's namespace watch knows it: a's next attempt claims
+    // without reading first.
+    assert!(a.acquire().await.unwrap());
+    assert!(a.release().await.unwrap());
+    timeout(Duration::from_secs(10), async {
+        while !(a.backend().watching() && spec(&read(&name).await).holder_identity.is_none()) {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a watches the free object");
+    f.set_mode("a", ProxyMode::DropAnswers).await;
+    assert!(a.acquire().await.is_err(), "the claim's answer is lost");
+    assert_eq!(
+        spec(&read(&name).await).holder_identity.as_deref(),
+        Some("a"),
+        "the API server applied the claim"
+    );
+    f.heal("a").await;
+    let released = loop {
+        match a.release().await {
+            Ok(released) => break released,
+            // The reconnect after the proxy's reset may take a moment.
+            Err(error) => assert!(error.is_transient(), "{error}"),
+        }
+    };
+    assert!(released);
+    assert_eq!(spec(&read(&name).await).holder_identity, None);
+    assert!(
+        b.acquire().await.unwrap(),
+        "free for the next owner at once"
+    );
+    assert!(b.release().await.unwrap());
 }
 
 /// A `ClusterSingletonManager` waiting for a lease held elsewhere sends nothing periodic: over
@@ -1550,6 +1595,7 @@ async fn one_session_keeps_two_connections_for_200_leases() {
     let _f = KubeFixture::new().await;
     let proxy = FaultProxy::start(env().upstream).await;
     let session = KubernetesSession::new(through(&proxy)).unwrap();
+    let started = Instant::now();
     let base = unique("many");
     let leases: Vec<KubernetesLease> = (0..LEASES)
         .map(|i| {
@@ -1581,10 +1627,12 @@ async fn one_session_keeps_two_connections_for_200_leases() {
     );
     assert!(stats.connections <= 2, "{stats:?}");
     assert_eq!(stats.http1_responses, 0, "{stats:?}");
-    assert_eq!(
-        stats.watch.watch_requests, 1,
-        "one watch for all: {stats:?}"
-    );
+    // One watch for all. The API server may end it when a burst of events (200 claims at once)
+    // outruns the client for a moment; it goes on from where it was (no second listing), at most
+    // once per floor delay.
+    assert_eq!(stats.watch.listings, 1, "{stats:?}");
+    let floors = started.elapsed().as_millis() / WATCH_FLOOR.as_millis();
+    assert!(stats.watch.watch_requests <= 1 + floors as u64, "{stats:?}");
     let released = futures_util::future::join_all(leases.iter().map(|l| l.release())).await;
     assert!(released.into_iter().all(|r| r.unwrap()));
 }

@@ -325,6 +325,8 @@ struct State {
     known: Option<(View, u64)>,
     /// The last delivery of the namespace watch folded in.
     folded: u64,
+    /// The `acquireTime` of claims sent whose answer never arrived.
+    unanswered: Vec<MicroTime>,
     /// The `resourceVersion` of this instance's latest write in the current tenure.
     tenure_version: Option<String>,
 }
@@ -628,9 +630,39 @@ impl KubernetesBackend {
         Ok(current)
     }
 
+    /// Records a claim about to be sent (by its `acquireTime`, which only this instance writes),
+    /// until its answer arrives: if it never does, the store may hold it, and a `release` without
+    /// a tenure removes it ([`LeaseBackend::release_unanswered`]).
+    fn claim_sent(&self, claim: &LeaseObject) -> Option<MicroTime> {
+        let acquired_at = claim.spec.as_ref()?.acquire_time.clone()?;
+        self.lock().unanswered.push(acquired_at.clone());
+        Some(acquired_at)
+    }
+
+    /// The claim `sent` got `result`: forgotten if the API server answered (whatever it said).
+    fn answered<T>(
+        &self,
+        sent: Option<MicroTime>,
+        result: Result<T, KubernetesError>,
+    ) -> Result<T, KubernetesError> {
+        let answered = match &result {
+            Ok(_) => true,
+            Err(error) => error.status_code().is_some(),
+        };
+        if let (true, Some(sent)) = (answered, sent) {
+            self.lock().unanswered.retain(|t| *t != sent);
+        }
+        result
+    }
+
     fn acquired(&self, lease: LeaseObject) -> AcquireAttempt<KubernetesTenure> {
         let transitions = transitions_of(&lease);
-        self.lock().tenure_version = lease.metadata.resource_version.clone();
+        {
+            let mut state = self.lock();
+            state.tenure_version = lease.metadata.resource_version.clone();
+            // Whatever an earlier claim left in the store, this tenure supersedes it.
+            state.unanswered.clear();
+        }
         AcquireAttempt::Acquired {
             token: FencingToken::new(transitions as u64),
             tenure: KubernetesTenure {
@@ -845,7 +877,9 @@ impl LeaseBackend for KubernetesBackend {
                 None => self.get(&api).await?,
             };
             let Some(current) = current else {
-                match self.create(&api, &self.new_object(settings)).await {
+                let claim = self.new_object(settings);
+                let sent = self.claim_sent(&claim);
+                match self.answered(sent, self.create(&api, &claim).await) {
                     Ok(created) => return Ok(self.acquired(created)),
                     Err(e) if e.status_code() == Some(409) => continue,
                     Err(e) => return Err(e),
@@ -868,7 +902,8 @@ impl LeaseBackend for KubernetesBackend {
                 return Ok(AcquireAttempt::HeldByOther { holder, expires_at });
             }
             let claim = self.claimed(current, settings)?;
-            match self.update(&api, &claim).await {
+            let sent = self.claim_sent(&claim);
+            match self.answered(sent, self.update(&api, &claim).await) {
                 Ok(updated) => return Ok(self.acquired(updated)),
                 // 409: someone wrote first; 404: deleted meanwhile. Read again and decide.
                 Err(e) if matches!(e.status_code(), Some(409) | Some(404)) => continue,
@@ -990,6 +1025,49 @@ impl LeaseBackend for KubernetesBackend {
         })
     }
 
+    /// Releases a claim of this instance whose answer never arrived, if the object still shows
+    /// it (this owner, and the claim's own `acquireTime`), with a compare-and-swap on what was
+    /// read; costs one read, and only after such a claim.
+    async fn release_unanswered(&self, settings: &LeaseSettings) -> Result<(), KubernetesError> {
+        let pending = self.lock().unanswered.clone();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let api = self.api()?;
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = self.get(&api).await?;
+            let ours = current.as_ref().is_some_and(|lease| {
+                holder_of(lease) == Some(settings.owner())
+                    && lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.acquire_time.as_ref())
+                        .is_some_and(|t| pending.contains(t))
+            });
+            let Some(current) = current.filter(|_| ours) else {
+                self.lock().unanswered.clear();
+                return Ok(());
+            };
+            match self.update(&api, &released(current)).await {
+                Ok(_) => {
+                    tracing::info!(object = %self.object, "released a claim whose answer had been lost");
+                    self.lock().unanswered.clear();
+                    return Ok(());
+                }
+                Err(e) if e.status_code() == Some(404) => {
+                    self.lock().unanswered.clear();
+                    return Ok(());
+                }
+                Err(e) if e.status_code() == Some(409) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
     async fn watch_lost(
         &self,
         settings: &LeaseSettings,
@@ -1035,9 +1113,9 @@ impl LeaseBackend for KubernetesBackend {
             return;
         };
         let mut changes = subscription.changes();
-        // Without a synced watch the caller's next attempt reads the object: no later than the
-        // retry delay after the watch was seen failing (the caller may have passed its whole
-        // deadline as `not_after`).
+        // Without a synced watch, or a current view of the object, the caller's next attempt
+        // reads the object: no later than the retry delay after that was seen (the caller may
+        // have passed its whole deadline as `not_after`).
         let mut unsynced_since: Option<Instant> = None;
         loop {
             self.fold();
@@ -1051,7 +1129,7 @@ impl LeaseBackend for KubernetesBackend {
                     Some(wake) => wake,
                 },
             };
-            if subscription.status().synced {
+            if subscription.status().synced && self.current_view().is_some() {
                 unsynced_since = None;
             } else {
                 wake = wake.min(*unsynced_since.get_or_insert_with(Instant::now) + retry_delay);
@@ -1359,7 +1437,7 @@ mod tests {
             assert!(gap <= server_timeout + Duration::from_secs(6), "{gap:?}");
         }
         assert!(backend.watch_stats().watch_requests >= 3);
-        assert_eq!(backend.watch_stats().list_requests, 1, "no relist");
+        assert_eq!(backend.watch_stats().listings, 1, "no relist");
     }
 
     /// A watch stream that the server (or a proxy) ends every 100 ms is re-opened at most once
@@ -1386,7 +1464,7 @@ mod tests {
         }
         let stats = backend.watch_stats();
         assert!(stats.floored >= REOPENS as u64, "{stats:?}");
-        assert_eq!(stats.list_requests, 1, "no relist: {stats:?}");
+        assert_eq!(stats.listings, 1, "no relist: {stats:?}");
         assert!(backend.watching(), "an early end is not a failure");
     }
 

@@ -66,8 +66,8 @@ pub(super) const WATCH_TIMEOUT_SECS: u32 = 290;
 pub(super) enum View {
     /// The object, as of its `resourceVersion`.
     Present(Arc<LeaseObject>),
-    /// No such object: deleted (with the `resourceVersion` of the deletion, when a watch event
-    /// said so) or missing from a listing.
+    /// No such object: deleted (with the `resourceVersion` of the deletion, when the watch event
+    /// carried one).
     Absent { version: Option<String> },
 }
 
@@ -108,6 +108,7 @@ pub(super) struct Status {
 pub(super) struct WatchCounters {
     pub(super) watch_requests: AtomicU64,
     pub(super) list_requests: AtomicU64,
+    pub(super) listings: AtomicU64,
     pub(super) floored: AtomicU64,
 }
 
@@ -118,8 +119,11 @@ pub(super) struct WatchCounters {
 pub struct KubernetesWatchStats {
     /// Watch requests sent (the first, and each re-open).
     pub watch_requests: u64,
-    /// List requests sent (a listing at start and after `410 Gone`; one per page of 500 objects).
+    /// List requests sent (one per page of 500 objects of a listing).
     pub list_requests: u64,
+    /// Complete listings of the namespace started: one at start, one after each `410 Gone`
+    /// (the watch fell too far behind) or failure that needed one.
+    pub listings: u64,
     /// Watch requests held back by the floor delay, because the previous one started less than
     /// [`WATCH_FLOOR`] before (a stream that ended early).
     pub floored: u64,
@@ -130,6 +134,7 @@ impl WatchCounters {
         KubernetesWatchStats {
             watch_requests: self.watch_requests.load(Ordering::Relaxed),
             list_requests: self.list_requests.load(Ordering::Relaxed),
+            listings: self.listings.load(Ordering::Relaxed),
             floored: self.floored.load(Ordering::Relaxed),
         }
     }
@@ -180,7 +185,6 @@ impl WatchHub {
         };
         let snapshots = {
             let mut registry = lock(&watch.state.registry);
-            let listing = registry.listing;
             let entry = registry
                 .objects
                 .entry(object.to_owned())
@@ -192,7 +196,6 @@ impl WatchHub {
                         at: Instant::now(),
                     })
                     .0,
-                    since_listing: listing,
                 });
             entry.sender.subscribe()
         };
@@ -258,16 +261,10 @@ struct Registry {
     objects: HashMap<String, Entry>,
     /// Deliveries so far.
     seq: u64,
-    /// Listings started so far.
-    listing: u64,
 }
 
 struct Entry {
     sender: watch::Sender<Snapshot>,
-    /// The listing that was running (or last started) when the first subscriber came: a listing
-    /// that started before can say the object is absent, one that was running cannot (its pages
-    /// before the subscription were not buffered for it).
-    since_listing: u64,
 }
 
 impl WatchState {
@@ -368,6 +365,7 @@ impl Changes {
 /// The namespace watch: `kube::runtime::watcher` with its default backoff, its events dispatched
 /// by object name.
 async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
+    let counters = Arc::clone(&floor.shared.counters);
     // Built here, on the runtime the watch runs on: the client's request buffer lives there.
     let client = Client::new(floor, namespace.clone());
     let api: Api<LeaseObject> = Api::namespaced(client, &namespace);
@@ -402,7 +400,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
         let mut registry = lock(&state.registry);
         match event {
             Event::Init => {
-                registry.listing += 1;
+                counters.listings.fetch_add(1, Ordering::Relaxed);
                 listed = Some(HashMap::new());
                 state
                     .status
@@ -417,20 +415,10 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
             }
             Event::InitDone => {
                 epoch += 1;
-                let mut listed = listed.take().unwrap_or_default();
-                let listing = registry.listing;
-                let names: Vec<(String, bool)> = registry
-                    .objects
-                    .iter()
-                    .map(|(name, entry)| (name.clone(), entry.since_listing < listing))
-                    .collect();
-                for (name, listed_for_it) in names {
-                    let view = match listed.remove(&name) {
-                        Some(view) => view,
-                        None if listed_for_it => View::Absent { version: None },
-                        // Subscribed while the listing ran: its absence proves nothing.
-                        None => continue,
-                    };
+                // A subscribed object missing from the listing may have been created after the
+                // listing's snapshot: nothing is delivered for it, so what its leases knew is
+                // not current any more, and their next attempt reads it.
+                for (name, view) in listed.take().unwrap_or_default() {
                     state.deliver(&mut registry, &name, epoch, view, at);
                 }
                 state.status.send_replace(Status {

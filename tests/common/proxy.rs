@@ -21,7 +21,8 @@ pub enum ProxyMode {
     Reset,
     /// Accept connections but forward nothing, either way; existing connections go silent.
     Blackhole,
-    /// Forward both ways, each chunk from the server after this delay.
+    /// Forward both ways, each chunk from the server this long after it arrived (latency: the
+    /// chunks that arrive meanwhile are not delayed further).
     SlowAnswers(Duration),
     /// Forward requests to the server but drop its answers (the server applies them, the client
     /// never hears back); connections are reset when the mode changes again.
@@ -122,7 +123,22 @@ async fn serve(
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    // Every way the connection ends is a reset (SO_LINGER 0), as `reset` does.
+    let _ = client.set_zero_linger();
     let (mut cr, mut cw) = client.into_split();
+    // Answers go through a queue, each written when its delay is over: a delay is latency, not a
+    // limit on throughput (chunks read meanwhile are delayed by the same amount, not in turn).
+    let (answers, mut queued) =
+        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, chunk)) = queued.recv().await {
+            tokio::time::sleep_until(at).await;
+            if cw.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        cw
+    });
     let (mut sr, mut sw) = server.into_split();
     let mut cbuf = vec![0u8; 16 * 1024];
     let mut sbuf = vec![0u8; 16 * 1024];
@@ -145,10 +161,8 @@ async fn serve(
                     if drop_answers {
                         continue;
                     }
-                    if let Some(delay) = delay {
-                        tokio::time::sleep(delay).await;
-                    }
-                    if cw.write_all(&sbuf[..n]).await.is_err() { break } else { continue }
+                    let at = tokio::time::Instant::now() + delay.unwrap_or_default();
+                    if answers.send((at, sbuf[..n].to_vec())).is_err() { break } else { continue }
                 }
             },
         };
@@ -168,7 +182,11 @@ async fn serve(
             }
         }
     }
-    if let (Ok(client), Ok(_)) = (cr.reunite(cw), sr.reunite(sw)) {
-        reset(client);
+    drop(answers);
+    writer.abort();
+    if let Ok(cw) = writer.await {
+        if let (Ok(client), Ok(_)) = (cr.reunite(cw), sr.reunite(sw)) {
+            reset(client);
+        }
     }
 }
