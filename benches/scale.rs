@@ -31,6 +31,34 @@ use common::{Check, Report};
 use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
+/// The system allocator, counting the bytes in use: the heap a held lease costs, beside the RSS.
+struct Counting;
+
+static HEAP: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is updated.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        HEAP.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        std::alloc::System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        HEAP.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        std::alloc::System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        HEAP.fetch_add(new as isize - layout.size() as isize, Ordering::Relaxed);
+        std::alloc::System.realloc(ptr, layout, new)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn heap_bytes() -> i64 {
+    HEAP.load(Ordering::Relaxed) as i64
+}
+
 fn env_secs(name: &str, default: u64) -> Duration {
     let secs = match std::env::var(name) {
         Ok(v) => v
@@ -66,7 +94,20 @@ fn settings(i: usize) -> LeaseSettings {
         .expect("valid settings")
 }
 
+/// This process's resident memory, after handing the allocator's free pages back to the system
+/// (glibc's `malloc_trim`), so that memory freed after a burst (the acquires) does not count as
+/// held.
 fn rss_bytes() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim only releases free memory of glibc's allocator.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
     proc_rss_bytes("self")
 }
 
@@ -103,6 +144,35 @@ fn proc_cpu_time(pid: &str) -> Duration {
 
 /// The value of a variable of the test cluster's environment.
 #[allow(dead_code)]
+/// Established TCP connections of this process to `port` (`/proc/self/net/tcp*`, the sockets
+/// among this process's file descriptors: the API server's own loopback connections to itself
+/// do not count).
+fn established_to(port: u16) -> usize {
+    let ours: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let port = format!(":{port:04X}");
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|t| {
+            t.lines()
+                .skip(1)
+                .filter(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 9 && f[2].ends_with(&port) && f[3] == "01" && ours.contains(f[9])
+                })
+                .count()
+        })
+        .sum()
+}
+
 fn cluster_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
@@ -117,10 +187,7 @@ fn cluster_var(name: &str) -> String {
 enum Backend {
     Memory(InMemoryStore),
     #[cfg(feature = "kubernetes")]
-    Kubernetes {
-        client: kube::Client,
-        namespace: String,
-    },
+    Kubernetes(actix_coordination::KubernetesSession),
     #[cfg(feature = "etcd")]
     Etcd(actix_coordination::EtcdSession),
 }
@@ -131,14 +198,12 @@ impl Backend {
             "memory" => Backend::Memory(InMemoryStore::new()),
             #[cfg(feature = "kubernetes")]
             "kubernetes" => {
-                let namespace = cluster_var("ACTIX_COORD_TEST_K8S_NAMESPACE");
-                let client = kube_client(
-                    &cluster_var("ACTIX_COORD_TEST_K8S_URL"),
-                    &cluster_var("ACTIX_COORD_TEST_K8S_CA"),
-                    &cluster_var("ACTIX_COORD_TEST_K8S_TOKEN"),
-                    &namespace,
-                );
-                Backend::Kubernetes { client, namespace }
+                use actix_coordination::{KubernetesSession, KubernetesSettings};
+                let k8s = KubernetesSettings::new(cluster_var("ACTIX_COORD_TEST_K8S_NAMESPACE"))
+                    .with_api_url(cluster_var("ACTIX_COORD_TEST_K8S_URL"))
+                    .with_ca_file(cluster_var("ACTIX_COORD_TEST_K8S_CA"))
+                    .with_token(cluster_var("ACTIX_COORD_TEST_K8S_TOKEN"));
+                Backend::Kubernetes(KubernetesSession::new(k8s).expect("valid kubernetes settings"))
             }
             #[cfg(not(feature = "kubernetes"))]
             "kubernetes" => panic!(
@@ -183,6 +248,40 @@ impl Backend {
         }
     }
 
+    /// The API server's port (Kubernetes only).
+    fn api_port(&self) -> Option<u16> {
+        match self {
+            #[cfg(feature = "kubernetes")]
+            Backend::Kubernetes(_) => cluster_var("ACTIX_COORD_TEST_K8S_URL")
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.trim_end_matches('/').parse().ok()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// TCP connections the Kubernetes session opened so far, and the requests of its namespace
+    /// watch.
+    fn kubernetes_stats(&self) -> Option<serde_json::Value> {
+        match self {
+            #[cfg(feature = "kubernetes")]
+            Backend::Kubernetes(session) => {
+                let stats = session.stats();
+                Some(serde_json::json!({
+                    "connections_opened": stats.connections,
+                    "http2_responses": stats.http2_responses,
+                    "http1_responses": stats.http1_responses,
+                    "watch_requests": stats.watch.watch_requests,
+                    "list_requests": stats.watch.list_requests,
+                    "listings": stats.watch.listings,
+                }))
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The pids of the servers this backend talks to, with a label, from the cluster environment.
     fn server_pids(&self) -> Vec<(&'static str, String)> {
         #[allow(unused_variables)]
@@ -190,7 +289,7 @@ impl Backend {
         match self {
             Backend::Memory(_) => Vec::new(),
             #[cfg(feature = "kubernetes")]
-            Backend::Kubernetes { .. } => [
+            Backend::Kubernetes(_) => [
                 ("kube-apiserver", var("ACTIX_COORD_TEST_KUBE_APISERVER_PID")),
                 ("its etcd", var("ACTIX_COORD_TEST_KUBE_ETCD_PID")),
             ]
@@ -205,62 +304,11 @@ impl Backend {
     }
 }
 
-/// A kube client for the test cluster (one per process: every lease shares it).
-#[cfg(feature = "kubernetes")]
-fn kube_client(url: &str, ca: &str, token: &str, namespace: &str) -> kube::Client {
-    use kube::config::{
-        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-    };
-    let kubeconfig = Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: "bench".into(),
-            cluster: Some(Cluster {
-                server: Some(url.to_owned()),
-                certificate_authority: Some(ca.to_owned()),
-                ..Cluster::default()
-            }),
-            ..NamedCluster::default()
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: "bench".into(),
-            auth_info: Some(AuthInfo {
-                token: Some(token.to_owned().into()),
-                ..AuthInfo::default()
-            }),
-            ..NamedAuthInfo::default()
-        }],
-        contexts: vec![NamedContext {
-            name: "bench".into(),
-            context: Some(Context {
-                cluster: "bench".into(),
-                user: Some("bench".into()),
-                namespace: Some(namespace.to_owned()),
-                ..Context::default()
-            }),
-            ..NamedContext::default()
-        }],
-        current_context: Some("bench".into()),
-        ..Kubeconfig::default()
-    };
-    let mut config = kube::Config::try_from(kubeconfig).expect("kube config");
-    config.default_retry = false;
-    config.proxy_url = None;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    actix_coordination::kubernetes_client(&config).expect("kube client")
-}
-
 fn make_lease(backend: &Backend, i: usize) -> SharedLease {
     match backend {
         Backend::Memory(store) => SharedLease::new(store.lease(settings(i))),
         #[cfg(feature = "kubernetes")]
-        Backend::Kubernetes { client, namespace } => SharedLease::new(
-            actix_coordination::KubernetesLease::with_client(
-                settings(i),
-                client.clone(),
-                namespace.clone(),
-            )
-            .expect("valid namespace"),
-        ),
+        Backend::Kubernetes(session) => SharedLease::new(session.lease(settings(i))),
         #[cfg(feature = "etcd")]
         Backend::Etcd(session) => SharedLease::new(session.lease(settings(i))),
     }
@@ -292,6 +340,7 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
     let backend = Backend::new(&backend_name);
     let (ttl, renew) = (ttl(), renewal());
     let rss_before = rss_bytes();
+    let heap_before = heap_bytes();
     let leases: Vec<SharedLease> = (0..count).map(|i| make_lease(&backend, i)).collect();
     let lost = Arc::new(AtomicUsize::new(0));
     let subscriptions: Vec<_> = leases
@@ -318,6 +367,7 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         "only {acquired} of {count} leases acquired in {acquire_time:.2?}"
     );
     let rss_held = rss_bytes();
+    let heap_held = heap_bytes();
 
     // Hold for a few renewal intervals, sampling the headroom before the deadlines.
     let servers = backend.server_pids();
@@ -329,7 +379,14 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
     let mut min_headroom = ttl;
     // Leases seen without a live deadline, summed over the samples.
     let mut expired = 0usize;
+    let api_port = backend.api_port();
+    let mut most_connections = 0;
+    let mut samples = 0u64;
     while hold_start.elapsed() < hold {
+        if let (Some(port), true) = (api_port, samples.is_multiple_of(20)) {
+            most_connections = most_connections.max(established_to(port));
+        }
+        samples += 1;
         let now = Instant::now();
         for l in &leases {
             match l.deadline().filter(|d| *d > now) {
@@ -410,6 +467,15 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         println!("keep-alives while holding: {per_min:.2} / min for all {count} leases");
     }
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
+    let memory_per_lease = (rss_held.saturating_sub(rss_before)) as f64 / count as f64;
+    let heap_per_lease = (heap_held - heap_before) as f64 / count as f64;
+    println!(
+        "heap per held lease:     {heap_per_lease:.0} bytes (in use, counted by the allocator)"
+    );
+    let kubernetes = backend.kubernetes_stats();
+    if let Some(stats) = &kubernetes {
+        println!("connections to the API server: at most {most_connections} established while holding; session: {stats}");
+    }
     let mut values = serde_json::json!({
         "leases": count,
         "ttl_s": ttl.as_secs_f64(),
@@ -418,6 +484,7 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         "release_s": release_time.as_secs_f64(),
         "released": released,
         "memory_per_lease_bytes": (rss_held.saturating_sub(rss_before)) as f64 / count as f64,
+        "heap_per_lease_bytes": (heap_held - heap_before) as f64 / count as f64,
         "cpu_percent": 100.0 * cpu.as_secs_f64() / hold_elapsed.as_secs_f64(),
         "cpu_us_per_lease_renewal": cpu.as_secs_f64() * 1e6 / renewals,
         "renewals_per_second": count as f64 / renew.as_secs_f64(),
@@ -439,6 +506,10 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
             })
             .collect::<std::collections::BTreeMap<_, _>>(),
     });
+    if let Some(stats) = &kubernetes {
+        values["connections_established_max"] = serde_json::json!(most_connections);
+        values["session"] = stats.clone();
+    }
     if let Some(store) = backend.memory_store() {
         let stats = store.stats();
         println!(
@@ -470,6 +541,35 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
             "values": values,
         }),
         &[
+            kubernetes.is_some().then(|| {
+                Check::at_most(
+                    "scale-connections",
+                    most_connections as f64,
+                    2.0,
+                    "TCP connections to the API server",
+                )
+            }),
+            kubernetes.is_some().then(|| {
+                Check::at_most(
+                    "scale-memory",
+                    memory_per_lease,
+                    8192.0,
+                    "bytes of client memory per held lease",
+                )
+            }),
+            // The target interval of the Kubernetes scale run: no renewal late beyond 10 % of it.
+            (kubernetes.is_some() && renew >= Duration::from_secs(10)).then(|| {
+                Check::at_most(
+                    "scale-late",
+                    worst_lateness.as_secs_f64() * 1e3,
+                    renew.as_secs_f64() * 1e3 / 10.0,
+                    "ms the latest renewal came late",
+                )
+            }),
+        ]
+        .into_iter()
+        .flatten()
+        .chain([
             Check::exactly(
                 "scale-lost",
                 lost.load(Ordering::Relaxed) as f64,
@@ -488,6 +588,7 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
                 0.0,
                 "leases seen past their deadline (summed over the samples)",
             ),
-        ],
+        ])
+        .collect::<Vec<_>>(),
     );
 }

@@ -351,7 +351,7 @@ impl Observed {
 pub struct KubernetesTenure {
     /// The object as this backend last wrote (or adopted) it; its `resourceVersion` is what the
     /// next write compares against.
-    lease: LeaseObject,
+    lease: Arc<LeaseObject>,
     transitions: i32,
     /// Renewals sent since the last confirmed one (their answer was lost or not yet received):
     /// the `renewTime` each wrote, and when the call started.
@@ -482,7 +482,8 @@ impl KubernetesBackend {
         let found = api
             .get_opt(&self.object)
             .await
-            .map_err(|e| self.error("get", e))?;
+            .map_err(|e| self.error("get", e))?
+            .map(slim);
         if let Some(lease) = &found {
             self.check_owner_name(lease)?;
             self.observe(lease);
@@ -494,38 +495,38 @@ impl KubernetesBackend {
         &self,
         api: &Api<LeaseObject>,
         lease: &LeaseObject,
-    ) -> Result<LeaseObject, KubernetesError> {
+    ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.creates.fetch_add(1, Ordering::Relaxed);
         let created = api
             .create(&post_params(), lease)
             .await
             .map_err(|e| self.write_error("create", e))?;
-        self.observe(&created);
-        Ok(created)
+        Ok(self.observe_shared(Arc::new(slim(created))))
     }
 
     async fn update(
         &self,
         api: &Api<LeaseObject>,
         lease: &LeaseObject,
-    ) -> Result<LeaseObject, KubernetesError> {
+    ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
         let updated = api
             .replace(&self.object, &post_params(), lease)
             .await
             .map_err(|e| self.write_error("update", e))?;
-        self.observe(&updated);
-        Ok(updated)
+        Ok(self.observe_shared(Arc::new(slim(updated))))
     }
 
     /// Records what a request returned of the object.
     fn observe(&self, lease: &LeaseObject) {
+        self.observe_shared(Arc::new(lease.clone()));
+    }
+
+    /// Records what a request returned of the object, keeping this copy (a tenure shares it).
+    fn observe_shared(&self, lease: Arc<LeaseObject>) -> Arc<LeaseObject> {
         let epoch = self.synced_epoch();
-        self.learn(
-            View::Present(Arc::new(lease.clone())),
-            Instant::now(),
-            epoch,
-        );
+        self.learn(View::Present(Arc::clone(&lease)), Instant::now(), epoch);
+        lease
     }
 
     /// Records what is known of the object, unless it is older than what is known already; the
@@ -655,7 +656,7 @@ impl KubernetesBackend {
         result
     }
 
-    fn acquired(&self, lease: LeaseObject) -> AcquireAttempt<KubernetesTenure> {
+    fn acquired(&self, lease: Arc<LeaseObject>) -> AcquireAttempt<KubernetesTenure> {
         let transitions = transitions_of(&lease);
         {
             let mut state = self.lock();
@@ -674,7 +675,7 @@ impl KubernetesBackend {
         }
     }
 
-    fn adopt(&self, tenure: &mut KubernetesTenure, lease: LeaseObject) {
+    fn adopt(&self, tenure: &mut KubernetesTenure, lease: Arc<LeaseObject>) {
         self.lock().tenure_version = lease.metadata.resource_version.clone();
         tenure.lease = lease;
     }
@@ -843,24 +844,8 @@ impl KubernetesBackend {
     }
 }
 
-impl LeaseBackend for KubernetesBackend {
-    type Tenure = KubernetesTenure;
-    type Error = KubernetesError;
-
-    /// The API server and namespace, for a lease built from [`KubernetesSettings`]; `None` (no
-    /// duplicate check) for one built with a ready client, whose server is not known.
-    fn store_id(&self) -> Option<String> {
-        match &self.client {
-            ClientSource::Session(session) => Some(format!(
-                "kubernetes:{}/{}",
-                session.cluster_url(),
-                self.namespace
-            )),
-            ClientSource::Ready(_) => None,
-        }
-    }
-
-    async fn try_acquire(
+impl KubernetesBackend {
+    async fn try_acquire_inner(
         &self,
         settings: &LeaseSettings,
     ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
@@ -916,7 +901,7 @@ impl LeaseBackend for KubernetesBackend {
         })
     }
 
-    async fn renew(
+    async fn renew_inner(
         &self,
         settings: &LeaseSettings,
         tenure: &mut KubernetesTenure,
@@ -924,7 +909,7 @@ impl LeaseBackend for KubernetesBackend {
         let api = self.api()?;
         let start = Instant::now();
         let renew_time = now_micro();
-        let mut next = tenure.lease.clone();
+        let mut next = (*tenure.lease).clone();
         let spec = next.spec.get_or_insert_with(LeaseSpec::default);
         spec.renew_time = Some(renew_time.clone());
         spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
@@ -964,7 +949,7 @@ impl LeaseBackend for KubernetesBackend {
             .and_then(|s| s.renew_time.as_ref())
             .and_then(|t| tenure.unconfirmed.iter().find(|(sent, _)| sent == t))
             .map(|(_, started)| *started);
-        self.adopt(tenure, current);
+        self.adopt(tenure, Arc::new(current));
         match landed {
             Some(started) => {
                 tenure.unconfirmed.clear();
@@ -982,7 +967,7 @@ impl LeaseBackend for KubernetesBackend {
         }
     }
 
-    async fn release(
+    async fn release_inner(
         &self,
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
@@ -990,7 +975,7 @@ impl LeaseBackend for KubernetesBackend {
         let api = self.api()?;
         let owner = settings.owner();
         self.lock().tenure_version = None;
-        let mut next = released(tenure.lease);
+        let mut next = released((*tenure.lease).clone());
         for _ in 0..MAX_CAS_ATTEMPTS {
             match self.update(&api, &next).await {
                 Ok(_) => return Ok(ReleaseOutcome::Released),
@@ -1023,6 +1008,49 @@ impl LeaseBackend for KubernetesBackend {
             object: self.object.clone(),
             attempts: MAX_CAS_ATTEMPTS,
         })
+    }
+}
+
+impl LeaseBackend for KubernetesBackend {
+    type Tenure = KubernetesTenure;
+    type Error = KubernetesError;
+
+    /// The API server and namespace, for a lease built from [`KubernetesSettings`]; `None` (no
+    /// duplicate check) for one built with a ready client, whose server is not known.
+    fn store_id(&self) -> Option<String> {
+        match &self.client {
+            ClientSource::Session(session) => Some(format!(
+                "kubernetes:{}/{}",
+                session.cluster_url(),
+                self.namespace
+            )),
+            ClientSource::Ready(_) => None,
+        }
+    }
+
+    // The calls are boxed: their futures (kube's request futures inside) are a few KB, and a
+    // task that awaits one (a lease's renewal task) would carry that size for its whole life.
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
+        Box::pin(self.try_acquire_inner(settings)).await
+    }
+
+    async fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut KubernetesTenure,
+    ) -> Result<RenewOutcome, KubernetesError> {
+        Box::pin(self.renew_inner(settings, tenure)).await
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(self.release_inner(settings, tenure)).await
     }
 
     /// Releases a claim of this instance whose answer never arrived, if the object still shows
@@ -1082,7 +1110,7 @@ impl LeaseBackend for KubernetesBackend {
         loop {
             self.fold();
             if let Some(view) = subscription.latest().view {
-                if let Some(reason) = self.judge(&view, settings, token).await? {
+                if let Some(reason) = Box::pin(self.judge(&view, settings, token)).await? {
                     return Ok(reason);
                 }
             }
@@ -1153,6 +1181,13 @@ fn post_params() -> PostParams {
         dry_run: false,
         field_manager: Some(FIELD_MANAGER.to_owned()),
     }
+}
+
+/// `lease` without its `managedFields`, as it is kept: about half of the object's size, and an
+/// update that omits them leaves them as they are.
+pub(super) fn slim(mut lease: LeaseObject) -> LeaseObject {
+    lease.metadata.managed_fields = None;
+    lease
 }
 
 /// `lease` without a holder.
