@@ -3,6 +3,7 @@
 #
 # Usage:
 #   scripts/test-cluster.sh install            install packages, build + cache kube-apiserver v1.20.2
+#                                              and the client-go program tests/clientgo/leaderelect
 #   scripts/test-cluster.sh up     [DIR]       (re)start a cluster in DIR, write DIR/env
 #   scripts/test-cluster.sh down   [DIR]       stop everything started in DIR (idempotent)
 #   scripts/test-cluster.sh status [DIR]       show what runs in DIR
@@ -32,6 +33,9 @@
 #   ACTIX_COORD_TEST_K8S_NOROLE_TOKEN     bearer token of user `no-role` (no Role: 403 on leases)
 #   ACTIX_COORD_TEST_K8S_NAMESPACE        actix-coordination-test
 #   ACTIX_COORD_TEST_KUBE_APISERVER_BIN   the cached kube-apiserver binary
+#   ACTIX_COORD_TEST_CLIENTGO_BIN         the cached client-go leader election program built from
+#                                         tests/clientgo/leaderelect/main.go (LeaseLock; see its
+#                                         header for flags and the events it prints)
 #   ACTIX_COORD_TEST_KUBE_APISERVER_ARGS  every flag of the running apiserver EXCEPT --secure-port,
 #                                         whitespace-separated `--flag=value` words (no quoting needed).
 #                                         Start another apiserver sharing the same etcd, certificate,
@@ -71,6 +75,9 @@ ETCDCTL_BIN=/usr/bin/etcdctl
 # The members of the three-member test cluster (DIR/etcd3/<name>...).
 ETCD3_MEMBERS=(n1 n2 n3)
 RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
+# The client-go leader election program of the interop tests (tests/clientgo.rs), built by `install`
+# from the same Kubernetes source as kube-apiserver and cached by version and source hash.
+CLIENTGO_SRC=$REPO_ROOT/tests/clientgo/leaderelect/main.go
 
 # Packages needed to run the cluster and to build the crate (etcd-client needs protoc).
 RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl curl ca-certificates python3 python3-yaml)
@@ -258,7 +265,26 @@ apiserver_ok() {
     [[ -x $KUBE_APISERVER_BIN ]] && "$KUBE_APISERVER_BIN" --version >/dev/null 2>&1
 }
 
-build_kube_apiserver() {
+# The client-go program's cache key: the Kubernetes version and a hash of its source, so that an
+# edited program is rebuilt (binaries of other versions of the source stay: other checkouts use them).
+clientgo_bin() {
+    [[ -f $CLIENTGO_SRC ]] || die "$CLIENTGO_SRC missing"
+    local hash
+    hash=$(sha256sum "$CLIENTGO_SRC" | cut -c1-16)
+    printf '%s/leaderelect-%s-%s' "$CACHE_DIR" "$KUBE_VERSION" "$hash"
+}
+
+clientgo_ok() {
+    local bin
+    bin=$(clientgo_bin)
+    [[ -x $bin ]] && [[ -s $bin ]]
+}
+
+# build_from_source WANT_APISERVER WANT_CLIENTGO (each 0 or 1): download Debian's source of
+# Kubernetes $KUBE_VERSION once, unpack it and build kube-apiserver and/or the client-go program
+# from it; cache the binaries in $CACHE_DIR and remove the unpacked tree.
+build_from_source() {
+    local want_apiserver=$1 want_clientgo=$2
     apt_install_missing "${BUILD_PKGS[@]}"
     if ! ensure_deb_src || [[ -z $(kube_src_version) ]]; then
         apt_update
@@ -268,11 +294,21 @@ build_kube_apiserver() {
     [[ -n $src_version ]] || die "no source package kubernetes *$KUBE_DEB_SRC_MATCH* in apt (bookworm deb-src)"
 
     mkdir -p "$CACHE_DIR"
-    local build_log=$CACHE_DIR/kube-apiserver-$KUBE_VERSION.build.log
+    local what=() build_log
+    [[ $want_apiserver -eq 1 ]] && what+=(kube-apiserver)
+    [[ $want_clientgo -eq 1 ]] && what+=(leaderelect)
+    if [[ $want_apiserver -eq 1 ]]; then
+        build_log=$CACHE_DIR/kube-apiserver-$KUBE_VERSION.build.log
+    else
+        build_log=$CACHE_DIR/leaderelect-$KUBE_VERSION.build.log
+    fi
+    local clientgo
+    clientgo=$(clientgo_bin)
     local work
     work=$(mktemp -d "${TMPDIR:-/tmp}/actix-coordination-kube-build.XXXXXX")
     BUILD_WORK=$work
-    log "building kube-apiserver v$KUBE_VERSION from Debian source in $work (about 4-6 minutes; log: $build_log)"
+    log "building ${what[*]} (Kubernetes v$KUBE_VERSION) from Debian source in $work" \
+        "(about 4-6 minutes for kube-apiserver, 2-3 for the client-go program alone; log: $build_log)"
     local start=$SECONDS rc
     # Not `( ... ) || rc=$?`: errexit would be ignored inside the subshell.
     set +e
@@ -285,24 +321,42 @@ build_kube_apiserver() {
         echo "== unpack $orig"
         mkdir src
         tar -xf "$orig" -C src --strip-components=1
+        rm -f "$orig"
         cd src
         test -f hack/lib/version.sh
+        # The apiserver panics without it; client-go decodes with the same json-iterator/reflect2,
+        # so the client-go program gets it too.
         echo "== reflect2: vendored v1.0.1 -> Debian's v1.0.2 (Go 1.19 compatibility)"
         rm -rf vendor/github.com/modern-go/reflect2
         cp -rL /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/modern-go/reflect2
         echo "== GOPATH layout"
         mkdir -p .go/src/k8s.io
         ln -s ../../.. .go/src/k8s.io/kubernetes
-        echo "== make WHAT=cmd/kube-apiserver"
-        # No .git needed: the tarball is a `git archive` and hack/lib/version.sh carries v1.20.2.
-        env GOPATH="$PWD/.go" GO111MODULE=off CGO_ENABLED=0 GOCACHE="$work/gocache" \
-            make WHAT=cmd/kube-apiserver
-        bin=_output/local/bin/linux/$(go env GOARCH)/kube-apiserver
-        version=$("$bin" --version)
-        echo "$version"
-        [[ $version == *"v$KUBE_VERSION" ]]
-        cp "$bin" "$KUBE_APISERVER_BIN.tmp.$$"
-        mv -f "$KUBE_APISERVER_BIN.tmp.$$" "$KUBE_APISERVER_BIN"
+        if [[ $want_apiserver -eq 1 ]]; then
+            echo "== make WHAT=cmd/kube-apiserver"
+            # No .git needed: the tarball is a `git archive` and hack/lib/version.sh carries v1.20.2.
+            env GOPATH="$PWD/.go" GO111MODULE=off CGO_ENABLED=0 GOCACHE="$work/gocache" \
+                make WHAT=cmd/kube-apiserver
+            bin=_output/local/bin/linux/$(go env GOARCH)/kube-apiserver
+            version=$("$bin" --version)
+            echo "$version"
+            [[ $version == *"v$KUBE_VERSION" ]]
+            cp "$bin" "$KUBE_APISERVER_BIN.tmp.$$"
+            mv -f "$KUBE_APISERVER_BIN.tmp.$$" "$KUBE_APISERVER_BIN"
+        fi
+        if [[ $want_clientgo -eq 1 ]]; then
+            echo "== client-go program: $CLIENTGO_SRC -> cmd/leaderelect"
+            mkdir -p cmd/leaderelect
+            cp "$CLIENTGO_SRC" cmd/leaderelect/main.go
+            # GOPATH mode with the tree's vendored client-go (the same GOCACHE as the apiserver,
+            # whose build already compiled most of it).
+            env GOPATH="$PWD/.go" GO111MODULE=off CGO_ENABLED=0 GOCACHE="$work/gocache" \
+                go build -o "$work/leaderelect" k8s.io/kubernetes/cmd/leaderelect
+            usage=$("$work/leaderelect" -h 2>&1 || true)
+            [[ $usage == *-lease-duration* ]]
+            cp "$work/leaderelect" "$clientgo.tmp.$$"
+            mv -f "$clientgo.tmp.$$" "$clientgo"
+        fi
     ) >"$build_log" 2>&1
     rc=$?
     set -e
@@ -310,32 +364,37 @@ build_kube_apiserver() {
     rm -rf "$work"
     BUILD_WORK=
     if [[ $rc -ne 0 ]]; then
-        log "kube-apiserver build FAILED (exit $rc) after $((SECONDS - start)) s; last lines of $build_log:"
+        log "build of ${what[*]} FAILED (exit $rc) after $((SECONDS - start)) s; last lines of $build_log:"
         tail -n 60 "$build_log" >&2
         exit 1
     fi
-    log "built $KUBE_APISERVER_BIN in $((SECONDS - start)) s"
+    log "built ${what[*]} in $((SECONDS - start)) s"
 }
 
 cmd_install() {
     [[ $# -eq 0 ]] || die "usage: $0 install"
     apt_install_missing "${RUNTIME_PKGS[@]}"
     mkdir -p "$CACHE_DIR"
-    if apiserver_ok; then
+    if apiserver_ok && clientgo_ok; then
         log "kube-apiserver cached: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
+        log "client-go program cached: $(clientgo_bin)"
         return 0
     fi
     # Serialise concurrent builds (several checkouts / engineers on one machine).
     exec 8>"$CACHE_DIR/.build.lock"
     if ! flock -n 8; then
-        log "another kube-apiserver build is running; waiting for it"
+        log "another build from the Kubernetes source is running; waiting for it"
         flock 8
     fi
-    if ! apiserver_ok; then
-        build_kube_apiserver
+    local want_apiserver=0 want_clientgo=0
+    apiserver_ok || want_apiserver=1
+    clientgo_ok || want_clientgo=1
+    if [[ $want_apiserver -eq 1 || $want_clientgo -eq 1 ]]; then
+        build_from_source "$want_apiserver" "$want_clientgo"
     fi
     exec 8>&-
     log "kube-apiserver ready: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
+    log "client-go program ready: $(clientgo_bin)"
 }
 
 # ------------------------------------------------------------------------------------ processes
@@ -632,6 +691,7 @@ up_locked() {
     [[ -x $ETCD_BIN ]] || die "$ETCD_BIN missing: run '$0 install' first"
     [[ -x $ETCDCTL_BIN ]] || die "$ETCDCTL_BIN missing: run '$0 install' first"
     apiserver_ok || die "kube-apiserver not built: run '$0 install' first"
+    clientgo_ok || die "client-go program not built (or $CLIENTGO_SRC changed): run '$0 install' first"
     command -v curl >/dev/null || die "curl missing: run '$0 install' first"
     local yaml_py
     yaml_py=$(yaml_python) || die "python3 with the yaml module missing: run '$0 install' first"
@@ -722,6 +782,7 @@ up_locked() {
         env_line ACTIX_COORD_TEST_K8S_NOROLE_TOKEN "$norole_token"
         env_line ACTIX_COORD_TEST_K8S_NAMESPACE "$NAMESPACE"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_BIN "$KUBE_APISERVER_BIN"
+        env_line ACTIX_COORD_TEST_CLIENTGO_BIN "$(clientgo_bin)"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_ARGS "${args[*]}"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_PID "$apiserver_pid"
         env_line ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT "$kube_etcd"

@@ -5,6 +5,8 @@ pub mod actors;
 #[cfg(all(feature = "etcd", feature = "kubernetes"))]
 pub mod chaos;
 pub mod chaos_check;
+#[cfg(feature = "kubernetes")]
+pub mod clientgo;
 pub mod contract;
 #[cfg(feature = "etcd")]
 pub mod etcd;
