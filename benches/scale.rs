@@ -552,9 +552,9 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
             kubernetes.is_some().then(|| {
                 Check::at_most(
                     "scale-memory",
-                    memory_per_lease,
+                    heap_per_lease,
                     8192.0,
-                    "bytes of client memory per held lease",
+                    "bytes of client heap in use per held lease",
                 )
             }),
             // The target interval of the Kubernetes scale run: no renewal late beyond 10 % of it.
