@@ -467,7 +467,6 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         println!("keep-alives while holding: {per_min:.2} / min for all {count} leases");
     }
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
-    let memory_per_lease = (rss_held.saturating_sub(rss_before)) as f64 / count as f64;
     let heap_per_lease = (heap_held - heap_before) as f64 / count as f64;
     println!(
         "heap per held lease:     {heap_per_lease:.0} bytes (in use, counted by the allocator)"
