@@ -176,8 +176,8 @@ where
 
 /// Requests one connection carries at once: below kube-apiserver's default limit of 250
 /// concurrent HTTP/2 streams per connection, beyond which a request waits for a stream (a renewal
-/// stuck behind open watches). Each held lease keeps a watch open, so a client holding more
-/// leases opens another connection per 200 (`a_connection_carries_at_most_200_requests`).
+/// stuck behind others, for example a burst of claims). A client with more requests in flight
+/// opens another connection per 200 (`a_connection_carries_at_most_200_requests`).
 pub(super) const STREAMS_PER_CONNECTION: usize = 200;
 
 /// The HTTP service under kube's layers: requests go to the first *lane* (a hyper client, with

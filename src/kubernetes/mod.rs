@@ -70,8 +70,9 @@ const MAX_UNCONFIRMED: usize = 16;
 /// the API server rejects an update whose `resourceVersion` is stale with `409 Conflict`, so two
 /// owners racing for a free or expired lease produce exactly one winner. One attempt to acquire:
 ///
-/// 1. `GET` the object. Missing: `create` it (a `409 AlreadyExists` means someone else was
-///    faster: read again and decide).
+/// 1. Take the object as the namespace watch last delivered it while that view is current (see
+///    the next section), else `GET` it. Missing: `create` it (a `409 AlreadyExists` means someone
+///    else was faster: read again and decide).
 /// 2. Held by this owner (a previous attempt whose answer was lost): take it as a new tenure with
 ///    an update that bumps `leaseTransitions`.
 /// 3. Held by another owner whose claim has not expired (see below): `false`.
@@ -96,9 +97,19 @@ const MAX_UNCONFIRMED: usize = 16;
 /// `resourceVersion`, without reading first. On `409` it reads once to find out why: if the object
 /// still shows this owner's tenure and the `renewTime` of an earlier renewal whose answer was lost,
 /// that renewal landed and is adopted; otherwise the lease was lost (taken over, or
-/// [deleted](crate::LostReason::Deleted) on `404`). Besides, one watch per tenure (on the single
-/// object, re-opened every few minutes) reports a takeover or deletion at once, and a waiting
-/// contender watches the object instead of polling, so it sees a release within one round trip.
+/// [deleted](crate::LostReason::Deleted) on `404`).
+///
+/// # One watch per namespace
+///
+/// All leases of a [`KubernetesSession`] in a namespace share one watch on the namespace's `Lease`
+/// objects ([`kube::runtime::watcher()`], with its backoff and relist), dispatched by object name.
+/// It reports a takeover or a deletion to a holder without a request, and keeps a waiting
+/// contender's view current: while the watch is listed and running, an attempt decides from what
+/// it delivered, without a read, so a waiting contender sends no request at all, and a release
+/// wakes it within one round trip. The view may lag the store by the watch's delay; a claim on a
+/// stale view fails its compare-and-swap, and expiry is still judged from when this process first
+/// received a version. A watch response that ends early is re-opened no sooner than
+/// [`KUBERNETES_WATCH_FLOOR`](crate::KUBERNETES_WATCH_FLOOR) after the previous one.
 ///
 /// # Releasing keeps the object
 ///
@@ -161,8 +172,8 @@ const MAX_UNCONFIRMED: usize = 16;
 ///
 /// Leases built from one [`KubernetesSession`] ([`KubernetesSession::lease`],
 /// [`KubernetesLease::with_session`]) share its kube client, and with it one HTTP/2 connection
-/// to the API server and one token and CA re-reading; [`KubernetesLease::new`] builds a session
-/// of its own for each lease. Build one session per API server and credentials and all leases of
+/// to the API server, one token and CA re-reading, and one watch per namespace;
+/// [`KubernetesLease::new`] builds a session of its own for each lease. Build one session per API server and credentials and all leases of
 /// the process from it (the [`LeaseProvider`](crate::LeaseProvider) does so for equal
 /// sections). See [`KubernetesSession`] for the connection count and its limits.
 ///

@@ -36,8 +36,7 @@ use crate::settings::LeaseSettings;
 ///   API server speaks over TLS, so all requests and watches of the session are streams of one TCP
 ///   connection (with `TCP_NODELAY`, kept alive with HTTP/2 pings): a session holding 200 leases
 ///   keeps at most 2 connections to the API server
-///   (`one_session_keeps_two_connections_for_200_leases`: their 200 watches fill one connection,
-///   see the stream limit below, and the writes go over the second), and
+///   (`one_session_keeps_two_connections_for_200_leases`), and
 ///   [`KubernetesSessionStats::http2_responses`] shows the protocol in use
 ///   (`http2_is_negotiated_with_the_real_apiserver`).
 /// * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
@@ -50,14 +49,16 @@ use crate::settings::LeaseSettings;
 ///   does not take the connection of other arbiters' leases with it. A session can be created
 ///   outside any runtime (`the_session_outlives_the_runtime_that_used_it_first`).
 ///
-/// Each lease keeps its own state (what it observed of its object, its tenure) and its own watch;
-/// only the client is shared.
+/// * **One watch per namespace.** Every lease of the session in a namespace learns of its object
+///   from one watch on the namespace's `Lease` objects (see [`KubernetesLease`](super::KubernetesLease),
+///   "One watch per namespace"); [`KubernetesSessionStats::watch`] counts its requests.
+///
+/// Each lease keeps its own state (what it observed of its object, its tenure).
 ///
 /// **HTTP/2's stream limit.** An API server accepts a bounded number of concurrent streams per
 /// connection (250 by default in kube-apiserver); requests beyond it would wait for a stream, a
-/// renewal stuck behind open watches. Every held lease and every waiting contender keeps one watch
-/// open, so the client puts at most 200 requests (an open watch counts for its whole life) on one
-/// connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
+/// renewal stuck behind others. The client puts at most 200 requests (an open watch counts for
+/// its whole life) on one connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
 /// `src/kubernetes/client.rs`). A request that fails or is given up (an operation timeout) moves
 /// later requests to a new connection, as HTTP/1.1 did: on a shared connection a lost answer
 /// usually means the connection is bad.

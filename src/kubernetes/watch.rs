@@ -1,6 +1,6 @@
 //! One watch per (client, namespace): every lease of a process that holds or waits for a Lease
 //! object in a namespace learns about that object from one shared watch on all `Lease` objects of
-//! the namespace, built on [`kube::runtime::watcher`] (with its backoff and its relist after
+//! the namespace, built on [`kube::runtime::watcher()`] (with its backoff and its relist after
 //! `410 Gone`), and dispatched by object name.
 //!
 //! # What a lease gets from it
