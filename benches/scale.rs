@@ -528,11 +528,12 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
             "{}s/{}s{}",
             ttl.as_secs(),
             renew.as_secs(),
-            // The 1,000-lease etcd run is a measurement of its own, beside the 10,000 one.
-            if count == 1000 && backend_name == "etcd" {
-                ", 1,000 leases"
-            } else {
-                ""
+            // The 1,000-lease etcd run is a measurement of its own, beside the 10,000 one; so are
+            // Kubernetes runs of other sizes than 1,000.
+            match (backend_name.as_str(), count) {
+                ("etcd", 1000) => ", 1,000 leases".to_owned(),
+                ("kubernetes", n) if n != 1000 => format!(", {n} leases"),
+                _ => String::new(),
             }
         )),
         serde_json::json!({

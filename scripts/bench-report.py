@@ -424,14 +424,17 @@ def t_scale(d):
             ) or "–"
             rows.append([
                 name, f"{v['leases']:,}", f"{v['ttl_s']:g} s / {v['renewal_s']:g} s", f"{v['acquire_s']:.2f} s",
-                f"{v['memory_per_lease_bytes'] / 1000:.1f} KB", f"{v['cpu_us_per_lease_renewal']:.1f} µs",
+                f"{v['memory_per_lease_bytes'] / 1000:.1f} KB"
+                + (f" (heap {v['heap_per_lease_bytes'] / 1000:.1f} KB)" if "heap_per_lease_bytes" in v else ""),
+                f"{v['cpu_us_per_lease_renewal']:.1f} µs",
                 server, f"**{v['lost']}**", ms(v["worst_renewal_lateness_ms"], 1),
                 num(v["keep_alives_per_min"]) if v.get("keep_alives_per_min") is not None else "–",
+                str(v["connections_established_max"]) if "connections_established_max" in v else "–",
             ])
     header = ["backend", "leases", "TTL / renewal", "acquire all", "memory per lease",
               "client CPU per lease-renewal", "server CPU", "lost", "worst renewal lateness",
-              "keep-alives / min (all leases)"]
-    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:", "---:"]
+              "keep-alives / min (all leases)", "connections to the API server"]
+    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:", "---:", "---:"]
     labels = {id(r): f"{BACKEND_NAME[r['backend']]} {r['variant']}" for r in used}
     return table(header, rows, align) + "\n\n" + sources(used, labels)
 

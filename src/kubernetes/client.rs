@@ -180,6 +180,11 @@ where
 /// opens another connection per 200 (`a_connection_carries_at_most_200_requests`).
 pub(super) const STREAMS_PER_CONNECTION: usize = 200;
 
+/// The connections one client keeps open at most (besides ones retired after a failure, which
+/// close once their requests are done): with more than `2 × STREAMS_PER_CONNECTION` requests in
+/// flight, a request waits for a stream on the least busy one.
+pub(super) const MAX_CONNECTIONS: usize = 2;
+
 /// The HTTP service under kube's layers: requests go to the first *lane* (a hyper client, with
 /// its own pool: one connection over HTTP/2) that carries fewer than [`STREAMS_PER_CONNECTION`]
 /// requests (a request counts until its response body is dropped, so an open watch counts for
@@ -274,6 +279,14 @@ impl Lanes {
             .find(|l| l.in_flight.load(Ordering::Acquire) < STREAMS_PER_CONNECTION)
         {
             Some(lane) => Arc::clone(lane),
+            // Every connection is full and there are as many as a client keeps: the least busy
+            // one takes the request, which waits there for a stream (HTTP/2 queues it).
+            None if lanes.len() >= MAX_CONNECTIONS => Arc::clone(
+                lanes
+                    .iter()
+                    .min_by_key(|l| l.in_flight.load(Ordering::Acquire))
+                    .expect("MAX_CONNECTIONS > 0"),
+            ),
             None => {
                 let lane = Arc::new(Lane {
                     client: hyper_client(self.shared.connector.clone()),
@@ -421,5 +434,30 @@ mod tests {
             "the retired lane takes none"
         );
         assert_eq!(lanes.shared.lanes.lock().unwrap().len(), 1);
+    }
+
+    /// With every connection full, a client opens no third one: the next request goes to the
+    /// least busy connection and waits there for a stream.
+    #[test]
+    fn a_client_keeps_at_most_two_connections() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = runtime.enter();
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let lanes = Lanes::new(&config, None, Arc::default()).unwrap();
+        let held: Vec<InFlight> = (0..2 * STREAMS_PER_CONNECTION)
+            .map(|_| lanes.pick())
+            .collect();
+        assert_eq!(lanes.shared.lanes.lock().unwrap().len(), MAX_CONNECTIONS);
+        let extra = lanes.pick();
+        assert_eq!(
+            lanes.shared.lanes.lock().unwrap().len(),
+            MAX_CONNECTIONS,
+            "no third connection"
+        );
+        assert!(held.iter().any(|f| Arc::ptr_eq(&f.0, &extra.0)));
+        assert!(extra.0.in_flight.load(Ordering::Acquire) > STREAMS_PER_CONNECTION);
     }
 }

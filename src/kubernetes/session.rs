@@ -42,13 +42,13 @@ use crate::settings::LeaseSettings;
 /// * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
 ///   about once a minute, once per session rather than once per lease
 ///   (`rotated_token_and_ca_files_are_picked_up`).
-/// * **Its own thread.** The client's connections, its request buffer and every request run on a
-///   small runtime shared by all Kubernetes sessions of the process (one thread, named
-///   `actix-coordination-kubernetes`, started with the first session), so they do not depend on
+/// * **Its own threads.** The client's connections, its request buffer, its namespace watches and
+///   every request run on a small runtime shared by all Kubernetes sessions of the process (two
+///   worker threads, named `actix-coordination-kubernetes`, started with the first session: TLS
+///   and decoding for thousands of leases are not confined to one core), so they do not depend on
 ///   the runtime or actix arbiter that happens to use the session first: an arbiter that stops
 ///   does not take the connection of other arbiters' leases with it. A session can be created
 ///   outside any runtime (`the_session_outlives_the_runtime_that_used_it_first`).
-///
 /// * **One watch per namespace.** Every lease of the session in a namespace learns of its object
 ///   from one watch on the namespace's `Lease` objects (see [`KubernetesLease`](super::KubernetesLease),
 ///   "One watch per namespace"); [`KubernetesSessionStats::watch`] counts its requests.
@@ -234,8 +234,8 @@ impl ManagedLease<KubernetesBackend> {
     }
 }
 
-/// The runtime of every Kubernetes session of the process: one thread, started with the first
-/// session, running for as long as the process.
+/// The runtime of every Kubernetes session of the process: two worker threads, started with the
+/// first session, running for as long as the process.
 fn runtime() -> Result<&'static Handle, KubernetesError> {
     static RUNTIME: OnceLock<Result<Handle, String>> = OnceLock::new();
     RUNTIME
@@ -244,7 +244,9 @@ fn runtime() -> Result<&'static Handle, KubernetesError> {
             std::thread::Builder::new()
                 .name("actix-coordination-kubernetes".into())
                 .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                    let runtime = match tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .thread_name("actix-coordination-kubernetes")
                         .enable_all()
                         .build()
                     {
