@@ -173,6 +173,19 @@ fn established_to(port: u16) -> usize {
         .sum()
 }
 
+/// `n` with a comma between thousands (`5,000`).
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
 fn cluster_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
@@ -532,7 +545,7 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
             // Kubernetes runs of other sizes than 1,000.
             match (backend_name.as_str(), count) {
                 ("etcd", 1000) => ", 1,000 leases".to_owned(),
-                ("kubernetes", n) if n != 1000 => format!(", {n} leases"),
+                ("kubernetes", n) if n != 1000 => format!(", {} leases", thousands(n)),
                 _ => String::new(),
             }
         )),
