@@ -465,7 +465,8 @@ async fn waiting_contender_sees_the_release_at_once() {
     assert!(spent.gets - before.gets <= 1, "{before:?} -> {spent:?}");
     assert_eq!(spent.updates - before.updates, 1, "{before:?} -> {spent:?}");
     let watch = b.backend().watch_stats();
-    assert_eq!(watch.watch_requests, 1, "{watch:?}");
+    // One listing; the API server may end a watch response that falls behind the namespace's
+    // other events, and the watch goes on from where it was.
     assert_eq!(watch.listings, 1, "{watch:?}");
     assert!(b.release().await.unwrap());
 }
@@ -880,9 +881,9 @@ async fn holder_sends_one_request_per_renewal_interval() {
     assert_eq!(s1.updates - s0.updates, RENEWALS, "one update per renewal");
     assert_eq!(s1.requests() - s0.requests(), RENEWALS, "{s0:?} -> {s1:?}");
     assert_eq!(
-        a.backend().watch_stats().watch_requests,
+        a.backend().watch_stats().listings,
         1,
-        "the namespace watch stays open"
+        "the namespace watch is listed once, and goes on"
     );
     assert_eq!(
         starts.len() as u64,
@@ -1024,6 +1025,7 @@ fn a_waiting_manager_sends_no_periodic_request() {
         .await
         .expect("the manager competes, its watch listed");
         let m0 = settled().await;
+        let wa0 = a.backend().watch_stats();
         let (a0, b0, w0) = (
             a.backend().stats(),
             b.backend().stats(),
@@ -1056,9 +1058,22 @@ fn a_waiting_manager_sends_no_periodic_request() {
             .map(|(verb, n)| (verb.as_str(), n - m0.get(verb).copied().unwrap_or(0)))
             .filter(|(verb, n)| *n > 0 && *verb != "WATCH")
             .collect();
+        // Everything the API server counted is the holder's: its renewals, and the read a renewal
+        // makes after a conflict (an earlier renewal's answer lost on a loaded machine).
+        let holders: BTreeMap<&str, u64> = [
+            ("PUT", renewals),
+            ("GET", a1.gets - a0.gets),
+            ("POST", a1.creates - a0.creates),
+            (
+                "LIST",
+                a.backend().watch_stats().list_requests - wa0.list_requests,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
         assert_eq!(
-            delta,
-            BTreeMap::from([("PUT", renewals)]),
+            delta, holders,
             "requests on leases over {ROUNDS} rounds of the waiting manager"
         );
         // A release wakes the manager through the watch.
