@@ -13,13 +13,11 @@
 #[macro_use]
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use actix_coordination::{KubernetesLease, KubernetesSettings, Lease, LeaseSettings};
 use common::clientgo::{ClientGo, ElectionTiming, ObjectHistory};
-use common::k8s::{client, env};
+use common::k8s::{client, env, unique};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::api::Api;
 use tokio::time::{sleep, Instant};
@@ -41,23 +39,6 @@ const CLIENT_GO_POLL: Duration = Duration::from_millis(1100);
 const SLACK: Duration = Duration::from_millis(700);
 /// Margin in bounds on earliness: two watchers of the same write see it a few ms apart.
 const EARLY: Duration = Duration::from_millis(150);
-
-/// Lease objects outlive a test run, so every name carries a run id.
-static RUN: LazyLock<String> = LazyLock::new(|| {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    format!(
-        "{:08x}",
-        (nanos ^ u64::from(std::process::id()).rotate_left(32)) & 0xffff_ffff
-    )
-});
-
-fn unique(base: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{base}-{}-{}", *RUN, NEXT.fetch_add(1, Ordering::Relaxed))
-}
 
 /// Our lease `name` for `owner`, with the same TTL as client-go's lease duration, one attempt per
 /// `acquire`, through a session of its own with the `lease-holder` token.
@@ -87,6 +68,15 @@ async fn holder_and_transitions(name: &str) -> (Option<String>, i32) {
         spec.holder_identity.filter(|h| !h.is_empty()),
         spec.lease_transitions.expect("leaseTransitions"),
     )
+}
+
+/// Ours (`rs`) took the object over from client-go, whose last tenure had `cg_transitions`: the
+/// handover raised `leaseTransitions` by one, and our fencing token is it.
+async fn assert_ours_took_over(name: &str, rs: &KubernetesLease, cg_transitions: i32) {
+    let (holder, transitions) = holder_and_transitions(name).await;
+    assert_eq!(holder.as_deref(), Some("rs"));
+    assert_eq!(transitions, cg_transitions + 1);
+    assert_eq!(rs.fencing_token().unwrap().value(), transitions as u64);
 }
 
 /// Waits until `lease` renews once more (its counter moves), or panics after a TTL.
@@ -175,10 +165,7 @@ async fn client_go_holder_blocks_ours_and_its_graceful_release_hands_over() {
     );
 
     // Fencing: the handover raised leaseTransitions, and our token is it.
-    let (holder, transitions) = holder_and_transitions(&name).await;
-    assert_eq!(holder.as_deref(), Some("rs"));
-    assert_eq!(transitions, cg_transitions + 1);
-    assert_eq!(rs.fencing_token().unwrap().value(), transitions as u64);
+    assert_ours_took_over(&name, &rs, cg_transitions).await;
     assert!(rs.release().await.unwrap());
 }
 
@@ -299,10 +286,7 @@ async fn killed_client_go_holder_is_taken_over_after_the_lease_duration() {
         "taken over only {since_kill:?} after the kill"
     );
 
-    let (holder, transitions) = holder_and_transitions(&name).await;
-    assert_eq!(holder.as_deref(), Some("rs"));
-    assert_eq!(transitions, cg_transitions + 1);
-    assert_eq!(rs.fencing_token().unwrap().value(), transitions as u64);
+    assert_ours_took_over(&name, &rs, cg_transitions).await;
     assert!(rs.release().await.unwrap());
 }
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use actix_coordination::{
     KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
-use common::k8s::{client, env, ApiserverProcess};
+use common::k8s::{client, env, settings_at, unique, ApiserverProcess, RUN};
 use common::proxy::{FaultProxy, ProxyMode};
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -39,23 +39,6 @@ const TTL: Duration = Duration::from_secs(3);
 /// a noisy 2-core machine runs the API server, etcd and two tests at once. Never asserted as a
 /// bound on lateness (see `common::contract`).
 const SLACK: Duration = Duration::from_millis(1000);
-
-/// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
-static RUN: LazyLock<String> = LazyLock::new(|| {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    format!(
-        "{:08x}",
-        (nanos ^ u64::from(std::process::id()).rotate_left(32)) & 0xffff_ffff
-    )
-});
-
-fn unique(base: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{base}-{}-{}", *RUN, NEXT.fetch_add(1, Ordering::Relaxed))
-}
 
 /// Tests hold it shared; the request-count test holds it alone, so that the API server's metrics
 /// count its requests only.
@@ -1504,10 +1487,7 @@ async fn connections_set_tcp_nodelay() {
     let name = unique("nodelay");
     let from_settings = KubernetesLease::new(
         settings(&name, "a"),
-        KubernetesSettings::new(&env().namespace)
-            .with_api_url(format!("https://{}", proxy.addr()))
-            .with_token(&env().token)
-            .with_ca_file(&env().ca),
+        settings_at(format!("https://{}", proxy.addr())),
     )
     .unwrap();
     let from_client = f.lease(no_retries(settings(&name, "b"))).await;
@@ -1537,10 +1517,7 @@ async fn connections_set_tcp_nodelay() {
 
 /// Settings of leases that reach the API server through `proxy` with the test token.
 fn through(proxy: &FaultProxy) -> KubernetesSettings {
-    KubernetesSettings::new(&env().namespace)
-        .with_api_url(format!("https://{}", proxy.addr()))
-        .with_token(&env().token)
-        .with_ca_file(&env().ca)
+    settings_at(format!("https://{}", proxy.addr()))
 }
 
 /// The established TCP connections to `peer` on this machine, from `/proc/self/net/tcp` and
@@ -1658,13 +1635,7 @@ async fn one_session_keeps_two_connections_for_200_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_is_negotiated_with_the_real_apiserver() {
     let _f = KubeFixture::new().await;
-    let session = KubernetesSession::new(
-        KubernetesSettings::new(&env().namespace)
-            .with_api_url(&env().url)
-            .with_token(&env().token)
-            .with_ca_file(&env().ca),
-    )
-    .unwrap();
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
     let lease = session.lease(no_retries(settings(&unique("h2"), "a")));
     assert!(lease.acquire().await.unwrap());
     assert!(lease.release().await.unwrap());
@@ -1686,13 +1657,7 @@ async fn http2_is_negotiated_with_the_real_apiserver() {
 /// sessions' own thread, not on the runtime that used it first.
 #[test]
 fn the_session_outlives_the_runtime_that_used_it_first() {
-    let session = KubernetesSession::new(
-        KubernetesSettings::new(&env().namespace)
-            .with_api_url(&env().url)
-            .with_token(&env().token)
-            .with_ca_file(&env().ca),
-    )
-    .unwrap();
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
     let name = unique("outlives");
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
@@ -1869,10 +1834,7 @@ async fn the_token_never_appears_in_real_log_output() {
     // Shares the cluster with the other tests (none restarts it meanwhile).
     let _fixture = KubeFixture::new().await;
     let env = env();
-    let k8s = KubernetesSettings::new(env.namespace.clone())
-        .with_api_url(env.url.clone())
-        .with_token(env.token.clone())
-        .with_ca_file(env.ca.clone());
+    let k8s = settings_at(&env.url);
     let name = unique("logged");
     let lease = KubernetesLease::new(settings(&name, "a"), k8s).unwrap();
     assert!(lease.acquire().await.unwrap());

@@ -407,6 +407,12 @@ impl Drop for AbortOnDrop {
 mod tests {
     use super::*;
 
+    /// Lanes of a client for a server that is never reached (the tests only pick lanes).
+    fn unconnected_lanes() -> Lanes {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        Lanes::new(&config, None, Arc::default()).unwrap()
+    }
+
     /// A lane takes [`STREAMS_PER_CONNECTION`] requests; the next goes to a new lane (a new
     /// connection), a finished request makes room again, and a retired lane takes none.
     #[test]
@@ -416,8 +422,7 @@ mod tests {
             .build()
             .unwrap();
         let _entered = runtime.enter();
-        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let lanes = Lanes::new(&config, None, Arc::default()).unwrap();
+        let lanes = unconnected_lanes();
         let mut first: Vec<InFlight> = (0..STREAMS_PER_CONNECTION).map(|_| lanes.pick()).collect();
         assert_eq!(STREAMS_PER_CONNECTION, 200);
         assert!(first.iter().all(|f| Arc::ptr_eq(&f.0, &first[0].0)));
@@ -445,8 +450,7 @@ mod tests {
             .build()
             .unwrap();
         let _entered = runtime.enter();
-        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let lanes = Lanes::new(&config, None, Arc::default()).unwrap();
+        let lanes = unconnected_lanes();
         let held: Vec<InFlight> = (0..2 * STREAMS_PER_CONNECTION)
             .map(|_| lanes.pick())
             .collect();

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use actix_coordination::KubernetesSettings;
 use kube::config::{
     AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
 };
@@ -217,4 +218,35 @@ impl Drop for ApiserverProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Lease objects outlive a test run (they are never deleted), so every name carries a run id.
+pub static RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    format!(
+        "{:08x}",
+        (nanos ^ u64::from(std::process::id()).rotate_left(32)) & 0xffff_ffff
+    )
+});
+
+/// A lease name used by no other test of any run.
+pub fn unique(base: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{base}-{}-{}",
+        *RUN,
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// Settings of the test cluster's namespace, token of `lease-holder` and CA, for the API server
+/// at `url` (the cluster's own, or a proxy in front of it).
+pub fn settings_at(url: impl Into<String>) -> KubernetesSettings {
+    KubernetesSettings::new(&env().namespace)
+        .with_api_url(url.into())
+        .with_token(&env().token)
+        .with_ca_file(&env().ca)
 }
