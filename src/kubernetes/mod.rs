@@ -536,7 +536,11 @@ impl KubernetesBackend {
     /// Records what a request returned of the object, keeping this copy (a tenure shares it).
     fn observe_shared(&self, lease: Arc<LeaseObject>) -> Arc<LeaseObject> {
         let epoch = self.synced_epoch();
-        self.learn(View::Present(Arc::clone(&lease)), Instant::now(), epoch);
+        let now = Instant::now();
+        self.learn(View::Present(Arc::clone(&lease)), now, epoch);
+        if let Some(subscription) = self.subscription.get() {
+            subscription.publish(Arc::clone(&lease), now);
+        }
         lease
     }
 

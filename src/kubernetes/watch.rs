@@ -268,8 +268,22 @@ struct Entry {
 }
 
 impl WatchState {
+    /// Delivers `view` to the subscribers of `name`, unless what they have is newer (a write of
+    /// this process, published before the watch caught up with it).
     fn deliver(&self, registry: &mut Registry, name: &str, epoch: u64, view: View, at: Instant) {
         if let Some(entry) = registry.objects.get(name) {
+            let behind = {
+                let current = entry.sender.borrow();
+                current
+                    .view
+                    .as_ref()
+                    .and_then(View::version)
+                    .zip(view.version())
+                    .is_some_and(|(known, new)| older(new, known))
+            };
+            if behind {
+                return;
+            }
             registry.seq += 1;
             entry.sender.send_replace(Snapshot {
                 seq: registry.seq,
@@ -314,6 +328,17 @@ impl Subscription {
     /// The latest delivery for the object.
     pub(super) fn latest(&self) -> Snapshot {
         self.snapshots.borrow().clone()
+    }
+
+    /// Hands what a request of this process returned of the object (`at`: when it arrived) to
+    /// every lease of the process that watches it, before the watch delivers it: a lease that
+    /// released makes the object free for the others at once, not after the watch's delay.
+    pub(super) fn publish(&self, lease: Arc<LeaseObject>, at: Instant) {
+        let state = &self.watch.state;
+        let status = *state.status.borrow();
+        let epoch = if status.synced { status.epoch } else { 0 };
+        let mut registry = lock(&state.registry);
+        state.deliver(&mut registry, &self.object, epoch, View::Present(lease), at);
     }
 
     /// The health of the watch now.
