@@ -415,13 +415,8 @@ mod tests {
 
     /// A lane takes [`STREAMS_PER_CONNECTION`] requests; the next goes to a new lane (a new
     /// connection), a finished request makes room again, and a retired lane takes none.
-    #[test]
-    fn a_connection_carries_at_most_200_requests() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _entered = runtime.enter();
+    #[tokio::test]
+    async fn a_connection_carries_at_most_200_requests() {
         let lanes = unconnected_lanes();
         let mut first: Vec<InFlight> = (0..STREAMS_PER_CONNECTION).map(|_| lanes.pick()).collect();
         assert_eq!(STREAMS_PER_CONNECTION, 200);
@@ -443,13 +438,8 @@ mod tests {
 
     /// With every connection full, a client opens no third one: the next request goes to the
     /// least busy connection and waits there for a stream.
-    #[test]
-    fn a_client_keeps_at_most_two_connections() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _entered = runtime.enter();
+    #[tokio::test]
+    async fn a_client_keeps_at_most_two_connections() {
         let lanes = unconnected_lanes();
         let held: Vec<InFlight> = (0..2 * STREAMS_PER_CONNECTION)
             .map(|_| lanes.pick())
