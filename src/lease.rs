@@ -483,6 +483,17 @@ pub trait Lease: Send + Sync + 'static {
     /// [`LostHandlers`].
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription;
 
+    /// The holder of the lease as this process last saw it: this owner while its tenure is
+    /// alive, otherwise the holder the backend named in its last answer to this lease (an
+    /// attempt that found it held, a loss to a new holder), `None` when unknown or free. It is
+    /// informational (for status pages such as the example web service's `/leases`): it can be
+    /// stale, and must never be used to decide anything.
+    ///
+    /// The default implementation knows only this owner's own tenure.
+    fn observed_holder(&self) -> Option<String> {
+        self.check_alive().then(|| self.owner().to_owned())
+    }
+
     /// The fencing token of the tenure alive right now (`None` when not held or past the
     /// deadline).
     fn fencing_token(&self) -> Option<FencingToken> {

@@ -42,9 +42,11 @@
 
 mod actors;
 mod backend;
+mod health;
 mod lease;
 mod managed;
 mod memory;
+mod metrics;
 mod provider;
 mod redact;
 mod settings;
@@ -60,6 +62,7 @@ pub use actors::{
     DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+pub use health::{HealthCheck, LeaseReport, NotReady, Unhealthy, DEFAULT_HEALTH_TOLERANCE};
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,
     LostSubscription, Operation, SharedError,
@@ -69,6 +72,9 @@ pub use memory::{
     InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease, InMemoryRecord, InMemoryStats,
     InMemoryStore, InMemoryTenure,
 };
+#[cfg(feature = "metrics")]
+pub use metrics::describe_metrics;
+pub use metrics::{MetricDescription, MetricKind, METRICS};
 pub use provider::{
     BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
     IN_MEMORY_BACKEND,

@@ -20,8 +20,9 @@ use crate::lease::{
     FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason, LostSubscription,
     Operation,
 };
+use crate::metrics::{self, LeaseLabel};
 use crate::settings::LeaseSettings;
-use crate::tenure::{sleep_until_precise, TenureCell, TenureEnd, TenureWatch};
+use crate::tenure::{sleep_until_precise, RenewalTask, TenureCell, TenureEnd, TenureWatch};
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -109,6 +110,11 @@ struct Shared<B: LeaseBackend> {
     /// Serialises `acquire` and `release`; a task that finishes an abandoned call holds it.
     ops: Arc<tokio::sync::Mutex<Ops<B::Tenure>>>,
     counters: Counters,
+    /// The `lease` label of this lease's metrics.
+    label: LeaseLabel,
+    /// The holder as last seen: this owner while it holds the lease, else the holder the last
+    /// answer named (see [`Lease::observed_holder`]).
+    holder: Mutex<Option<String>>,
 }
 
 /// What only `acquire` and `release` touch, under the `ops` lock.
@@ -208,17 +214,20 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 settings.owner().to_owned(),
             )
         });
+        let label = LeaseLabel::new(settings.name());
         let shared = Arc::new(Shared {
             backend,
-            settings,
             handlers: LostHandlers::new(),
-            tenure: TenureCell::default(),
+            tenure: TenureCell::new(label.clone()),
             abort: Mutex::new(None),
             ops: Arc::new(tokio::sync::Mutex::new(Ops {
                 renewal: None,
                 unreleased: None,
             })),
             counters: Counters::default(),
+            label,
+            holder: Mutex::new(None),
+            settings,
         });
         let instance = instance.map(|key| InstanceKey::register(key, &shared));
         Self { shared, instance }
@@ -243,6 +252,24 @@ impl<B: LeaseBackend> ManagedLease<B> {
             watch_starts: read(&c.watch_starts),
             watch_breaks: read(&c.watch_breaks),
         }
+    }
+
+    /// The span of one operation: the lease, the owner, and (recorded when known) the fencing
+    /// token of a claim and the outcome.
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        let settings = &self.shared.settings;
+        let span = tracing::info_span!(
+            "lease_operation",
+            operation,
+            lease = %settings.name(),
+            owner = %settings.owner(),
+            fencing_token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if let Some(token) = self.fencing_token() {
+            span.record("fencing_token", token.value());
+        }
+        span
     }
 
     /// `acquire`: up to `acquire_retries` more attempts while another owner holds the lease or
@@ -390,7 +417,15 @@ impl<B: LeaseBackend> ManagedLease<B> {
         };
         let outcome = in_flight.call.as_mut().expect("set").await;
         let (_, mut ops) = in_flight.disarm();
-        let attempt = flatten(outcome, Operation::Acquire, settings)?;
+        let attempt = flatten(outcome, Operation::Acquire, settings).inspect_err(|error| {
+            let outcome = if matches!(error, LeaseError::Timeout { .. }) {
+                "timeout"
+            } else {
+                "error"
+            };
+            metrics::acquire_attempt(&shared.label, outcome);
+            tracing::Span::current().record("outcome", outcome);
+        })?;
         // The store answered: what it holds now supersedes a claim whose release failed (it is
         // ours again, reused as this tenure, or someone else's).
         ops.unreleased = None;
@@ -406,6 +441,8 @@ impl<B: LeaseBackend> ManagedLease<B> {
                     // The claim took longer than its own validity: it cannot be trusted; give
                     // it back so that it does not block others until its TTL.
                     tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "acquire answered after the claim's local deadline; releasing the claim");
+                    metrics::acquire_attempt(&shared.label, "timeout");
+                    tracing::Span::current().record("outcome", "timeout");
                     spawn_release_abandoned(&runtime, Arc::clone(shared), ops, tenure);
                     return Err(LeaseError::Timeout {
                         operation: Operation::Acquire,
@@ -413,11 +450,19 @@ impl<B: LeaseBackend> ManagedLease<B> {
                     });
                 }
                 ops.renewal = Some(self.start_tenure(&runtime, tenure, token, start, deadline));
+                *self::lock(&shared.holder) = Some(settings.owner().to_owned());
+                metrics::acquire_attempt(&shared.label, "acquired");
+                let span = tracing::Span::current();
+                span.record("outcome", "acquired");
+                span.record("fencing_token", token.value());
                 tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "lease acquired");
                 Ok(true)
             }
             AcquireAttempt::HeldByOther { holder, .. } => {
                 tracing::trace!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "attempt: held by another owner");
+                metrics::acquire_attempt(&shared.label, "held_by_other");
+                tracing::Span::current().record("outcome", "held_by_other");
+                *self::lock(&shared.holder) = holder;
                 Ok(false)
             }
         }
@@ -432,7 +477,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         deadline: Instant,
     ) -> Renewal<B::Tenure> {
         let shared = &self.shared;
-        let generation = shared.tenure.start(token, deadline);
+        let (generation, task) = shared.tenure.start(token, deadline);
         let (stop, stopped) = oneshot::channel();
         let span = tracing::info_span!("lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
         let join = runtime.spawn(
@@ -443,6 +488,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 token,
                 start,
                 stopped,
+                task,
             )
             .instrument(span),
         );
@@ -492,6 +538,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         // short: if this future is dropped first, they are finished on a task of their own.
         let call = FinishOnDrop::new(&runtime, {
             let shared = Arc::clone(shared);
+            let span = tracing::Span::current();
             async move {
                 let mut ops = ops;
                 let Some(tenure) = stop_renewal(renewal).await else {
@@ -506,6 +553,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 }
                 released
             }
+            .instrument(span)
         });
         call.await
     }
@@ -587,7 +635,7 @@ impl<B: LeaseBackend> Drop for InFlight<B> {
             let settings = &shared.settings;
             match call.await {
                 Ok(Ok(AcquireAttempt::Acquired { tenure, token, .. })) => {
-                    tracing::info!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "an abandoned acquire got the lease; releasing it");
+                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "an abandoned acquire got the lease; releasing it");
                     spawn_release_abandoned(&runtime, Arc::clone(&shared), ops, tenure);
                 }
                 _ => drop(ops),
@@ -654,6 +702,11 @@ impl<B: LeaseBackend> Shared<B> {
         let Some(tenure) = self.tenure.end(generation, TenureEnd::Lost(reason.clone())) else {
             return false;
         };
+        metrics::lost(&self.label, &reason);
+        *lock(&self.holder) = match &reason {
+            LostReason::TakenOver { holder } => holder.clone(),
+            _ => None,
+        };
         tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), %reason, "lease lost");
         self.handlers.notify(&LeaseLost {
             name: self.settings.name().to_owned(),
@@ -682,13 +735,24 @@ impl<B: LeaseBackend> Shared<B> {
             self.backend.release(settings, tenure),
         )
         .await;
-        match flatten(outcome, Operation::Release, settings)? {
+        let outcome = flatten(outcome, Operation::Release, settings).inspect_err(|_| {
+            metrics::release(&self.label, "error");
+            tracing::Span::current().record("outcome", "error");
+        })?;
+        let mut holder = lock(&self.holder);
+        match outcome {
             ReleaseOutcome::Released => {
+                *holder = None;
+                metrics::release(&self.label, "released");
+                tracing::Span::current().record("outcome", "released");
                 tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released");
                 Ok(true)
             }
-            ReleaseOutcome::HeldByOther { holder } => {
-                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "release found the lease held by another owner");
+            ReleaseOutcome::HeldByOther { holder: other } => {
+                metrics::release(&self.label, "held_by_other");
+                tracing::Span::current().record("outcome", "held_by_other");
+                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), holder = ?other, "release found the lease held by another owner");
+                *holder = other;
                 Ok(false)
             }
         }
@@ -702,6 +766,8 @@ async fn renewal_loop<B: LeaseBackend>(
     token: FencingToken,
     start: Instant,
     mut stop: oneshot::Receiver<()>,
+    // Dropped when this task ends, however it ends (see `TenureWatch::stall`).
+    _task: RenewalTask,
 ) -> Option<B::Tenure> {
     let settings = &shared.settings;
     let interval = settings.renewal_interval();
@@ -727,6 +793,11 @@ async fn renewal_loop<B: LeaseBackend>(
             _ = sleep_until(next) => {}
         }
         let start = Instant::now();
+        let renew_span = tracing::debug_span!("lease_renew", outcome = tracing::field::Empty);
+        let record = |outcome: &'static str| {
+            metrics::renewal(&shared.label, outcome, start.elapsed());
+            renew_span.record("outcome", outcome);
+        };
         let outcome = tokio::select! {
             biased;
             _ = sleep_until_precise(deadline) => {
@@ -735,10 +806,16 @@ async fn renewal_loop<B: LeaseBackend>(
             reason = &mut watch => {
                 return shared.lost_or_released(generation, reason, tenure);
             }
-            outcome = timeout(settings.operation_timeout(), shared.backend.renew(settings, &mut tenure)) => outcome,
+            outcome = timeout(settings.operation_timeout(), shared.backend.renew(settings, &mut tenure))
+                .instrument(renew_span.clone()) => outcome,
         };
         match outcome {
             Ok(Ok(RenewOutcome::Renewed { valid_from })) => {
+                record("renewed");
+                metrics::renewal_margin(
+                    &shared.label,
+                    deadline.saturating_duration_since(Instant::now()),
+                );
                 let from = valid_from.map_or(start, |v| v.min(start));
                 if !shared
                     .tenure
@@ -760,9 +837,11 @@ async fn renewal_loop<B: LeaseBackend>(
                 next = start + interval;
             }
             Ok(Ok(RenewOutcome::Lost(reason))) => {
+                record("lost");
                 return shared.lost_or_released(generation, reason, tenure);
             }
             Ok(Err(error)) => {
+                record("error");
                 bump(&shared.counters.renewal_errors);
                 tracing::warn!(
                     error = &error as &dyn StdError,
@@ -774,6 +853,7 @@ async fn renewal_loop<B: LeaseBackend>(
                 backoff = (backoff * 2).min(max_backoff);
             }
             Err(_) => {
+                record("timeout");
                 bump(&shared.counters.renewal_timeouts);
                 // A whole operation timeout has passed already: retry at once.
                 tracing::warn!(timeout = ?settings.operation_timeout(), "lease renewal timed out, retrying until the deadline");
@@ -881,11 +961,12 @@ impl Drop for InstanceKey {
 impl<B: LeaseBackend> Drop for ManagedLease<B> {
     fn drop(&mut self) {
         // Like a crash: renewal stops, nothing is released, the lease expires after its TTL.
-        if let Some(abort) = lock(&self.shared.abort).take() {
-            abort.abort();
-        }
+        // The tenure ends first, so that it is never published without its renewal task.
         if let Some(generation) = self.shared.tenure.published_generation() {
             self.shared.tenure.end(generation, TenureEnd::Dropped);
+        }
+        if let Some(abort) = lock(&self.shared.abort).take() {
+            abort.abort();
         }
     }
 }
@@ -896,11 +977,11 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn acquire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.acquire_inner()
+        self.acquire_inner().instrument(self.span("lease_acquire"))
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.release_inner()
+        self.release_inner().instrument(self.span("lease_release"))
     }
 
     fn acquire_within(
@@ -908,6 +989,14 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         self.acquire_within_inner(timeout)
+            .instrument(self.span("lease_acquire"))
+    }
+
+    fn observed_holder(&self) -> Option<String> {
+        if self.check_alive() {
+            return Some(self.shared.settings.owner().to_owned());
+        }
+        lock(&self.shared.holder).clone()
     }
 
     fn tenure(&self) -> &TenureWatch {

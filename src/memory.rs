@@ -10,7 +10,11 @@ use tokio::time::Instant;
 use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::lease::{FencingToken, LostReason};
 use crate::managed::ManagedLease;
+use crate::metrics;
 use crate::settings::LeaseSettings;
+
+/// The name of the built-in in-memory backend (in configuration and in metrics).
+pub const IN_MEMORY_BACKEND: &str = "in-memory";
 
 /// A lease on an [`InMemoryStore`].
 pub type InMemoryLease = ManagedLease<InMemoryBackend>;
@@ -269,7 +273,26 @@ impl InMemoryStore {
         }
     }
 
+    /// One request to the store, counted in the `backend_requests` metric as `verb`; `conflict`
+    /// reports whether the answer refused the request because of another holder.
     async fn call<T>(
+        &self,
+        owner: &str,
+        verb: &'static str,
+        conflict: impl Fn(&T) -> bool,
+        apply: impl FnOnce(&mut StoreState, Instant) -> T,
+    ) -> Result<T, InMemoryError> {
+        let result = self.call_inner(owner, apply).await;
+        let outcome = match &result {
+            Ok(answer) if conflict(answer) => "conflict",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        metrics::backend_request(IN_MEMORY_BACKEND, verb, outcome);
+        result
+    }
+
+    async fn call_inner<T>(
         &self,
         owner: &str,
         apply: impl FnOnce(&mut StoreState, Instant) -> T,
@@ -331,8 +354,10 @@ impl LeaseBackend for InMemoryBackend {
         settings: &LeaseSettings,
     ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
         let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        let held =
+            |a: &AcquireAttempt<InMemoryTenure>| matches!(a, AcquireAttempt::HeldByOther { .. });
         self.store
-            .call(owner, |state, now| {
+            .call(owner, "acquire", held, |state, now| {
                 state.stats.acquires += 1;
                 let record = state
                     .records
@@ -367,8 +392,9 @@ impl LeaseBackend for InMemoryBackend {
         tenure: &mut InMemoryTenure,
     ) -> Result<RenewOutcome, InMemoryError> {
         let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        let lost = |r: &RenewOutcome| matches!(r, RenewOutcome::Lost(_));
         self.store
-            .call(owner, |state, now| {
+            .call(owner, "renew", lost, |state, now| {
                 state.stats.renewals += 1;
                 let Some(record) = state.records.get_mut(name) else {
                     return RenewOutcome::Lost(LostReason::Deleted);
@@ -396,8 +422,9 @@ impl LeaseBackend for InMemoryBackend {
         tenure: InMemoryTenure,
     ) -> Result<ReleaseOutcome, InMemoryError> {
         let (name, owner) = (settings.name(), settings.owner());
+        let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
         self.store
-            .call(owner, |state, now| {
+            .call(owner, "release", held, |state, now| {
                 state.stats.releases += 1;
                 let Some(record) = state.records.get_mut(name) else {
                     return ReleaseOutcome::Released;

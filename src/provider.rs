@@ -12,8 +12,7 @@ use crate::redact;
 use crate::settings::{LeaseSettings, SettingsError, TimingConfig};
 use crate::shared::{SharedLease, WeakSharedLease};
 
-/// The name of the built-in in-memory backend.
-pub const IN_MEMORY_BACKEND: &str = "in-memory";
+pub use crate::memory::IN_MEMORY_BACKEND;
 
 /// Errors of [`LeaseProvider::get_lease`].
 ///

@@ -21,6 +21,7 @@ trait DynLease: Send + Sync + 'static {
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
+    fn observed_holder(&self) -> Option<String>;
 }
 
 impl<L: Lease> DynLease for L {
@@ -41,6 +42,9 @@ impl<L: Lease> DynLease for L {
     }
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription {
         Lease::on_lost(self, handler)
+    }
+    fn observed_holder(&self) -> Option<String> {
+        Lease::observed_holder(self)
     }
 }
 
@@ -96,6 +100,9 @@ impl Lease for SharedLease {
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
         self.0.on_lost(Box::new(handler))
     }
+    fn observed_holder(&self) -> Option<String> {
+        self.0.observed_holder()
+    }
 }
 
 impl<L: Lease> Lease for Arc<L> {
@@ -119,6 +126,9 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription {
         (**self).on_lost(handler)
+    }
+    fn observed_holder(&self) -> Option<String> {
+        (**self).observed_holder()
     }
 }
 

@@ -40,6 +40,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -48,6 +49,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::lease::{FencingToken, LostReason};
+use crate::metrics::{self, LeaseLabel};
 
 /// One tenure as it stands: its fencing token and its current local deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +114,29 @@ pub(crate) struct State {
 struct Current {
     tenure: Tenure,
     end: Arc<OnceLock<TenureEnd>>,
+    /// `true` while the task that renews this tenure (and ends it at its deadline) runs.
+    renewing: Arc<AtomicBool>,
+}
+
+/// Held by the renewal task of a tenure; dropping it (the task returned, panicked or was
+/// aborted) tells [`TenureWatch::stall`] that nothing renews or ends the tenure any more.
+#[derive(Debug)]
+pub(crate) struct RenewalTask(Arc<AtomicBool>);
+
+impl Drop for RenewalTask {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Why a published tenure is not being looked after (see [`TenureWatch::stall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stall {
+    /// The renewal task ended while the tenure is still published.
+    TaskEnded,
+    /// The deadline passed this long ago (beyond the tolerance), and the tenure is still
+    /// published: the renewal task did not run to end it.
+    Overdue(Duration),
 }
 
 impl State {
@@ -161,6 +186,19 @@ impl TenureWatch {
             end: Arc::clone(&current.end),
             rx: self.rx.clone(),
         })
+    }
+
+    /// Whether a tenure is published (this process still acts as its holder) while nothing looks
+    /// after it: its renewal task ended, or its deadline passed more than `tolerance` ago without
+    /// the task ending it. `None` when nothing is published or the tenure is looked after.
+    pub(crate) fn stall(&self, tolerance: Duration) -> Option<Stall> {
+        let state = self.rx.borrow();
+        let current = state.current.as_ref()?;
+        if !current.renewing.load(Ordering::Acquire) {
+            return Some(Stall::TaskEnded);
+        }
+        let late = Instant::now().checked_duration_since(current.tenure.deadline)?;
+        (late > tolerance).then_some(Stall::Overdue(late))
     }
 
     /// Waits until the tenure alive at the call ends, or a new one starts: resolves on a release,
@@ -368,6 +406,7 @@ pub(crate) struct TenureCell {
     tx: watch::Sender<State>,
     watch: TenureWatch,
     generations: std::sync::atomic::AtomicU64,
+    label: LeaseLabel,
 }
 
 impl fmt::Debug for TenureCell {
@@ -378,11 +417,19 @@ impl fmt::Debug for TenureCell {
 
 impl Default for TenureCell {
     fn default() -> Self {
+        Self::new(LeaseLabel::new(""))
+    }
+}
+
+impl TenureCell {
+    /// A cell whose tenures count in the `lease_held` gauge of `label`.
+    pub(crate) fn new(label: LeaseLabel) -> Self {
         let (tx, rx) = watch::channel(State::default());
         Self {
             tx,
             watch: TenureWatch { rx },
             generations: Default::default(),
+            label,
         }
     }
 }
@@ -392,15 +439,18 @@ impl TenureCell {
         &self.watch
     }
 
-    /// Starts a tenure and returns its generation. A tenure still published is ended first (as
-    /// expired), so readers never see two.
-    pub(crate) fn start(&self, token: FencingToken, deadline: Instant) -> u64 {
+    /// Starts a tenure and returns its generation, and the handle its renewal task holds. A
+    /// tenure still published is ended first (as expired), so readers never see two.
+    pub(crate) fn start(&self, token: FencingToken, deadline: Instant) -> (u64, RenewalTask) {
         let generation = 1 + self
             .generations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let renewing = Arc::new(AtomicBool::new(true));
+        let mut replaced = false;
         self.tx.send_modify(|state| {
             if let Some(old) = state.current.take() {
                 let _ = old.end.set(TenureEnd::DeadlinePassed);
+                replaced = true;
             }
             state.current = Some(Current {
                 tenure: Tenure {
@@ -409,9 +459,13 @@ impl TenureCell {
                     generation,
                 },
                 end: Arc::new(OnceLock::new()),
+                renewing: Arc::clone(&renewing),
             });
         });
-        generation
+        if !replaced {
+            metrics::held(&self.label, 1.0);
+        }
+        (generation, RenewalTask(renewing))
     }
 
     /// Moves the deadline of tenure `generation` to `deadline` (never backwards), if it is still
@@ -446,6 +500,9 @@ impl TenureCell {
             }
             _ => false,
         });
+        if ended.is_some() {
+            metrics::held(&self.label, -1.0);
+        }
         ended
     }
 
@@ -474,10 +531,42 @@ mod tests {
     const TOKEN: FencingToken = FencingToken::new(7);
 
     #[tokio::test(start_paused = true)]
+    async fn a_published_tenure_nobody_looks_after_is_a_stall() {
+        let cell = TenureCell::default();
+        let tolerance = Duration::from_secs(1);
+        assert_eq!(cell.watch().stall(tolerance), None, "nothing published");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let (generation, task) = cell.start(TOKEN, deadline);
+        assert_eq!(cell.watch().stall(tolerance), None, "looked after");
+        // Past the deadline, but within the tolerance: the task may just not have run yet.
+        tokio::time::sleep_until(deadline + tolerance).await;
+        assert_eq!(cell.watch().stall(tolerance), None);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            cell.watch().stall(tolerance),
+            Some(Stall::Overdue(tolerance + Duration::from_millis(500)))
+        );
+        // A task that ended (returned, panicked, was aborted) while its tenure is published.
+        let (generation2, task2) = cell.start(TOKEN, Instant::now() + Duration::from_secs(3));
+        assert_ne!(generation, generation2);
+        drop(task);
+        assert_eq!(
+            cell.watch().stall(tolerance),
+            None,
+            "the old task is not this tenure's"
+        );
+        drop(task2);
+        assert_eq!(cell.watch().stall(tolerance), Some(Stall::TaskEnded));
+        // An ended tenure is nobody's concern.
+        assert!(cell.end(generation2, TenureEnd::Released).is_some());
+        assert_eq!(cell.watch().stall(tolerance), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_guard_sees_the_deadline_by_its_own_clock() {
         let cell = TenureCell::default();
         let deadline = Instant::now() + Duration::from_secs(3);
-        let generation = cell.start(TOKEN, deadline);
+        let (generation, _task) = cell.start(TOKEN, deadline);
         let guard = cell.watch().guard().expect("alive");
         assert_eq!(guard.token(), TOKEN);
         assert!(guard.check_alive());
@@ -500,7 +589,7 @@ mod tests {
     async fn renewals_move_the_deadline_and_an_end_wakes_at_once() {
         let cell = TenureCell::default();
         let start = Instant::now();
-        let generation = cell.start(TOKEN, start + Duration::from_secs(3));
+        let (generation, _task) = cell.start(TOKEN, start + Duration::from_secs(3));
         let guard = cell.watch().guard().unwrap();
         let ended = tokio::spawn(guard.ended());
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -524,7 +613,7 @@ mod tests {
         assert_eq!(guard.deadline(), None);
         assert_eq!(guard.end(), Some(TenureEnd::Released));
         // A later tenure does not revive the old guard.
-        cell.start(
+        let _task = cell.start(
             FencingToken::new(8),
             Instant::now() + Duration::from_secs(3),
         );
@@ -545,7 +634,7 @@ mod tests {
         });
         tokio::task::yield_now().await;
         let start = Instant::now();
-        let generation = cell.start(TOKEN, start + Duration::from_secs(3));
+        let (generation, _task) = cell.start(TOKEN, start + Duration::from_secs(3));
         let started = start_waiter.await.unwrap().expect("a tenure started");
         assert_eq!(started.token(), TOKEN);
         assert_eq!(stream.next().await, Some(Some(started)));

@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::lease::{FencingToken, Lease};
+use crate::metrics::{self, LeaseLabel};
 use crate::tenure::{TenureEnd, TenureGuard};
 
 /// The default bound of the queue of requests that wait for the lease.
@@ -114,12 +115,28 @@ pub struct CoordinatorGate<L: Lease, Req, Res> {
     pending: VecDeque<(Req, Responder<Res>, Instant)>,
     max_queued: usize,
     max_wait: Duration,
+    label: LeaseLabel,
+}
+
+impl GateError {
+    /// The `reason` label of a refusal.
+    fn reason(&self) -> &'static str {
+        match self {
+            GateError::NotHeld => "not_held",
+            GateError::TenureEnded(_) => "tenure_ended",
+            GateError::Stopped => "stopped",
+            GateError::NoRegions => "no_regions",
+            GateError::QueueFull { .. } => "queue_full",
+            GateError::QueueTimeout { .. } => "queue_timeout",
+        }
+    }
 }
 
 impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
     /// A gate on `lease`, acquiring, with the default queue bounds.
     pub fn new(lease: Arc<L>) -> Self {
         Self {
+            label: LeaseLabel::new(lease.name()),
             lease,
             state: GateState::Acquiring,
             guard: None,
@@ -163,12 +180,23 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
     }
 
     /// Checks the tenure right before an allocation: the token to fence it with, or why not.
+    /// Each check counts in the `coordinator_admitted` or `coordinator_refused` metric.
     pub fn admit(&self) -> Result<FencingToken, GateError> {
-        match (&self.state, &self.guard) {
+        let admitted = match (&self.state, &self.guard) {
             (GateState::Open(_), Some(guard)) if guard.check_alive() => Ok(guard.token()),
             (GateState::Closed(error), _) => Err(error.clone()),
             _ => Err(GateError::NotHeld),
+        };
+        match &admitted {
+            Ok(_) => metrics::coordinator_admitted(&self.label),
+            Err(error) => metrics::coordinator_refused(&self.label, error.reason()),
         }
+        admitted
+    }
+
+    fn refuse(&self, error: GateError) -> GateError {
+        metrics::coordinator_refused(&self.label, error.reason());
+        error
     }
 
     /// Admits `request` now, queues it while acquiring (or refuses it when the queue is full), or
@@ -177,9 +205,9 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
         match &self.state {
             GateState::Acquiring => {
                 if self.pending.len() >= self.max_queued {
-                    return Submission::Refused(GateError::QueueFull {
+                    return Submission::Refused(self.refuse(GateError::QueueFull {
                         capacity: self.max_queued,
-                    });
+                    }));
                 }
                 let (responder, rx) = Responder::new();
                 self.pending.push_back((request, responder, Instant::now()));
@@ -189,7 +217,7 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
                 Ok(token) => Submission::Admitted(request, token),
                 Err(error) => Submission::Refused(error),
             },
-            GateState::Closed(error) => Submission::Refused(error.clone()),
+            GateState::Closed(error) => Submission::Refused(self.refuse(error.clone())),
         }
     }
 
@@ -204,7 +232,7 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
                 break;
             }
             if let Some((_, responder, _)) = self.pending.pop_front() {
-                responder.send(Err(GateError::QueueTimeout { waited }));
+                responder.send(Err(self.refuse(GateError::QueueTimeout { waited })));
                 expired += 1;
             }
         }
@@ -251,8 +279,8 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
         self.state = GateState::Closed(error.clone());
         self.guard = None;
         let n = self.pending.len();
-        for (_, responder, _) in self.pending.drain(..) {
-            responder.send(Err(error.clone()));
+        for (_, responder, _) in std::mem::take(&mut self.pending) {
+            responder.send(Err(self.refuse(error.clone())));
         }
         n
     }

@@ -18,7 +18,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::compete::{Competition, EndWatch, Next, RoundDone, TenureEnded};
+use crate::health::{HealthCheck, SingletonHealth};
 use crate::lease::{FencingToken, Lease, LeaseError};
+use crate::metrics::{self, LeaseLabel};
 use crate::tenure::{TenureEnd, TenureGuard};
 
 /// What a singleton learns when it is started.
@@ -349,6 +351,11 @@ where
     unstopped: u64,
     restarts: VecDeque<Instant>,
     restart_count: u32,
+    /// The health checks to register with when the manager starts.
+    health_checks: Vec<HealthCheck>,
+    /// What those checks read; created when the manager starts (it needs the final settings).
+    health: Option<Arc<SingletonHealth>>,
+    label: LeaseLabel,
 }
 
 impl<A, L> ClusterSingletonManager<A, L>
@@ -383,7 +390,11 @@ where
     }
 
     fn with_factory(lease: Arc<L>, factory: Factory<A>) -> Self {
+        let label = LeaseLabel::new(lease.name());
         Self {
+            health_checks: Vec::new(),
+            health: None,
+            label,
             lease,
             factory,
             settings: SingletonSettings::default(),
@@ -404,6 +415,22 @@ where
     pub fn settings(mut self, settings: SingletonSettings) -> Self {
         self.settings = settings;
         self
+    }
+
+    /// Reports to `check`: its liveness fails while a singleton this manager told to stop has not
+    /// stopped within the stop timeout (plus the check's tolerance), its readiness follows the
+    /// manager's eligibility, and the manager's lease is watched and listed like one added with
+    /// [`HealthCheck::add_lease`]. See [`HealthCheck`].
+    pub fn health(mut self, check: &HealthCheck) -> Self {
+        self.health_checks.push(check.clone());
+        self
+    }
+
+    /// Updates what the health checks read, if any.
+    fn with_health(&self, update: impl FnOnce(&mut crate::health::SingletonHealthState)) {
+        if let Some(health) = &self.health {
+            update(&mut health.state());
+        }
     }
 
     /// Starts not eligible: the node competes only after [`SetEligible(true)`](SetEligible).
@@ -489,6 +516,7 @@ where
         // The manager follows the tenure too: any end of it stops the singleton.
         let end_watch = EndWatch::start(&guard, ctx.address().downgrade().recipient());
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), fencing_token = %guard.token(), instance, "singleton started");
+        metrics::singleton_started(&self.label);
         self.phase = Phase::Running {
             instance,
             addr,
@@ -519,6 +547,7 @@ where
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::Running { instance, stop, .. } => {
                 stop.raise(StopSignal::STOP);
+                self.with_health(|h| h.stopping_since = Some(Instant::now()));
                 self.phase = Phase::Stopping {
                     instance,
                     then,
@@ -572,6 +601,11 @@ where
             stop.raise(StopSignal::TERMINATE);
         }
         self.unstopped += 1;
+        metrics::singleton_stopped(&self.label, "stop_timeout");
+        self.with_health(|h| {
+            let since = h.stopping_since.take().unwrap_or_else(Instant::now);
+            h.unstopped.push((timed_out, since));
+        });
         tracing::error!(lease = %self.lease.name(), owner = %self.lease.owner(), instance, stop_timeout = ?self.settings.stop_timeout, "the singleton did not stop within the stop timeout; terminating it and carrying on without it");
         self.after_stop(then, ctx);
     }
@@ -625,7 +659,8 @@ where
             return;
         }
         self.shutting_down = true;
-        tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
+        self.with_health(|h| h.shutting_down = true);
+        tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
         self.stop_singleton(AfterStop::Shutdown, ctx);
     }
 
@@ -650,10 +685,21 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        if !self.health_checks.is_empty() {
+            let health = Arc::new(SingletonHealth::new(
+                &self.lease,
+                self.settings.stop_timeout,
+                self.eligible,
+            ));
+            for check in &self.health_checks {
+                check.add_singleton(&health);
+            }
+            self.health = Some(health);
+        }
         if self.settings.handle_signals {
             ctx.spawn(
                 wrap_future::<_, Self>(shutdown_signal()).map(|(), act, ctx| {
-                    tracing::info!("termination signal received");
+                    tracing::debug!("termination signal received");
                     act.begin_shutdown(ctx);
                 }),
             );
@@ -746,9 +792,13 @@ where
     type Result = ();
 
     fn handle(&mut self, SingletonStopped(stopped): SingletonStopped, ctx: &mut Self::Context) {
+        // An instance terminated after its stop timeout is gone now.
+        self.with_health(|h| h.unstopped.retain(|(instance, _)| *instance != stopped));
         match &self.phase {
             Phase::Stopping { instance, then, .. } if *instance == stopped => {
                 tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), instance, "singleton stopped");
+                metrics::singleton_stopped(&self.label, "stopped");
+                self.with_health(|h| h.stopping_since = None);
                 let then = *then;
                 self.after_stop(then, ctx);
             }
@@ -756,6 +806,7 @@ where
                 instance, guard, ..
             } if *instance == stopped => {
                 // Stopped or panicked on its own while the tenure is alive.
+                metrics::singleton_stopped(&self.label, "stopped");
                 let guard = guard.clone();
                 let now = Instant::now();
                 let window = self.settings.restart_window;
@@ -770,6 +821,7 @@ where
                 {
                     self.restarts.push_back(now);
                     self.restart_count += 1;
+                    metrics::singleton_restarted(&self.label);
                     tracing::warn!(lease = %self.lease.name(), owner = %self.lease.owner(), restart = self.restart_count, "singleton stopped on its own: restarting it");
                     self.phase = Phase::Idle;
                     self.start_singleton(guard, ctx);
@@ -833,6 +885,7 @@ where
     type Result = ();
 
     fn handle(&mut self, SetEligible(eligible): SetEligible, ctx: &mut Self::Context) {
+        self.with_health(|h| h.eligible = eligible);
         if self.eligible == eligible || self.shutting_down {
             self.eligible = eligible;
             return;
@@ -843,7 +896,7 @@ where
                 self.compete(Duration::ZERO, ctx);
             }
         } else {
-            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
             self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
         }
     }

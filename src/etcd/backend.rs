@@ -13,7 +13,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
 use super::watch::HubEvent;
-use super::{EtcdError, EtcdSession};
+use super::{observe, observe_txn, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
@@ -261,7 +261,7 @@ async fn remove_claim(
         }
         Target::Unanswered(unanswered) => {
             let _claims = claims.claim_lock.lock().await;
-            let response = kv.get(key.clone(), None).await?;
+            let response = observe("range", kv.get(key.clone(), None).await)?;
             let Some(current) = response.kvs().first() else {
                 return Ok(Removed::NotThere);
             };
@@ -291,7 +291,7 @@ async fn delete_if(
     let txn = Txn::new()
         .when(compare)
         .and_then([TxnOp::delete(key, None)]);
-    if kv.txn(txn).await?.succeeded() {
+    if observe_txn(kv.txn(txn).await)?.succeeded() {
         claims.claims_removed.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(key = %String::from_utf8_lossy(&claims.key), "removed a claim nobody holds");
         Ok(Removed::Deleted)
@@ -442,9 +442,7 @@ impl EtcdBackend {
         lease_id: i64,
     ) -> Result<TxnResponse, EtcdError> {
         self.claims_sent.fetch_add(1, Ordering::Relaxed);
-        let response = kv
-            .txn(txn)
-            .await
+        let response = observe_txn(kv.txn(txn).await)
             .map_err(|e| EtcdError::from_client("claim", lease_id, e))?;
         if !response.succeeded() {
             self.claims_refused.fetch_add(1, Ordering::Relaxed);
@@ -528,9 +526,7 @@ impl EtcdBackend {
         kv: &mut KvClient,
         owner: &str,
     ) -> Result<Option<AcquireAttempt<EtcdTenure>>, EtcdError> {
-        let response = kv
-            .get(self.key.clone(), None)
-            .await
+        let response = observe("range", kv.get(self.key.clone(), None).await)
             .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
         let Some(current) = response.kvs().first() else {
             return Ok(None);
@@ -549,9 +545,7 @@ impl EtcdBackend {
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
     async fn loss_now(&self, token: FencingToken) -> Result<(Option<LostReason>, i64), EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
-        let response = kv
-            .get(self.key.clone(), None)
-            .await
+        let response = observe("range", kv.get(self.key.clone(), None).await)
             .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
         let revision = response.header().map_or(0, |h| h.revision());
         let reason = match response.kvs().first() {
@@ -786,7 +780,7 @@ impl LeaseBackend for EtcdBackend {
         let mut pause = RELEASE_RETRY_START;
         let mut attempts = 1;
         let response = loop {
-            match kv.txn(txn.clone()).await {
+            match observe_txn(kv.txn(txn.clone()).await) {
                 Ok(response) => break response,
                 Err(error) => {
                     let error = EtcdError::from_client("release", tenure.lease_id(), error);

@@ -26,6 +26,29 @@ use crate::shared::SharedLease;
 /// The name of the etcd backend in configuration (`backend = "etcd"`).
 pub const ETCD_BACKEND: &str = "etcd";
 
+/// Counts one request to etcd in the `backend_requests` metric (`ok` or `error`).
+pub(crate) fn observe<T>(
+    verb: &'static str,
+    result: Result<T, etcd_client::Error>,
+) -> Result<T, etcd_client::Error> {
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    crate::metrics::backend_request(ETCD_BACKEND, verb, outcome);
+    result
+}
+
+/// Counts one transaction: `conflict` when its compare failed (a compare-and-swap refused).
+pub(crate) fn observe_txn(
+    result: Result<etcd_client::TxnResponse, etcd_client::Error>,
+) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+    let outcome = match &result {
+        Ok(response) if response.succeeded() => "ok",
+        Ok(_) => "conflict",
+        Err(_) => "error",
+    };
+    crate::metrics::backend_request(ETCD_BACKEND, "txn", outcome);
+    result
+}
+
 /// A lease stored in etcd (cargo feature `etcd`), on an [`EtcdSession`].
 ///
 /// # Key layout

@@ -34,8 +34,9 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
 use super::watch::{WatchHandle, WatchHub};
-use super::{EtcdError, EtcdSettings};
+use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
 use crate::managed::ManagedLease;
+use crate::metrics;
 use crate::settings::LeaseSettings;
 
 /// HTTP/2 pings detect a dead connection (etcd refuses pings more often than every 5 s).
@@ -367,9 +368,7 @@ impl SessionInner {
         let mut lease_client = client.lease_client();
         let sent = Instant::now();
         self.grants_requested.fetch_add(1, Ordering::Relaxed);
-        let response = lease_client
-            .grant(ttl_secs, None)
-            .await
+        let response = observe("lease_grant", lease_client.grant(ttl_secs, None).await)
             .map_err(|e| EtcdError::from_client("grant an etcd lease", 0, e))?;
         let id = response.id();
         if response.ttl() < ttl_secs {
@@ -782,19 +781,27 @@ async fn keep_alive_loop(
                 .await
                 {
                     Ok(Ok(true)) => {
+                        metrics::backend_request(ETCD_BACKEND, "lease_keep_alive", "ok");
                         grant.succeeded(sent);
                         backoff = KEEP_ALIVE_BACKOFF_START;
                         continue;
                     }
                     Ok(Ok(false)) => {
+                        metrics::backend_request(ETCD_BACKEND, "lease_keep_alive", "not_found");
                         grant.lose(ttl_zero(grant.id));
                         continue;
                     }
-                    Ok(Err(error)) => (sent, format!("keep-alive failed: {error}")),
-                    Err(_) => (
-                        sent,
-                        format!("keep-alive unanswered after {:?}", timing.timeout),
-                    ),
+                    Ok(Err(error)) => {
+                        metrics::backend_request(ETCD_BACKEND, "lease_keep_alive", "error");
+                        (sent, format!("keep-alive failed: {error}"))
+                    }
+                    Err(_) => {
+                        metrics::backend_request(ETCD_BACKEND, "lease_keep_alive", "error");
+                        (
+                            sent,
+                            format!("keep-alive unanswered after {:?}", timing.timeout),
+                        )
+                    }
                 }
             }
         };

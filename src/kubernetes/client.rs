@@ -30,6 +30,7 @@ use tokio::runtime::Handle;
 use tower::{BoxError, ServiceBuilder};
 
 use super::KubernetesError;
+use crate::metrics;
 
 /// An HTTP/2 ping is sent on a connection after this long without a frame from the server ...
 const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
@@ -332,6 +333,7 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                 .uri()
                 .query()
                 .is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+            let verb = verb(request.method(), request.uri(), is_watch);
             let unanswered = Unanswered((!is_watch).then_some(&*lane));
             let sending = lane.client.request(request);
             let sent = match &shared.runtime {
@@ -350,9 +352,17 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                 Ok(response) => response,
                 Err(error) => {
                     lane.retired.store(true, Ordering::Release);
+                    metrics::backend_request(super::KUBERNETES_BACKEND, verb, "error");
                     return Err(error);
                 }
             };
+            let outcome = match response.status().as_u16() {
+                200..=299 => "ok",
+                409 => "conflict",
+                404 => "not_found",
+                _ => "error",
+            };
+            metrics::backend_request(super::KUBERNETES_BACKEND, verb, outcome);
             unanswered.answered();
             lane.warm.store(true, Ordering::Release);
             let counter = if response.version() == http::Version::HTTP_2 {
@@ -366,6 +376,28 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                 _in_flight: in_flight,
             }))
         })
+    }
+}
+
+/// The `verb` label of a request to the API server, as Kubernetes' audit log names them: `watch`,
+/// `list` (a collection), `get` (an object), `create`, `update`, `patch`, `delete`.
+fn verb(method: &http::Method, uri: &http::Uri, is_watch: bool) -> &'static str {
+    match *method {
+        _ if is_watch => "watch",
+        http::Method::GET => {
+            // `.../namespaces/NS/RESOURCE` is a collection, `.../namespaces/NS/RESOURCE/NAME` an
+            // object.
+            let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+            match segments.iter().position(|s| *s == "namespaces") {
+                Some(at) if segments.len() == at + 3 => "list",
+                _ => "get",
+            }
+        }
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
     }
 }
 
@@ -406,6 +438,27 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_named_by_their_audit_verb() {
+        let verb = |method: &str, uri: &str| {
+            let uri: http::Uri = uri.parse().unwrap();
+            let watch = uri.query().is_some_and(|q| q.contains("watch=true"));
+            super::verb(&method.parse().unwrap(), &uri, watch)
+        };
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+        assert_eq!(verb("GET", leases), "list");
+        assert_eq!(
+            verb("GET", &format!("{leases}?watch=true&resourceVersion=1")),
+            "watch"
+        );
+        assert_eq!(verb("GET", &format!("{leases}/a")), "get");
+        assert_eq!(verb("POST", leases), "create");
+        assert_eq!(verb("PUT", &format!("{leases}/a")), "update");
+        assert_eq!(verb("PATCH", &format!("{leases}/a")), "patch");
+        assert_eq!(verb("DELETE", &format!("{leases}/a")), "delete");
+        assert_eq!(verb("GET", "/version"), "get");
+    }
 
     /// Lanes of a client for a server that is never reached (the tests only pick lanes).
     fn unconnected_lanes() -> Lanes {

@@ -1,0 +1,490 @@
+//! [`HealthCheck`]: liveness and readiness of a process that holds leases, the way client-go's
+//! `HealthzAdaptor` does it.
+//!
+//! # Liveness: "I believe I lead, but cannot prove it"
+//!
+//! A lease of this crate ends its tenure itself: its renewal task renews it, and ends it at the
+//! local deadline when renewals fail. A process whose tenure is *published* (so that it acts as
+//! the holder) while nothing looks after it is wedged, and a restart is the cure. So
+//! [`HealthCheck::liveness`] fails when, for any lease or singleton registered with it:
+//!
+//! * the lease's tenure is still published and its deadline passed more than the *tolerance*
+//!   ago: the renewal task did not get to run, to renew it or to end it (a blocked runtime, a
+//!   starved thread): [`Unhealthy::RenewalOverdue`];
+//! * the lease's tenure is still published but its renewal task has ended (it panicked, or it was
+//!   aborted): [`Unhealthy::RenewalTaskEnded`];
+//! * a [`ClusterSingletonManager`](crate::ClusterSingletonManager) told its singleton to stop and
+//!   it has not stopped within the manager's `stop_timeout` plus the tolerance, or it was
+//!   terminated after the stop timeout and is still not gone (its thread is blocked), so it may
+//!   still act without a tenure: [`Unhealthy::SingletonNotStopped`].
+//!
+//! Every check reads shared state and the clock; none sends a message or waits, so a check
+//! answers even when the runtime or the arbiter it watches is blocked (that is the point). A
+//! process that does not hold anything is live: a backend that is down is not cured by a restart
+//! (the lease simply ends at its deadline), so it never fails liveness by itself.
+//!
+//! # Readiness follows eligibility
+//!
+//! [`HealthCheck::readiness`] fails while a registered singleton manager is not eligible
+//! ([`SetEligible(false)`](crate::SetEligible)) or is shutting down, so a load balancer stops
+//! sending traffic to a node that withdrew. Turn that off with
+//! [`HealthCheck::readiness_follows_eligibility`] when readiness means something else in your
+//! service.
+//!
+//! # Reports
+//!
+//! [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
+//! holder as last seen, whether this process holds it, its fencing token, the time left to its
+//! deadline), for status pages.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::lease::Lease;
+use crate::tenure::{Stall, TenureWatch};
+
+/// The default tolerance of [`HealthCheck`]: how far past a deadline (or a stop timeout) a check
+/// waits before it reports the process unhealthy.
+pub const DEFAULT_HEALTH_TOLERANCE: Duration = Duration::from_secs(2);
+
+/// Why a process is not live (see [`HealthCheck::liveness`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unhealthy {
+    /// The tenure of `lease` is still published, but its deadline passed `overdue` ago: the
+    /// renewal task did not run to renew it or end it.
+    #[error("lease {lease:?} is held by this process but its deadline passed {overdue:?} ago without a renewal: the renewal task is not running")]
+    RenewalOverdue {
+        /// The lease name.
+        lease: String,
+        /// How long ago the deadline passed.
+        overdue: Duration,
+    },
+    /// The tenure of `lease` is still published, but its renewal task ended (it panicked or was
+    /// aborted).
+    #[error("lease {lease:?} is held by this process but its renewal task has ended")]
+    RenewalTaskEnded {
+        /// The lease name.
+        lease: String,
+    },
+    /// The singleton of `lease` was told to stop `stopping_for` ago and has not stopped (or was
+    /// terminated after its stop timeout and is still not gone).
+    #[error("the singleton of lease {lease:?} was told to stop {stopping_for:?} ago and has not stopped (stop timeout {stop_timeout:?})")]
+    SingletonNotStopped {
+        /// The lease name.
+        lease: String,
+        /// How long ago it was told to stop.
+        stopping_for: Duration,
+        /// The manager's stop timeout.
+        stop_timeout: Duration,
+    },
+}
+
+/// Why a process is not ready (see [`HealthCheck::readiness`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotReady {
+    /// The singleton manager of `lease` is not eligible.
+    #[error("the singleton manager of lease {lease:?} is not eligible")]
+    NotEligible {
+        /// The lease name.
+        lease: String,
+    },
+    /// The singleton manager of `lease` is shutting down (or has shut down).
+    #[error("the singleton manager of lease {lease:?} is shutting down")]
+    ShuttingDown {
+        /// The lease name.
+        lease: String,
+    },
+}
+
+/// One lease as a status page shows it (see [`HealthCheck::leases`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseReport {
+    /// The lease name.
+    pub name: String,
+    /// This process's owner identity.
+    pub owner: String,
+    /// The holder as this process last saw it ([`Lease::observed_holder`]): informational.
+    pub holder: Option<String>,
+    /// Whether this process holds the lease (its tenure is alive) right now.
+    pub held: bool,
+    /// The fencing token of the tenure alive right now.
+    pub fencing_token: Option<u64>,
+    /// Milliseconds left to the local deadline of the tenure alive right now.
+    pub deadline_in_ms: Option<u64>,
+}
+
+/// Liveness, readiness and lease reports of the leases and singleton managers registered with
+/// it. Cheap to clone (clones share the registrations); `Send + Sync`. See the [module
+/// documentation](self) for the semantics.
+#[derive(Clone)]
+pub struct HealthCheck {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tolerance: Duration,
+    readiness_follows_eligibility: bool,
+    leases: Mutex<Vec<Weak<dyn Observed>>>,
+    singletons: Mutex<Vec<Weak<SingletonHealth>>>,
+}
+
+impl fmt::Debug for HealthCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthCheck")
+            .field("tolerance", &self.inner.tolerance)
+            .field("leases", &self.leases())
+            .field("liveness", &self.liveness())
+            .field("readiness", &self.readiness())
+            .finish()
+    }
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HealthCheck {
+    /// A check with the [`DEFAULT_HEALTH_TOLERANCE`], whose readiness follows eligibility.
+    pub fn new() -> Self {
+        Self::with_tolerance(DEFAULT_HEALTH_TOLERANCE)
+    }
+
+    /// A check that tolerates a deadline (or a stop timeout) passed by up to `tolerance` before
+    /// it reports the process unhealthy.
+    pub fn with_tolerance(tolerance: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                tolerance,
+                readiness_follows_eligibility: true,
+                leases: Mutex::new(Vec::new()),
+                singletons: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Whether [`readiness`](Self::readiness) follows the eligibility of the registered singleton
+    /// managers (default `true`). Call it before cloning the check.
+    pub fn readiness_follows_eligibility(mut self, follows: bool) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.readiness_follows_eligibility = follows,
+            None => {
+                let inner = Inner {
+                    tolerance: self.inner.tolerance,
+                    readiness_follows_eligibility: follows,
+                    leases: Mutex::new(lock(&self.inner.leases).clone()),
+                    singletons: Mutex::new(lock(&self.inner.singletons).clone()),
+                };
+                self.inner = Arc::new(inner);
+            }
+        }
+        self
+    }
+
+    /// The tolerance of this check.
+    pub fn tolerance(&self) -> Duration {
+        self.inner.tolerance
+    }
+
+    /// Watches `lease` (held weakly: a dropped lease leaves the check).
+    pub fn add_lease<L: Lease>(&self, lease: &Arc<L>) {
+        let weak: Weak<dyn Observed> = Arc::downgrade(lease) as Weak<L>;
+        let mut leases = lock(&self.inner.leases);
+        leases.retain(|l| l.strong_count() > 0);
+        if !leases.iter().any(|l| Weak::ptr_eq(l, &weak)) {
+            leases.push(weak);
+        }
+    }
+
+    /// Registers a singleton manager's state (see
+    /// [`ClusterSingletonManager::health`](crate::ClusterSingletonManager::health)).
+    pub(crate) fn add_singleton(&self, singleton: &Arc<SingletonHealth>) {
+        let mut singletons = lock(&self.inner.singletons);
+        singletons.retain(|s| s.strong_count() > 0);
+        singletons.push(Arc::downgrade(singleton));
+    }
+
+    /// `Ok(())` when the process is live; else the first problem found (see the [module
+    /// documentation](self)). Never blocks.
+    ///
+    /// # Errors
+    ///
+    /// [`Unhealthy`] says which lease or singleton is not looked after.
+    pub fn liveness(&self) -> Result<(), Unhealthy> {
+        let tolerance = self.inner.tolerance;
+        for lease in self.live_leases() {
+            match lease.tenure().stall(tolerance) {
+                None => {}
+                Some(Stall::TaskEnded) => {
+                    return Err(Unhealthy::RenewalTaskEnded {
+                        lease: lease.name().to_owned(),
+                    })
+                }
+                Some(Stall::Overdue(overdue)) => {
+                    return Err(Unhealthy::RenewalOverdue {
+                        lease: lease.name().to_owned(),
+                        overdue,
+                    })
+                }
+            }
+        }
+        for singleton in self.live_singletons() {
+            singleton.check(tolerance)?;
+        }
+        Ok(())
+    }
+
+    /// `Ok(())` when the process is ready: every registered singleton manager is eligible and
+    /// not shutting down (unless [`readiness_follows_eligibility`]
+    /// (Self::readiness_follows_eligibility) is off). Never blocks.
+    ///
+    /// # Errors
+    ///
+    /// [`NotReady`] says which manager is not eligible or is shutting down.
+    pub fn readiness(&self) -> Result<(), NotReady> {
+        if !self.inner.readiness_follows_eligibility {
+            return Ok(());
+        }
+        for singleton in self.live_singletons() {
+            let state = lock(&singleton.state);
+            if state.shutting_down {
+                return Err(NotReady::ShuttingDown {
+                    lease: singleton.lease.clone(),
+                });
+            }
+            if !state.eligible {
+                return Err(NotReady::NotEligible {
+                    lease: singleton.lease.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every registered lease (and every singleton manager's lease) as it stands now, by name.
+    pub fn leases(&self) -> Vec<LeaseReport> {
+        let mut reports: Vec<LeaseReport> = self
+            .live_leases()
+            .iter()
+            .map(|lease| {
+                let tenure = lease.tenure().current();
+                LeaseReport {
+                    name: lease.name().to_owned(),
+                    owner: lease.owner().to_owned(),
+                    holder: lease.observed_holder(),
+                    held: tenure.is_some(),
+                    fencing_token: tenure.map(|t| t.token().value()),
+                    deadline_in_ms: tenure.map(|t| {
+                        let left = t.deadline().saturating_duration_since(Instant::now());
+                        u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                    }),
+                }
+            })
+            .collect();
+        reports.sort_by(|a, b| (&a.name, &a.owner).cmp(&(&b.name, &b.owner)));
+        reports
+    }
+
+    fn live_leases(&self) -> Vec<Arc<dyn Observed>> {
+        let mut leases: Vec<Arc<dyn Observed>> = lock(&self.inner.leases)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for singleton in self.live_singletons() {
+            if let Some(lease) = singleton.lease_handle.as_ref().and_then(Weak::upgrade) {
+                if !leases.iter().any(|l| Arc::ptr_eq(l, &lease)) {
+                    leases.push(lease);
+                }
+            }
+        }
+        leases
+    }
+
+    fn live_singletons(&self) -> Vec<Arc<SingletonHealth>> {
+        lock(&self.inner.singletons)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+/// What a health check reads of a lease; object safe.
+pub(crate) trait Observed: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn owner(&self) -> &str;
+    fn tenure(&self) -> &TenureWatch;
+    fn observed_holder(&self) -> Option<String>;
+}
+
+impl<L: Lease> Observed for L {
+    fn name(&self) -> &str {
+        Lease::name(self)
+    }
+    fn owner(&self) -> &str {
+        Lease::owner(self)
+    }
+    fn tenure(&self) -> &TenureWatch {
+        Lease::tenure(self)
+    }
+    fn observed_holder(&self) -> Option<String> {
+        Lease::observed_holder(self)
+    }
+}
+
+/// The state of a singleton manager that its health check reads; the manager writes it.
+pub(crate) struct SingletonHealth {
+    lease: String,
+    lease_handle: Option<Weak<dyn Observed>>,
+    stop_timeout: Duration,
+    state: Mutex<SingletonHealthState>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SingletonHealthState {
+    /// Whether the manager competes (eligible).
+    pub(crate) eligible: bool,
+    /// Whether the manager is shutting down or has shut down.
+    pub(crate) shutting_down: bool,
+    /// When the manager told the running singleton to stop, while it has not stopped.
+    pub(crate) stopping_since: Option<Instant>,
+    /// Instances terminated after the stop timeout that are not gone yet, with the instant they
+    /// were told to stop.
+    pub(crate) unstopped: Vec<(u64, Instant)>,
+}
+
+impl SingletonHealth {
+    pub(crate) fn new<L: Lease>(lease: &Arc<L>, stop_timeout: Duration, eligible: bool) -> Self {
+        let handle: Weak<dyn Observed> = Arc::downgrade(lease) as Weak<L>;
+        Self {
+            lease: Lease::name(&**lease).to_owned(),
+            lease_handle: Some(handle),
+            stop_timeout,
+            state: Mutex::new(SingletonHealthState {
+                eligible,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The state, for the manager to update.
+    pub(crate) fn state(&self) -> MutexGuard<'_, SingletonHealthState> {
+        lock(&self.state)
+    }
+
+    fn check(&self, tolerance: Duration) -> Result<(), Unhealthy> {
+        let state = lock(&self.state);
+        let oldest = state
+            .unstopped
+            .iter()
+            .map(|(_, since)| *since)
+            .chain(state.stopping_since)
+            .min();
+        let Some(since) = oldest else {
+            return Ok(());
+        };
+        let stopping_for = since.elapsed();
+        let terminated = !state.unstopped.is_empty();
+        if terminated || stopping_for > self.stop_timeout + tolerance {
+            return Err(Unhealthy::SingletonNotStopped {
+                lease: self.lease.clone(),
+                stopping_for,
+                stop_timeout: self.stop_timeout,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{InMemoryStore, LeaseSettings};
+
+    fn lease(store: &InMemoryStore, owner: &str) -> Arc<crate::InMemoryLease> {
+        let settings = LeaseSettings::builder("health", owner)
+            .ttl(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        Arc::new(store.lease(settings))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_healthy_holder_and_a_contender_are_live_and_reported() {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::new();
+        let a = lease(&store, "a");
+        let b = lease(&store, "b");
+        check.add_lease(&a);
+        check.add_lease(&b);
+        check.add_lease(&a);
+        assert!(a.acquire().await.unwrap());
+        assert!(!b.acquire().await.unwrap());
+        // Renewals keep it live across many TTLs.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(check.liveness(), Ok(()));
+        assert_eq!(check.readiness(), Ok(()));
+        let reports = check.leases();
+        assert_eq!(reports.len(), 2, "{reports:?}");
+        assert!(reports[0].held);
+        assert_eq!(reports[0].owner, "a");
+        assert_eq!(reports[0].holder.as_deref(), Some("a"));
+        assert_eq!(
+            reports[0].fencing_token,
+            a.fencing_token().map(|t| t.value())
+        );
+        assert!(reports[0].deadline_in_ms.unwrap() > 0);
+        assert!(!reports[1].held);
+        assert_eq!(reports[1].holder.as_deref(), Some("a"), "seen by b");
+        assert_eq!(reports[1].fencing_token, None);
+        // A dropped lease leaves the check.
+        drop(b);
+        assert_eq!(check.leases().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_singleton_that_does_not_stop_is_unhealthy_after_its_stop_timeout() {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::with_tolerance(Duration::from_secs(1));
+        let lease = lease(&store, "a");
+        let singleton = Arc::new(SingletonHealth::new(&lease, Duration::from_secs(10), true));
+        check.add_singleton(&singleton);
+        assert_eq!(check.liveness(), Ok(()));
+        singleton.state().stopping_since = Some(Instant::now());
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(check.liveness(), Ok(()), "within stop timeout + tolerance");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(matches!(
+            check.liveness(),
+            Err(Unhealthy::SingletonNotStopped { .. })
+        ));
+        // Terminated but not gone: unhealthy at once, until it is gone.
+        {
+            let mut state = singleton.state();
+            state.stopping_since = None;
+            state.unstopped.push((1, Instant::now()));
+        }
+        assert!(check.liveness().is_err());
+        singleton.state().unstopped.clear();
+        assert_eq!(check.liveness(), Ok(()));
+        // Readiness follows eligibility.
+        singleton.state().eligible = false;
+        assert!(matches!(
+            check.readiness(),
+            Err(NotReady::NotEligible { .. })
+        ));
+        let ignoring = check.clone().readiness_follows_eligibility(false);
+        assert_eq!(ignoring.readiness(), Ok(()));
+        assert!(check.readiness().is_err(), "the original is unchanged");
+    }
+}

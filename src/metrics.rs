@@ -1,0 +1,306 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`).
+//!
+//! The library only *emits*; the application installs the recorder it wants (Prometheus, StatsD,
+//! OpenTelemetry) before it creates its leases, and calls [`describe_metrics`] once to give every
+//! metric its unit and help text. Without the feature every call below compiles to nothing.
+//!
+//! Every metric is listed in [`METRICS`] with its kind, labels and meaning (the README's table is
+//! the same list). Labels are bounded: the lease name (one per lease of the process), the backend
+//! name, and fixed sets of `verb`, `outcome` and `reason` values; never an owner, a holder or a
+//! fencing token, which would grow without bound.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lease::LostReason;
+
+/// The kind of a metric in [`METRICS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A monotonic counter.
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+    /// A distribution of observations (seconds).
+    Histogram,
+}
+
+/// One metric this crate emits (see [`METRICS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricDescription {
+    /// The metric name.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: MetricKind,
+    /// Its label keys, each with a bounded set of values.
+    pub labels: &'static [&'static str],
+    /// What it counts or measures.
+    pub help: &'static str,
+}
+
+/// `1` while this process holds the lease, `0` otherwise.
+pub const LEASE_HELD: &str = "actix_coordination_lease_held";
+/// Acquire attempts (single backend calls) by outcome.
+pub const ACQUIRE_ATTEMPTS: &str = "actix_coordination_acquire_attempts_total";
+/// Renewals by outcome.
+pub const RENEWALS: &str = "actix_coordination_renewals_total";
+/// How long each renewal call took.
+pub const RENEWAL_DURATION: &str = "actix_coordination_renewal_duration_seconds";
+/// What was left of the local deadline when a renewal succeeded.
+pub const RENEWAL_MARGIN: &str = "actix_coordination_renewal_margin_seconds";
+/// Tenures lost, by reason.
+pub const LOSSES: &str = "actix_coordination_lease_losses_total";
+/// Releases by outcome.
+pub const RELEASES: &str = "actix_coordination_releases_total";
+/// Requests a backend sent to its server, by verb and outcome.
+pub const BACKEND_REQUESTS: &str = "actix_coordination_backend_requests_total";
+/// Compare-and-swap writes the server refused because the record had changed.
+pub const CAS_CONFLICTS: &str = "actix_coordination_cas_conflicts_total";
+/// Singleton instances started.
+pub const SINGLETON_STARTS: &str = "actix_coordination_singleton_starts_total";
+/// Singleton instances stopped, by reason.
+pub const SINGLETON_STOPS: &str = "actix_coordination_singleton_stops_total";
+/// Singletons restarted after stopping on their own.
+pub const SINGLETON_RESTARTS: &str = "actix_coordination_singleton_restarts_total";
+/// Tenure checks a coordinator gate passed.
+pub const COORDINATOR_ADMITTED: &str = "actix_coordination_coordinator_admitted_total";
+/// Requests a coordinator gate refused, by reason.
+pub const COORDINATOR_REFUSED: &str = "actix_coordination_coordinator_refused_total";
+
+/// Every metric this crate emits.
+pub const METRICS: &[MetricDescription] = &[
+    MetricDescription {
+        name: LEASE_HELD,
+        kind: MetricKind::Gauge,
+        labels: &["lease"],
+        help: "1 while this process holds the lease (a tenure is alive), 0 otherwise",
+    },
+    MetricDescription {
+        name: ACQUIRE_ATTEMPTS,
+        kind: MetricKind::Counter,
+        labels: &["lease", "outcome"],
+        help: "acquire attempts (one backend call each); outcome: acquired, held_by_other, error, timeout",
+    },
+    MetricDescription {
+        name: RENEWALS,
+        kind: MetricKind::Counter,
+        labels: &["lease", "outcome"],
+        help: "renewals; outcome: renewed, error, timeout, lost (the backend showed another holder)",
+    },
+    MetricDescription {
+        name: RENEWAL_DURATION,
+        kind: MetricKind::Histogram,
+        labels: &["lease"],
+        help: "seconds each renewal call took, whatever its outcome",
+    },
+    MetricDescription {
+        name: RENEWAL_MARGIN,
+        kind: MetricKind::Histogram,
+        labels: &["lease"],
+        help: "seconds left to the local deadline when a renewal succeeded: near 0 warns before a loss",
+    },
+    MetricDescription {
+        name: LOSSES,
+        kind: MetricKind::Counter,
+        labels: &["lease", "reason"],
+        help: "tenures lost; reason: expired, taken_over, deleted, inconsistent",
+    },
+    MetricDescription {
+        name: RELEASES,
+        kind: MetricKind::Counter,
+        labels: &["lease", "outcome"],
+        help: "releases of a held tenure; outcome: released, held_by_other, error",
+    },
+    MetricDescription {
+        name: BACKEND_REQUESTS,
+        kind: MetricKind::Counter,
+        labels: &["backend", "verb", "outcome"],
+        help: "requests a backend sent; verb per backend (see the README), outcome: ok, conflict, not_found, error",
+    },
+    MetricDescription {
+        name: CAS_CONFLICTS,
+        kind: MetricKind::Counter,
+        labels: &["backend", "verb"],
+        help: "compare-and-swap writes refused because the record had changed since it was read",
+    },
+    MetricDescription {
+        name: SINGLETON_STARTS,
+        kind: MetricKind::Counter,
+        labels: &["lease"],
+        help: "singleton instances started (restarts included)",
+    },
+    MetricDescription {
+        name: SINGLETON_STOPS,
+        kind: MetricKind::Counter,
+        labels: &["lease", "reason"],
+        help: "singleton instances that stopped; reason: stopped, stop_timeout (terminated after the stop timeout)",
+    },
+    MetricDescription {
+        name: SINGLETON_RESTARTS,
+        kind: MetricKind::Counter,
+        labels: &["lease"],
+        help: "singletons restarted under the same tenure after stopping on their own",
+    },
+    MetricDescription {
+        name: COORDINATOR_ADMITTED,
+        kind: MetricKind::Counter,
+        labels: &["lease"],
+        help: "tenure checks a coordinator gate passed (one before each allocation step)",
+    },
+    MetricDescription {
+        name: COORDINATOR_REFUSED,
+        kind: MetricKind::Counter,
+        labels: &["lease", "reason"],
+        help: "requests a coordinator gate refused; reason: not_held, tenure_ended, stopped, queue_full, queue_timeout",
+    },
+];
+
+/// Registers the unit and help text of every metric in [`METRICS`] with the installed recorder
+/// (exporters such as Prometheus print them as `# HELP`). Call it once, after installing the
+/// recorder.
+#[cfg(feature = "metrics")]
+pub fn describe_metrics() {
+    for metric in METRICS {
+        let unit = match metric.kind {
+            MetricKind::Histogram => Some(::metrics::Unit::Seconds),
+            _ => None,
+        };
+        ::metrics::with_recorder(|recorder| {
+            let key = ::metrics::KeyName::from_const_str(metric.name);
+            let help = ::metrics::SharedString::const_str(metric.help);
+            match metric.kind {
+                MetricKind::Counter => recorder.describe_counter(key, unit, help),
+                MetricKind::Gauge => recorder.describe_gauge(key, unit, help),
+                MetricKind::Histogram => recorder.describe_histogram(key, unit, help),
+            }
+        });
+    }
+}
+
+/// The lease label of one lease, shared by its handles (cloning it does not allocate).
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseLabel(#[cfg_attr(not(feature = "metrics"), allow(dead_code))] Arc<str>);
+
+impl LeaseLabel {
+    pub(crate) fn new(name: &str) -> Self {
+        Self(Arc::from(name))
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod emit {
+    use super::*;
+    use ::metrics::{counter, gauge, histogram};
+
+    fn lease(label: &LeaseLabel) -> ::metrics::SharedString {
+        ::metrics::SharedString::from(Arc::clone(&label.0))
+    }
+
+    pub(crate) fn held(label: &LeaseLabel, delta: f64) {
+        let gauge = gauge!(LEASE_HELD, "lease" => lease(label));
+        if delta >= 0.0 {
+            gauge.increment(delta);
+        } else {
+            gauge.decrement(-delta);
+        }
+    }
+
+    pub(crate) fn acquire_attempt(label: &LeaseLabel, outcome: &'static str) {
+        counter!(ACQUIRE_ATTEMPTS, "lease" => lease(label), "outcome" => outcome).increment(1);
+    }
+
+    pub(crate) fn renewal(label: &LeaseLabel, outcome: &'static str, took: Duration) {
+        counter!(RENEWALS, "lease" => lease(label), "outcome" => outcome).increment(1);
+        histogram!(RENEWAL_DURATION, "lease" => lease(label)).record(took.as_secs_f64());
+    }
+
+    pub(crate) fn renewal_margin(label: &LeaseLabel, margin: Duration) {
+        histogram!(RENEWAL_MARGIN, "lease" => lease(label)).record(margin.as_secs_f64());
+    }
+
+    pub(crate) fn lost(label: &LeaseLabel, reason: &LostReason) {
+        counter!(LOSSES, "lease" => lease(label), "reason" => reason_label(reason)).increment(1);
+    }
+
+    pub(crate) fn release(label: &LeaseLabel, outcome: &'static str) {
+        counter!(RELEASES, "lease" => lease(label), "outcome" => outcome).increment(1);
+    }
+
+    pub(crate) fn backend_request(
+        backend: &'static str,
+        verb: &'static str,
+        outcome: &'static str,
+    ) {
+        counter!(BACKEND_REQUESTS, "backend" => backend, "verb" => verb, "outcome" => outcome)
+            .increment(1);
+        if outcome == "conflict" {
+            counter!(CAS_CONFLICTS, "backend" => backend, "verb" => verb).increment(1);
+        }
+    }
+
+    pub(crate) fn singleton_started(label: &LeaseLabel) {
+        counter!(SINGLETON_STARTS, "lease" => lease(label)).increment(1);
+    }
+
+    pub(crate) fn singleton_stopped(label: &LeaseLabel, reason: &'static str) {
+        counter!(SINGLETON_STOPS, "lease" => lease(label), "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn singleton_restarted(label: &LeaseLabel) {
+        counter!(SINGLETON_RESTARTS, "lease" => lease(label)).increment(1);
+    }
+
+    pub(crate) fn coordinator_admitted(label: &LeaseLabel) {
+        counter!(COORDINATOR_ADMITTED, "lease" => lease(label)).increment(1);
+    }
+
+    pub(crate) fn coordinator_refused(label: &LeaseLabel, reason: &'static str) {
+        counter!(COORDINATOR_REFUSED, "lease" => lease(label), "reason" => reason).increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod emit {
+    //! The feature is off: nothing is recorded, and the calls compile to nothing.
+    #![allow(clippy::missing_const_for_fn)]
+    use super::*;
+
+    #[inline(always)]
+    pub(crate) fn held(_: &LeaseLabel, _: f64) {}
+    #[inline(always)]
+    pub(crate) fn acquire_attempt(_: &LeaseLabel, _: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn renewal(_: &LeaseLabel, _: &'static str, _: Duration) {}
+    #[inline(always)]
+    pub(crate) fn renewal_margin(_: &LeaseLabel, _: Duration) {}
+    #[inline(always)]
+    pub(crate) fn lost(_: &LeaseLabel, _: &LostReason) {}
+    #[inline(always)]
+    pub(crate) fn release(_: &LeaseLabel, _: &'static str) {}
+    #[inline(always)]
+    #[allow(dead_code)]
+    pub(crate) fn backend_request(_: &'static str, _: &'static str, _: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn singleton_started(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn singleton_stopped(_: &LeaseLabel, _: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn singleton_restarted(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn coordinator_admitted(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn coordinator_refused(_: &LeaseLabel, _: &'static str) {}
+}
+
+pub(crate) use emit::*;
+
+/// The `reason` label of a loss.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn reason_label(reason: &LostReason) -> &'static str {
+    match reason {
+        LostReason::TakenOver { .. } => "taken_over",
+        LostReason::Expired { .. } => "expired",
+        LostReason::Deleted => "deleted",
+        LostReason::Inconsistent(_) => "inconsistent",
+    }
+}
