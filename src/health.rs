@@ -131,7 +131,8 @@ struct Inner {
     tolerance: Duration,
     readiness_follows_eligibility: bool,
     leases: Mutex<Vec<Weak<dyn Observed>>>,
-    singletons: Mutex<Vec<Weak<SingletonHealth>>>,
+    /// Kept after their manager stopped: a manager that shut down is not ready.
+    singletons: Mutex<Vec<Arc<SingletonHealth>>>,
 }
 
 impl fmt::Debug for HealthCheck {
@@ -206,9 +207,7 @@ impl HealthCheck {
     /// Registers a singleton manager's state (see
     /// [`ClusterSingletonManager::health`](crate::ClusterSingletonManager::health)).
     pub(crate) fn add_singleton(&self, singleton: &Arc<SingletonHealth>) {
-        let mut singletons = lock(&self.inner.singletons);
-        singletons.retain(|s| s.strong_count() > 0);
-        singletons.push(Arc::downgrade(singleton));
+        lock(&self.inner.singletons).push(Arc::clone(singleton));
     }
 
     /// `Ok(())` when the process is live; else the first problem found (see the [module
@@ -308,10 +307,7 @@ impl HealthCheck {
     }
 
     fn live_singletons(&self) -> Vec<Arc<SingletonHealth>> {
-        lock(&self.inner.singletons)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
+        lock(&self.inner.singletons).clone()
     }
 }
 

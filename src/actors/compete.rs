@@ -199,7 +199,7 @@ impl<L: Lease> Competition<L> {
     /// The backend answered: ends the error backoff.
     fn recovered(&mut self) {
         if self.errors > 0 {
-            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), errors = self.errors, "lease store reachable again");
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), errors = self.errors, "lease store reachable again");
             self.errors = 0;
         }
     }

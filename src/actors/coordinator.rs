@@ -334,7 +334,7 @@ impl<L: Lease> Actor for ShardCoordinator<L> {
 
 impl<L: Lease> Supervised for ShardCoordinator<L> {
     fn restarting(&mut self, _: &mut Self::Context) {
-        tracing::info!(lease = %self.gate.lease().name(), "coordinator restarting");
+        tracing::debug!(lease = %self.gate.lease().name(), "coordinator restarting");
         self.gate.reset();
     }
 }

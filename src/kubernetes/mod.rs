@@ -1093,7 +1093,7 @@ impl LeaseBackend for KubernetesBackend {
             };
             match self.update(&api, &released(current)).await {
                 Ok(_) => {
-                    tracing::info!(object = %self.object, "released a claim whose answer had been lost");
+                    tracing::debug!(object = %self.object, "released a claim whose answer had been lost");
                     self.lock().unanswered.clear();
                     return Ok(());
                 }

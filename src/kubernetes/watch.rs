@@ -405,7 +405,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
         let event = match event {
             Ok(event) => {
                 if failing {
-                    tracing::info!(%namespace, "lease watch works again");
+                    tracing::debug!(%namespace, "lease watch works again");
                     failing = false;
                 }
                 event

@@ -1,0 +1,246 @@
+//! [`HealthCheck`]: liveness fails exactly when this process acts as a holder that nothing looks
+//! after (a blocked runtime past the deadline, a renewal task that died, a singleton that does not
+//! stop), and readiness follows the singleton manager's eligibility.
+//!
+//! The blocked-runtime and lingering-singleton cases are about threads that do not run, which a
+//! paused clock cannot show: they use the real clock, short TTLs and deadlines.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_coordination::{
+    AcquireAttempt, ClusterSingletonManager, HealthCheck, InMemoryBackend, InMemoryError,
+    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, ManagedLease, NotReady,
+    ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo, SingletonSettings, SingletonState,
+    Unhealthy,
+};
+use tokio::time::{sleep, Instant};
+
+use common::actors::wait_for_state;
+
+/// Polls `check` every 5 ms until `condition` holds on it, for at most `within`.
+async fn wait_for<T: std::fmt::Debug>(
+    within: Duration,
+    mut probe: impl FnMut() -> T,
+    condition: impl Fn(&T) -> bool,
+) -> T {
+    let give_up = Instant::now() + within;
+    loop {
+        let value = probe();
+        if condition(&value) {
+            return value;
+        }
+        assert!(Instant::now() < give_up, "still {value:?} after {within:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn liveness_fails_while_a_blocked_runtime_holds_a_tenure_past_its_deadline() {
+    let store = InMemoryStore::new();
+    let settings = LeaseSettings::builder("blocked", "a")
+        .ttl(Duration::from_millis(600))
+        .renewal_interval(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let lease = Arc::new(store.lease(settings));
+    let check = HealthCheck::with_tolerance(Duration::from_millis(200));
+    check.add_lease(&lease);
+
+    // The lease lives on a runtime of its own thread, which then blocks (a handler that calls
+    // blocking code on the arbiter, say) for well past the deadline.
+    let (acquired_tx, acquired_rx) = std::sync::mpsc::channel();
+    let release_block = Arc::new(AtomicBool::new(false));
+    let thread = std::thread::spawn({
+        let lease = Arc::clone(&lease);
+        let release_block = Arc::clone(&release_block);
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                assert!(lease.acquire().await.unwrap());
+                acquired_tx.send(()).unwrap();
+                while !release_block.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                // Unblocked: the renewal task runs, sees the deadline passed, ends the tenure.
+                sleep(Duration::from_millis(50)).await;
+            });
+        }
+    });
+    acquired_rx.recv().unwrap();
+    assert_eq!(check.liveness(), Ok(()));
+    let error = wait_for(Duration::from_secs(5), || check.liveness(), Result::is_err)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Unhealthy::RenewalOverdue { lease, overdue } if lease == "blocked" && *overdue > Duration::from_millis(200)),
+        "{error}"
+    );
+    // The holder itself already knows: check_alive is false past the deadline.
+    assert!(!lease.check_alive());
+    release_block.store(true, Ordering::SeqCst);
+    thread.join().unwrap();
+    assert_eq!(check.liveness(), Ok(()), "the tenure has ended (lost)");
+    assert!(!check.leases()[0].held);
+}
+
+/// The in-memory backend, except that a renewal panics.
+struct PanickingRenewal(InMemoryBackend);
+
+impl LeaseBackend for PanickingRenewal {
+    type Tenure = InMemoryTenure;
+    type Error = InMemoryError;
+
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
+        self.0.try_acquire(settings).await
+    }
+
+    async fn renew(
+        &self,
+        _: &LeaseSettings,
+        _: &mut InMemoryTenure,
+    ) -> Result<RenewOutcome, InMemoryError> {
+        panic!("a bug in the backend's renewal");
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        self.0.release(settings, tenure).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn liveness_fails_as_soon_as_the_renewal_task_dies() {
+    let store = InMemoryStore::new();
+    let settings = LeaseSettings::builder("panics", "a")
+        .ttl(Duration::from_secs(30))
+        .renewal_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let lease = Arc::new(ManagedLease::from_backend(
+        settings,
+        PanickingRenewal(InMemoryBackend::new(&store)),
+    ));
+    let check = HealthCheck::new();
+    check.add_lease(&lease);
+    assert!(lease.acquire().await.unwrap());
+    assert_eq!(check.liveness(), Ok(()));
+    // The first renewal panics, 29 s before the deadline: nothing would ever renew or end the
+    // tenure in time, and liveness says so at once.
+    sleep(Duration::from_millis(1001)).await;
+    assert!(lease.check_alive(), "still within its deadline");
+    assert_eq!(
+        check.liveness(),
+        Err(Unhealthy::RenewalTaskEnded {
+            lease: "panics".into()
+        })
+    );
+    // A release ends the tenure: live again.
+    assert!(lease.release().await.unwrap());
+    assert_eq!(check.liveness(), Ok(()));
+}
+
+/// A singleton whose `stopping` blocks its thread for `block` (on its own arbiter).
+struct Stuck {
+    block: Duration,
+    gone: Arc<AtomicBool>,
+}
+
+impl Actor for Stuck {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        std::thread::sleep(self.block);
+        Running::Stop
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.gone.store(true, Ordering::SeqCst);
+    }
+}
+
+#[actix_rt::test]
+async fn liveness_fails_while_a_singleton_does_not_stop_and_readiness_follows_eligibility() {
+    let store = InMemoryStore::new();
+    let lease = Arc::new(store.lease(LeaseSettings::new("stuck", "a").unwrap()));
+    let check = HealthCheck::with_tolerance(Duration::from_millis(100));
+    let gone = Arc::new(AtomicBool::new(false));
+    let arbiter = actix_rt::Arbiter::new();
+    let manager = ClusterSingletonManager::on_arbiter(Arc::clone(&lease), arbiter.handle(), {
+        let gone = Arc::clone(&gone);
+        move |_: &SingletonInfo, _| Stuck {
+            block: Duration::from_secs(2),
+            gone: Arc::clone(&gone),
+        }
+    })
+    .settings(SingletonSettings {
+        stop_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .health(&check)
+    .start();
+    wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
+    assert_eq!(check.liveness(), Ok(()));
+    assert_eq!(check.readiness(), Ok(()));
+    let reports = check.leases();
+    assert_eq!(reports.len(), 1, "the manager's lease is listed");
+    assert!(reports[0].held);
+
+    // Ineligible: not ready at once; the singleton is told to stop and blocks its thread.
+    let told = Instant::now();
+    manager.send(SetEligible(false)).await.unwrap();
+    assert_eq!(
+        check.readiness(),
+        Err(NotReady::NotEligible {
+            lease: "stuck".into()
+        })
+    );
+    let error = wait_for(Duration::from_secs(5), || check.liveness(), Result::is_err)
+        .await
+        .unwrap_err();
+    assert!(
+        told.elapsed() >= Duration::from_millis(300),
+        "not before the stop timeout"
+    );
+    assert!(
+        matches!(&error, Unhealthy::SingletonNotStopped { lease, .. } if lease == "stuck"),
+        "{error}"
+    );
+    assert!(!gone.load(Ordering::SeqCst));
+    // Once its thread is free it is gone, and the process is live again.
+    let _ = wait_for(Duration::from_secs(5), || check.liveness(), Result::is_ok).await;
+    assert!(gone.load(Ordering::SeqCst));
+    assert!(told.elapsed() >= Duration::from_secs(2));
+    // Eligible again: ready, and it leads again.
+    manager.send(SetEligible(true)).await.unwrap();
+    assert_eq!(check.readiness(), Ok(()));
+    wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
+    // Shut down (the manager is gone): not ready any more.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        manager.send(actix_coordination::Shutdown),
+    )
+    .await
+    .unwrap();
+    assert!(answer.unwrap().unwrap());
+    assert_eq!(
+        check.readiness(),
+        Err(NotReady::ShuttingDown {
+            lease: "stuck".into()
+        })
+    );
+    arbiter.stop();
+}
