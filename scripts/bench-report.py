@@ -462,6 +462,28 @@ def t_throughput(d):
     return table(["what", "time per operation", "per second"], rows, ["---", "---:", "---:"]) + "\n\n" + sources(used, labels)
 
 
+METRICS_OVERHEAD = [
+    ("renewal", "one renewal (timer, store call, deadline; with the feature also its four metrics)"),
+    ("check_alive", "`check_alive` (records nothing by design)"),
+]
+
+
+def t_metrics(d):
+    rows, used = [], []
+    for path, what in METRICS_OVERHEAD:
+        off = d.get("metrics_overhead", "memory", f"metrics/{path}/feature-off")
+        on = d.get("metrics_overhead", "memory", f"metrics/{path}/feature-on")
+        if not off or not on:
+            continue
+        used += [off, on]
+        a, b = off["values"]["ns_per_iteration"], on["values"]["ns_per_iteration"]
+        fmt = lambda ns: f"{ns / 1000:.3f} µs" if ns >= 1000 else f"{ns:.1f} ns"
+        rows.append([what, fmt(a), fmt(b), f"{b - a:+.0f} ns ({(b - a) / a * 100:+.1f} %)"])
+    labels = {id(r): r["variant"] for r in used}
+    header = ["what", "feature off", "feature on (Prometheus recorder)", "difference"]
+    return table(header, rows, ["---", "---:", "---:", "---:"]) + "\n\n" + sources(used, labels)
+
+
 def t_readme_measured(d):
     """The headline sentence of the README's "Measured" section."""
     parts = []
@@ -531,6 +553,7 @@ TABLES = {
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,
+    "metrics": t_metrics,
 }
 
 README_TABLES = {"measured": t_readme_measured}

@@ -84,6 +84,8 @@ if [[ $mode == quick ]]; then
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
     bench scale-etcd --all-features --bench scale -- etcd 2000 --check
     bench in-memory --bench in_memory -- --warm-up-time 1 --measurement-time 3
+    bench metrics-off --bench metrics -- --warm-up-time 1 --measurement-time 3
+    bench metrics-on --features metrics --bench metrics -- --warm-up-time 1 --measurement-time 3
 else
     bench scale-memory --bench scale -- memory 100000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 1000 --check
@@ -92,6 +94,8 @@ else
     bench scale-etcd --all-features --bench scale -- etcd 10000 --check
     bench scale-etcd-1000 --all-features --bench scale -- etcd 1000 --check
     bench in-memory --bench in_memory
+    bench metrics-off --bench metrics
+    bench metrics-on --features metrics --bench metrics
 fi
 
 # The tables: a full run updates benches/data/results.jsonl, BENCHMARKS.md and the README's

@@ -281,6 +281,8 @@ fn command(bench: &str) -> String {
     env.sort();
     let features = if cfg!(feature = "kubernetes") || cfg!(feature = "etcd") {
         " --all-features"
+    } else if cfg!(feature = "metrics") {
+        " --features metrics"
     } else {
         ""
     };
