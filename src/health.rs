@@ -1,41 +1,7 @@
 //! [`HealthCheck`]: liveness and readiness of a process that holds leases, the way client-go's
 //! `HealthzAdaptor` does it.
 //!
-//! # Liveness: "I believe I lead, but cannot prove it"
-//!
-//! A lease of this crate ends its tenure itself: its renewal task renews it, and ends it at the
-//! local deadline when renewals fail. A process whose tenure is *published* (so that it acts as
-//! the holder) while nothing looks after it is wedged, and a restart is the cure. So
-//! [`HealthCheck::liveness`] fails when, for any lease or singleton registered with it:
-//!
-//! * the lease's tenure is still published and its deadline passed more than the *tolerance*
-//!   ago: the renewal task did not get to run, to renew it or to end it (a blocked runtime, a
-//!   starved thread): [`Unhealthy::RenewalOverdue`];
-//! * the lease's tenure is still published but its renewal task has ended (it panicked, or it was
-//!   aborted): [`Unhealthy::RenewalTaskEnded`];
-//! * a [`ClusterSingletonManager`](crate::ClusterSingletonManager) told its singleton to stop and
-//!   it has not stopped within the manager's `stop_timeout` plus the tolerance, or it was
-//!   terminated after the stop timeout and is still not gone (its thread is blocked), so it may
-//!   still act without a tenure: [`Unhealthy::SingletonNotStopped`].
-//!
-//! Every check reads shared state and the clock; none sends a message or waits, so a check
-//! answers even when the runtime or the arbiter it watches is blocked (that is the point). A
-//! process that does not hold anything is live: a backend that is down is not cured by a restart
-//! (the lease simply ends at its deadline), so it never fails liveness by itself.
-//!
-//! # Readiness follows eligibility
-//!
-//! [`HealthCheck::readiness`] fails while a registered singleton manager is not eligible
-//! ([`SetEligible(false)`](crate::SetEligible)) or is shutting down, so a load balancer stops
-//! sending traffic to a node that withdrew. Turn that off with
-//! [`HealthCheck::readiness_follows_eligibility`] when readiness means something else in your
-//! service.
-//!
-//! # Reports
-//!
-//! [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
-//! holder as last seen, whether this process holds it, its fencing token, the time left to its
-//! deadline), for status pages.
+//! See [`HealthCheck`] for the semantics.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -120,8 +86,43 @@ pub struct LeaseReport {
 }
 
 /// Liveness, readiness and lease reports of the leases and singleton managers registered with
-/// it. Cheap to clone (clones share the registrations); `Send + Sync`. See the [module
-/// documentation](self) for the semantics.
+/// it. Cheap to clone (clones share the registrations); `Send + Sync`.
+///
+/// # Liveness: "I believe I lead, but cannot prove it"
+///
+/// A lease of this crate ends its tenure itself: its renewal task renews it, and ends it at the
+/// local deadline when renewals fail. A process whose tenure is *published* (so that it acts as
+/// the holder) while nothing looks after it is wedged, and a restart is the cure. So
+/// [`liveness`](HealthCheck::liveness) fails when, for any lease or singleton registered with it:
+///
+/// * the lease's tenure is still published and its deadline passed more than the *tolerance*
+///   ago: the renewal task did not get to run, to renew it or to end it (a blocked runtime, a
+///   starved thread): [`Unhealthy::RenewalOverdue`];
+/// * the lease's tenure is still published but its renewal task has ended (it panicked, or it was
+///   aborted): [`Unhealthy::RenewalTaskEnded`];
+/// * a [`ClusterSingletonManager`](crate::ClusterSingletonManager) told its singleton to stop and
+///   it has not stopped within the manager's `stop_timeout` plus the tolerance, or it was
+///   terminated after the stop timeout and is still not gone (its thread is blocked), so it may
+///   still act without a tenure: [`Unhealthy::SingletonNotStopped`].
+///
+/// Every check reads shared state and the clock; none sends a message or waits, so a check
+/// answers even when the runtime or the arbiter it watches is blocked (that is the point). A
+/// process that does not hold anything is live: a backend that is down is not cured by a restart
+/// (the lease simply ends at its deadline), so it never fails liveness by itself.
+///
+/// # Readiness follows eligibility
+///
+/// [`HealthCheck::readiness`] fails while a registered singleton manager is not eligible
+/// ([`SetEligible(false)`](crate::SetEligible)) or is shutting down, so a load balancer stops
+/// sending traffic to a node that withdrew. Turn that off with
+/// [`HealthCheck::readiness_follows_eligibility`] when readiness means something else in your
+/// service.
+///
+/// # Reports
+///
+/// [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
+/// holder as last seen, whether this process holds it, its fencing token, the time left to its
+/// deadline), for status pages.
 #[derive(Clone)]
 pub struct HealthCheck {
     inner: Arc<Inner>,
@@ -210,8 +211,8 @@ impl HealthCheck {
         lock(&self.inner.singletons).push(Arc::clone(singleton));
     }
 
-    /// `Ok(())` when the process is live; else the first problem found (see the [module
-    /// documentation](self)). Never blocks.
+    /// `Ok(())` when the process is live; else the first problem found (see [`HealthCheck`]).
+    /// Never blocks.
     ///
     /// # Errors
     ///
@@ -241,8 +242,9 @@ impl HealthCheck {
     }
 
     /// `Ok(())` when the process is ready: every registered singleton manager is eligible and
-    /// not shutting down (unless [`readiness_follows_eligibility`]
-    /// (Self::readiness_follows_eligibility) is off). Never blocks.
+    /// not shutting down (unless
+    /// [`readiness_follows_eligibility`](Self::readiness_follows_eligibility) is off). Never
+    /// blocks.
     ///
     /// # Errors
     ///

@@ -67,7 +67,13 @@ pub const COORDINATOR_ADMITTED: &str = "actix_coordination_coordinator_admitted_
 /// Requests a coordinator gate refused, by reason.
 pub const COORDINATOR_REFUSED: &str = "actix_coordination_coordinator_refused_total";
 
-/// Every metric this crate emits.
+/// Every metric this crate emits with the feature `metrics`, through the
+/// [`metrics`](https://docs.rs/metrics) facade: the library only emits, the application installs
+/// the recorder it wants (Prometheus, StatsD, OpenTelemetry) and calls `describe_metrics()` once
+/// for units and help texts. Labels are bounded: the lease name (one per lease of the process), the
+/// backend name, and fixed sets of `verb`, `outcome` and `reason` values; never an owner, a holder
+/// or a fencing token. The README's "Running in production" table is the same list (a test keeps
+/// them equal).
 pub const METRICS: &[MetricDescription] = &[
     MetricDescription {
         name: LEASE_HELD,
