@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::lease::Lease;
+use crate::shared::{SharedLease, WeakSharedLease};
 use crate::tenure::{Stall, TenureWatch};
 
 /// The default tolerance of [`HealthCheck`]: how far past a deadline (or a stop timeout) a check
@@ -131,7 +132,7 @@ pub struct HealthCheck {
 struct Inner {
     tolerance: Duration,
     readiness_follows_eligibility: bool,
-    leases: Mutex<Vec<Weak<dyn Observed>>>,
+    leases: Mutex<Vec<Handle>>,
     /// Kept after their manager stopped: a manager that shut down is not ready.
     singletons: Mutex<Vec<Arc<SingletonHealth>>>,
 }
@@ -199,9 +200,27 @@ impl HealthCheck {
     pub fn add_lease<L: Lease>(&self, lease: &Arc<L>) {
         let weak: Weak<dyn Observed> = Arc::downgrade(lease) as Weak<L>;
         let mut leases = lock(&self.inner.leases);
-        leases.retain(|l| l.strong_count() > 0);
-        if !leases.iter().any(|l| Weak::ptr_eq(l, &weak)) {
-            leases.push(weak);
+        leases.retain(Handle::is_alive);
+        if !leases
+            .iter()
+            .any(|l| matches!(l, Handle::Arc(l) if Weak::ptr_eq(l, &weak)))
+        {
+            leases.push(Handle::Arc(weak));
+        }
+    }
+
+    /// Watches a [`SharedLease`] (such as one from the
+    /// [`LeaseProvider`](crate::LeaseProvider)), held weakly: once every clone of it is dropped,
+    /// it leaves the check.
+    pub fn add_shared_lease(&self, lease: &SharedLease) {
+        let mut leases = lock(&self.inner.leases);
+        leases.retain(Handle::is_alive);
+        let known = leases.iter().any(|l| match l {
+            Handle::Shared(weak) => weak.upgrade().is_some_and(|l| l.ptr_eq(lease)),
+            Handle::Arc(_) => false,
+        });
+        if !known {
+            leases.push(Handle::Shared(lease.downgrade()));
         }
     }
 
@@ -296,7 +315,7 @@ impl HealthCheck {
     fn live_leases(&self) -> Vec<Arc<dyn Observed>> {
         let mut leases: Vec<Arc<dyn Observed>> = lock(&self.inner.leases)
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter_map(Handle::upgrade)
             .collect();
         for singleton in self.live_singletons() {
             if let Some(lease) = singleton.lease_handle.as_ref().and_then(Weak::upgrade) {
@@ -310,6 +329,29 @@ impl HealthCheck {
 
     fn live_singletons(&self) -> Vec<Arc<SingletonHealth>> {
         lock(&self.inner.singletons).clone()
+    }
+}
+
+/// A lease registered with a check, held weakly.
+#[derive(Clone)]
+enum Handle {
+    Arc(Weak<dyn Observed>),
+    Shared(WeakSharedLease),
+}
+
+impl Handle {
+    fn upgrade(&self) -> Option<Arc<dyn Observed>> {
+        match self {
+            Handle::Arc(weak) => weak.upgrade(),
+            Handle::Shared(weak) => weak.upgrade().map(|l| Arc::new(l) as Arc<dyn Observed>),
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        match self {
+            Handle::Arc(weak) => weak.strong_count() > 0,
+            Handle::Shared(weak) => weak.is_alive(),
+        }
     }
 }
 
@@ -447,6 +489,16 @@ mod tests {
         assert_eq!(reports[1].fencing_token, None);
         // A dropped lease leaves the check.
         drop(b);
+        assert_eq!(check.leases().len(), 1);
+        // So does a shared one, once every clone is gone.
+        let shared =
+            crate::SharedLease::new(store.lease(LeaseSettings::new("shared", "c").unwrap()));
+        check.add_shared_lease(&shared);
+        check.add_shared_lease(&shared.clone());
+        assert_eq!(check.leases().len(), 2);
+        assert!(shared.acquire().await.unwrap());
+        assert!(check.leases().iter().any(|r| r.name == "shared" && r.held));
+        drop(shared);
         assert_eq!(check.leases().len(), 1);
     }
 

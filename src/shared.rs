@@ -133,6 +133,7 @@ impl<L: Lease> Lease for Arc<L> {
 }
 
 /// A weak handle to a [`SharedLease`]: it does not keep the lease alive (the provider's cache).
+#[derive(Clone)]
 pub(crate) struct WeakSharedLease(std::sync::Weak<dyn DynLease>);
 
 impl SharedLease {
