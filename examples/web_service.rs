@@ -1,0 +1,275 @@
+//! A web service that runs a scheduled job on exactly one of its replicas: an actix-web server
+//! next to a [`ClusterSingletonManager`], with the routes an operator needs.
+//!
+//! ```text
+//! # in memory (one process; the default):
+//! cargo run --features metrics --example web_service -- --listen 127.0.0.1:8080
+//! # on etcd or Kubernetes, several processes (or pods) on one lease:
+//! cargo run --all-features --example web_service -- --config examples/etcd.toml --owner node-1 --listen 127.0.0.1:8081
+//! cargo run --all-features --example web_service -- --config examples/etcd.toml --owner node-2 --listen 127.0.0.1:8082
+//! ```
+//!
+//! Routes:
+//!
+//! * `GET /healthz`: liveness from a [`HealthCheck`]: `200 ok`, or `503` with the reason when
+//!   this process acts as the holder of a tenure that nothing renews, or its job does not stop.
+//! * `GET /readyz`: readiness, following the manager's eligibility: `503` while shutting down.
+//! * `GET /metrics`: the Prometheus text exposition of every metric (feature `metrics`).
+//! * `GET /leases`: JSON, one object per lease: `name`, `owner`, `holder` (as last seen), `held`,
+//!   `fencing_token`, `deadline_in_ms`.
+//! * `GET /singleton`: JSON: whether the job runs here, how many runs it made, the fencing token
+//!   it last ran under.
+//!
+//! Arguments: `--config FILE` (or `$ACTIX_COORD_CONFIG`; a `CoordinationConfig` TOML; without it
+//! an in-memory lease), `--config-key KEY` (default `singleton`), `--lease NAME` (default
+//! `web-service-jobs`), `--owner ID` (default `$POD_NAME`, then the host name and process id),
+//! `--listen ADDR` (default `0.0.0.0:8080`). `$POD_NAMESPACE`, when set, replaces the `namespace`
+//! of the configuration's `kubernetes` sections (the pod's own namespace from the downward API).
+//!
+//! On SIGTERM or ctrl-c the service shuts down in this order: the manager stops the job, waits for
+//! it, and releases the lease (another replica takes over within a round trip); only then does the
+//! HTTP server stop, and the process exits. `/leases` and `/readyz` keep answering meanwhile.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_coordination::{
+    describe_metrics, ClusterSingletonManager, CoordinationConfig, HealthCheck, Lease,
+    LeaseProvider, Shutdown, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
+};
+use actix_web::{web, App, HttpResponse, HttpServer};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// How often the job runs.
+const JOB_EVERY: Duration = Duration::from_millis(200);
+
+/// What the job did, shared with the HTTP handlers.
+#[derive(Default)]
+struct JobState {
+    running: AtomicBool,
+    runs: AtomicU64,
+    token: AtomicU64,
+}
+
+/// The scheduled job: runs every [`JOB_EVERY`] while its tenure is alive.
+struct Job {
+    info: SingletonInfo,
+    state: Arc<JobState>,
+}
+
+impl Actor for Job {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.state.running.store(true, Ordering::SeqCst);
+        tracing::info!(fencing_token = %self.info.fencing_token, "job started");
+        ctx.run_interval(JOB_EVERY, |job, ctx| {
+            // Check the tenure before every step; pass the token with every write.
+            if !job.info.guard.check_alive() {
+                ctx.stop();
+                return;
+            }
+            job.state
+                .token
+                .store(job.info.fencing_token.value(), Ordering::SeqCst);
+            job.state.runs.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.state.running.store(false, Ordering::SeqCst);
+        tracing::info!(fencing_token = %self.info.fencing_token, "job stopped");
+    }
+}
+
+struct Args {
+    config: Option<PathBuf>,
+    config_key: String,
+    lease: String,
+    owner: String,
+    listen: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut config = std::env::var_os("ACTIX_COORD_CONFIG").map(PathBuf::from);
+    let mut config_key = "singleton".to_owned();
+    let mut lease = "web-service-jobs".to_owned();
+    let mut owner = std::env::var("POD_NAME").ok();
+    let mut listen = "0.0.0.0:8080".to_owned();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--config" => config = Some(value()?.into()),
+            "--config-key" => config_key = value()?,
+            "--lease" => lease = value()?,
+            "--owner" => owner = Some(value()?),
+            "--listen" => listen = value()?,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    let owner = owner.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "host".into());
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    Ok(Args {
+        config,
+        config_key,
+        lease,
+        owner,
+        listen,
+    })
+}
+
+/// The configuration file, or an in-memory lease under `config_key`; `$POD_NAMESPACE` replaces
+/// the namespace of every `kubernetes` section.
+fn load_config(args: &Args) -> Result<CoordinationConfig, Box<dyn std::error::Error>> {
+    let mut config: CoordinationConfig = match &args.config {
+        Some(path) => toml::from_str(&std::fs::read_to_string(path)?)?,
+        None => toml::from_str(&format!(
+            "[leases.{}]\nbackend = \"{IN_MEMORY_BACKEND}\"\n",
+            args.config_key
+        ))?,
+    };
+    if let Ok(namespace) = std::env::var("POD_NAMESPACE") {
+        for lease in config.leases.values_mut() {
+            if let Some(serde_json::Value::Object(section)) = lease.rest.get_mut("kubernetes") {
+                section.insert("namespace".into(), namespace.clone().into());
+            }
+        }
+    }
+    Ok(config)
+}
+
+#[derive(Clone)]
+struct AppState {
+    health: HealthCheck,
+    prometheus: PrometheusHandle,
+    job: Arc<JobState>,
+}
+
+async fn healthz(state: web::Data<AppState>) -> HttpResponse {
+    match state.health.liveness() {
+        Ok(()) => HttpResponse::Ok().body("ok"),
+        Err(unhealthy) => HttpResponse::ServiceUnavailable().body(unhealthy.to_string()),
+    }
+}
+
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    match state.health.readiness() {
+        Ok(()) => HttpResponse::Ok().body("ok"),
+        Err(not_ready) => HttpResponse::ServiceUnavailable().body(not_ready.to_string()),
+    }
+}
+
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.prometheus.render())
+}
+
+async fn leases(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.health.leases())
+}
+
+async fn singleton(state: web::Data<AppState>) -> HttpResponse {
+    let job = &state.job;
+    HttpResponse::Ok().json(serde_json::json!({
+        "running": job.running.load(Ordering::SeqCst),
+        "runs": job.runs.load(Ordering::SeqCst),
+        "fencing_token": job.token.load(Ordering::SeqCst),
+    }))
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+async fn termination() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(false)
+        .init();
+    let args = parse_args().map_err(|e| {
+        format!("{e}\nusage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]")
+    })?;
+    // The recorder first: leases emit to whatever recorder is installed when they act.
+    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    describe_metrics();
+    let provider = LeaseProvider::new(load_config(&args)?);
+    System::new().block_on(serve(args, provider, prometheus))
+}
+
+async fn serve(
+    args: Args,
+    provider: LeaseProvider,
+    prometheus: PrometheusHandle,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
+    tracing::info!(lease = %lease.name(), owner = %lease.owner(), ttl = ?lease.settings().ttl(), listen = %args.listen, "web service starting");
+    let health = HealthCheck::new();
+    let job = Arc::new(JobState::default());
+    let manager = ClusterSingletonManager::new(lease.clone(), {
+        let job = Arc::clone(&job);
+        move |info: &SingletonInfo, _| Job {
+            info: info.clone(),
+            state: Arc::clone(&job),
+        }
+    })
+    .settings(SingletonSettings {
+        // Back off at most one TTL after errors, so that a waiting replica does not miss a
+        // handover behind a long backoff.
+        max_error_backoff: lease.settings().ttl(),
+        ..Default::default()
+    })
+    .health(&health)
+    .start();
+
+    let state = AppState {
+        health,
+        prometheus,
+        job,
+    };
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
+            .route("/metrics", web::get().to(metrics))
+            .route("/leases", web::get().to(leases))
+            .route("/singleton", web::get().to(singleton))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(5)
+    .bind(&args.listen)?
+    .run();
+    let http = server.handle();
+    let running = actix_rt::spawn(server);
+    tracing::info!(listen = %args.listen, "http server listening");
+
+    termination().await;
+    tracing::info!("termination requested: stopping the job and releasing the lease");
+    match manager.send(Shutdown).await {
+        Ok(Ok(released)) => tracing::info!(released, "lease released"),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "releasing the lease failed; it expires after its TTL")
+        }
+        Err(error) => tracing::warn!(%error, "the singleton manager was gone"),
+    }
+    http.stop(true).await;
+    let _ = running.await;
+    tracing::info!("http server stopped");
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! `examples/web_service.rs` as real processes, called over HTTP: the routes answer what the
+//! README says (health, readiness, Prometheus metrics, leases, the job), SIGTERM releases the
+//! lease before the HTTP server stops, and two instances on one lease, on the real etcd and on the
+//! real kube-apiserver, have exactly one leader, which a SIGTERM moves to the other faster than
+//! the TTL (a release, not an expiry).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{sleep, Instant};
+
+/// The example, built with every feature once per test process and copied aside (the target
+/// directory may be rebuilt by another checkout meanwhile).
+fn binary() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let manifest = env!("CARGO_MANIFEST_DIR");
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "--all-features",
+                "--example",
+                "web_service",
+            ])
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the web_service example failed");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(manifest).join("target"));
+        let built = target.join("debug").join("examples").join("web_service");
+        let dir = Path::new(manifest)
+            .join("target")
+            .join("web-service")
+            .join(format!("bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("web_service");
+        std::fs::copy(&built, &bin).unwrap();
+        bin
+    })
+    .clone()
+}
+
+/// A running service; killed if a test fails before stopping it.
+struct Service {
+    owner: String,
+    port: u16,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("web-service")
+        .join(format!("{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Service {
+    /// Starts the example as `owner` with `config` (a TOML file) on lease `lease`, and waits (up
+    /// to 60 s) until `/healthz` answers.
+    async fn start(
+        dir: &Path,
+        owner: &str,
+        config: &Path,
+        lease: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let port = free_port();
+        let log = dir.join(format!("{owner}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(binary())
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "--lease",
+                lease,
+                "--owner",
+                owner,
+            ])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "info")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start web_service");
+        let service = Service {
+            owner: owner.to_owned(),
+            port,
+            child,
+            log,
+        };
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while service.try_get("/healthz").await.is_none() {
+            assert!(
+                Instant::now() < give_up,
+                "{owner} did not answer /healthz: {}",
+                service.log_text()
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+        service
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET path`: status and body, `None` when nothing answers.
+    async fn try_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .ok()?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+            .await
+            .ok()?
+            .ok()?;
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        // Bodies come with a content length here (no chunked encoding for these routes).
+        Some((status, body.to_owned()))
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        self.try_get(path)
+            .await
+            .unwrap_or_else(|| panic!("{} did not answer {path}", self.owner))
+    }
+
+    async fn json(&self, path: &str) -> Value {
+        let (status, body) = self.get(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+
+    /// The report of `lease` from `/leases`.
+    async fn lease(&self, lease: &str) -> Value {
+        let leases = self.json("/leases").await;
+        leases
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == lease)
+            .cloned()
+            .unwrap_or_else(|| panic!("{lease} not in {leases}"))
+    }
+
+    /// SIGTERM, then waits (up to 20 s) for a successful exit.
+    async fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "{} exited with {status}: {}",
+                    self.owner,
+                    self.log_text()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "{} did not exit after SIGTERM",
+                self.owner
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Waits (up to `within`) until `condition` holds for what `probe` returns; returns it.
+async fn until<T, F: std::future::Future<Output = T>>(
+    within: Duration,
+    mut probe: impl FnMut() -> F,
+    condition: impl Fn(&T) -> bool,
+) -> T {
+    let give_up = Instant::now() + within;
+    loop {
+        let value = probe().await;
+        if condition(&value) {
+            return value;
+        }
+        assert!(Instant::now() < give_up, "not within {within:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The position of the first line containing `text` in `log`.
+fn line_of(log: &str, text: &str) -> usize {
+    log.lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("no {text:?} in the log:\n{log}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
+    let dir = scratch("routes");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[leases.singleton]\nbackend = \"in-memory\"\nttl = \"2s\"\nrenewal-interval = \"500ms\"\n",
+    )
+    .unwrap();
+    let lease = "routes-jobs";
+    let mut solo = Service::start(&dir, "solo", &config, lease, &[]).await;
+
+    assert_eq!(solo.get("/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(solo.get("/readyz").await, (200, "ok".to_owned()));
+    let report = until(
+        Duration::from_secs(10),
+        || solo.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    assert_eq!(report["owner"], "solo");
+    assert_eq!(report["holder"], "solo");
+    assert_eq!(report["fencing_token"], 1);
+    let left = report["deadline_in_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 2000, "{report}");
+
+    // The job runs, under the lease's token.
+    let job = until(
+        Duration::from_secs(10),
+        || solo.json("/singleton"),
+        |j| j["runs"].as_u64().unwrap() >= 3,
+    )
+    .await;
+    assert_eq!(job["running"], true);
+    assert_eq!(job["fencing_token"], 1);
+
+    // Prometheus text: the lease is held, renewals happen, and every metric has its help text.
+    let held = format!("actix_coordination_lease_held{{lease=\"{lease}\"}} 1");
+    let renewed =
+        format!("actix_coordination_renewals_total{{lease=\"{lease}\",outcome=\"renewed\"}} ");
+    let (status, text) = until(
+        Duration::from_secs(10),
+        || solo.get("/metrics"),
+        |(_, t)| t.contains(&renewed),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(text.contains(&held), "{text}");
+    for name in [
+        "actix_coordination_lease_held",
+        "actix_coordination_renewals_total",
+        "actix_coordination_singleton_starts_total",
+    ] {
+        assert!(text.contains(&format!("# HELP {name} ")), "{name}: {text}");
+    }
+
+    // SIGTERM: the job stops, the lease is released, and only then does the server stop.
+    solo.terminate().await;
+    let log = solo.log_text();
+    let stopped = line_of(&log, "job stopped");
+    let released = line_of(&log, "lease released");
+    let server_stopped = line_of(&log, "http server stopped");
+    assert!(stopped < released && released < server_stopped, "{log}");
+    assert!(log.contains("released=true"), "{log}");
+}
+
+/// Two services on one lease through `config`: one leads, the other follows; SIGTERM to the
+/// leader hands the lease to the other faster than `ttl`, under a higher fencing token.
+async fn two_instances_one_leader(
+    dir: &Path,
+    config: &Path,
+    lease: &str,
+    ttl: Duration,
+    env: &[(&str, &str)],
+) {
+    let mut a = Service::start(dir, "node-a", config, lease, env).await;
+    let first = until(
+        Duration::from_secs(20),
+        || a.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    let b = Service::start(dir, "node-b", config, lease, env).await;
+
+    // Exactly one leads: b sees a as the holder, runs no job, and both are live and ready.
+    let follower = until(
+        Duration::from_secs(20),
+        || b.lease(lease),
+        |r| r["holder"] == "node-a",
+    )
+    .await;
+    assert_eq!(follower["held"], false, "{follower}");
+    assert_eq!(follower["fencing_token"], Value::Null);
+    assert_eq!(a.lease(lease).await["held"], true);
+    assert_eq!(a.json("/singleton").await["running"], true);
+    assert_eq!(b.json("/singleton").await["running"], false);
+    for service in [&a, &b] {
+        assert_eq!(service.get("/healthz").await.0, 200);
+        assert_eq!(service.get("/readyz").await.0, 200);
+    }
+
+    // SIGTERM moves it: b leads within a fraction of the TTL, which only a release allows.
+    let signalled = Instant::now();
+    a.terminate().await;
+    let leader = until(
+        Duration::from_secs(30),
+        || b.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    let took = signalled.elapsed();
+    assert!(
+        took < ttl,
+        "b took over {took:?} after the SIGTERM: not faster than the TTL {ttl:?}"
+    );
+    assert!(
+        leader["fencing_token"].as_u64().unwrap() > first["fencing_token"].as_u64().unwrap(),
+        "{first} then {leader}"
+    );
+    let job = until(
+        Duration::from_secs(10),
+        || b.json("/singleton"),
+        |j| j["running"] == true && j["runs"].as_u64().unwrap() >= 1,
+    )
+    .await;
+    assert_eq!(job["fencing_token"], leader["fencing_token"]);
+    assert!(a.log_text().contains("released=true"), "{}", a.log_text());
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_etcd_have_one_leader_and_sigterm_moves_it() {
+    let dir = scratch("etcd");
+    let config = dir.join("config.toml");
+    let prefix = common::etcd::unique_prefix("web-service");
+    std::fs::write(
+        &config,
+        format!(
+            "[leases.singleton]\nbackend = \"etcd\"\nttl = \"10s\"\nrenewal-interval = \"2s\"\n\n\
+             [leases.singleton.etcd]\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\n",
+            common::etcd::endpoint()
+        ),
+    )
+    .unwrap();
+    two_instances_one_leader(&dir, &config, "web-jobs", Duration::from_secs(10), &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_kubernetes_have_one_leader_and_sigterm_moves_it() {
+    let env = common::k8s::env();
+    let dir = scratch("kubernetes");
+    let config = dir.join("config.toml");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &env.token).unwrap();
+    // The namespace comes from $POD_NAMESPACE (the downward API in deploy/), not the file.
+    std::fs::write(
+        &config,
+        format!(
+            "[leases.singleton]\nbackend = \"kubernetes\"\nttl = \"10s\"\nrenewal-interval = \"2s\"\n\n\
+             [leases.singleton.kubernetes]\nnamespace = \"not-this-one\"\napi-url = \"{}\"\n\
+             token-file = \"{}\"\nca-file = \"{}\"\n",
+            env.url,
+            token_file.display(),
+            env.ca.display()
+        ),
+    )
+    .unwrap();
+    let lease = common::k8s::unique("web-jobs");
+    two_instances_one_leader(
+        &dir,
+        &config,
+        &lease,
+        Duration::from_secs(10),
+        &[("POD_NAMESPACE", env.namespace.as_str())],
+    )
+    .await;
+}
