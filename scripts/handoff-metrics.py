@@ -129,18 +129,18 @@ def main():
 
 
 def draw(nodes, events):
-    width, left, right, lane, top = 960, 110, 20, 110, 50
+    width, left, right, lane, top = 1000, 80, 20, 110, 50
     height = top + lane * len(nodes) + 60
     x = lambda t: left + (width - left - right) * t / DURATION
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'font-family="sans-serif" font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="14" font-weight="bold">A handoff seen through the '
+        f'<text x="10" y="20" font-size="14" font-weight="bold">A handoff seen through the '
         f'metrics: three web_service processes, one lease on etcd (TTL {TTL:g} s, renewal every '
         f'{RENEWAL:g} s)</text>',
-        f'<text x="{left}" y="38" fill="#555">green: lease_held = 1 (label: fencing token from '
-        f'/leases); dots: renewal_margin_seconds, the deadline margin of each renewal (0 to TTL, '
+        f'<text x="10" y="38" fill="#555">green: lease_held = 1 on /metrics (scraped every 50 ms), '
+        f'with the fencing token from /leases; dots: renewal_margin_seconds per renewal (0 to TTL, '
         f'bottom to top)</text>',
     ]
     for i, n in enumerate(nodes):
@@ -177,11 +177,20 @@ def draw(nodes, events):
             last = samples[-1]["t"]
             if n["child"].returncode not in (None, 0):
                 out.append(f'<text x="{x(last) + 3:.1f}" y="{y0 + h - 4}" fill="#b71c1c">killed</text>')
+    # How long after each event another process reported lease_held = 1.
+    for k, (t, label) in enumerate(events):
+        taken = min(
+            (s["t"] for n in nodes for s in n["samples"]
+             if s["t"] > t and s["held"] == 1 and not label.endswith(n["name"])),
+            default=None,
+        )
+        if taken is not None:
+            events[k] = (t, f"{label} at {t:.1f} s: next leader after {taken - t:.2f} s")
     for t, label in events:
         out.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{top + lane * len(nodes)}" '
                    f'stroke="#b71c1c" stroke-dasharray="4,3"/>')
         out.append(f'<text x="{x(t) + 3:.1f}" y="{top + lane * len(nodes) + 14}" fill="#b71c1c">'
-                   f'{label} at {t:.1f} s</text>')
+                   f'{label}</text>')
     for s in range(0, int(DURATION) + 1, 2):
         out.append(f'<text x="{x(s):.1f}" y="{height - 12}" text-anchor="middle" fill="#555">{s} s</text>')
     out.append("</svg>")
