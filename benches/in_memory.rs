@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
@@ -67,21 +66,8 @@ fn through_the_mailbox(c: &mut Criterion) {
     });
 }
 
-/// Where criterion writes its estimates, chosen here (as criterion would choose it) so that
-/// they can be read back: `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else the
-/// crate's `target/criterion`.
-fn criterion_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("CRITERION_HOME") {
-        return home.into();
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("criterion")
-}
-
 fn config() -> Criterion {
-    Criterion::default().output_directory(&criterion_dir())
+    Criterion::default().output_directory(&common::criterion_dir())
 }
 
 criterion_group! {
@@ -97,25 +83,8 @@ fn main() {
 
     let mut report = Report::new("in_memory");
     for id in IDS {
-        // Criterion's directory name for a benchmark id.
-        let dir: String = id
-            .chars()
-            .map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c })
-            .collect();
-        let path = criterion_dir().join(dir).join("new").join("estimates.json");
-        let fresh = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| m >= started);
-        if !fresh {
+        let Some(typical) = common::criterion_estimate(id, started) else {
             continue; // not run this time (filtered out, or `--test`)
-        }
-        let estimates: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).expect("read estimates"))
-                .expect("criterion's estimates.json");
-        let typical = if estimates["slope"].is_object() {
-            &estimates["slope"]
-        } else {
-            &estimates["mean"]
         };
         let ns = typical["point_estimate"].as_f64().expect("point estimate");
         report.record(

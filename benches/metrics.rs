@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use actix_coordination::{InMemoryStore, Lease, LeaseSettings};
@@ -82,19 +81,8 @@ fn hot_paths(c: &mut Criterion) {
     });
 }
 
-/// Where criterion writes its estimates (as `benches/in_memory.rs` chooses it).
-fn criterion_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("CRITERION_HOME") {
-        return home.into();
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-        .join("criterion")
-}
-
 fn config() -> Criterion {
-    Criterion::default().output_directory(&criterion_dir())
+    Criterion::default().output_directory(&common::criterion_dir())
 }
 
 criterion_group! {
@@ -110,24 +98,8 @@ fn main() {
 
     let mut report = Report::new("metrics");
     for id in ids() {
-        let dir: String = id
-            .chars()
-            .map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c })
-            .collect();
-        let path = criterion_dir().join(dir).join("new").join("estimates.json");
-        let fresh = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| m >= started);
-        if !fresh {
+        let Some(typical) = common::criterion_estimate(&id, started) else {
             continue; // not run this time (filtered out, or `--test`)
-        }
-        let estimates: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).expect("read estimates"))
-                .expect("criterion's estimates.json");
-        let typical = if estimates["slope"].is_object() {
-            &estimates["slope"]
-        } else {
-            &estimates["mean"]
         };
         report.record(
             "metrics_overhead",

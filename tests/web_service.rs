@@ -14,39 +14,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, Instant};
 
-/// The example, built with every feature once per test process and copied aside (the target
-/// directory may be rebuilt by another checkout meanwhile).
 fn binary() -> PathBuf {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let manifest = env!("CARGO_MANIFEST_DIR");
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--all-features",
-                "--example",
-                "web_service",
-            ])
-            .current_dir(manifest)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building the web_service example failed");
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| Path::new(manifest).join("target"));
-        let built = target.join("debug").join("examples").join("web_service");
-        let dir = Path::new(manifest)
-            .join("target")
-            .join("web-service")
-            .join(format!("bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("web_service");
-        std::fs::copy(&built, &bin).unwrap();
-        bin
-    })
-    .clone()
+    common::example_binary("web_service")
 }
 
 /// A running service; killed if a test fails before stopping it.

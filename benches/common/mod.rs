@@ -347,3 +347,41 @@ pub fn load_average() -> String {
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())
 }
+
+/// Where criterion writes its estimates, chosen here (as criterion would choose it) so that they
+/// can be read back: `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else the crate's
+/// `target/criterion`.
+pub fn criterion_dir() -> std::path::PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("criterion")
+}
+
+/// Criterion's typical estimate (the slope, else the mean) of benchmark `id`, if this run
+/// (started at `started`) wrote one: `None` when it was filtered out or run with `--test`.
+pub fn criterion_estimate(id: &str, started: std::time::SystemTime) -> Option<serde_json::Value> {
+    // Criterion's directory name for a benchmark id.
+    let dir: String = id
+        .chars()
+        .map(|c| if "?\"/\\*<>:|^".contains(c) { '_' } else { c })
+        .collect();
+    let path = criterion_dir().join(dir).join("new").join("estimates.json");
+    let fresh = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|m| m >= started);
+    if !fresh {
+        return None;
+    }
+    let estimates: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read estimates"))
+            .expect("criterion's estimates.json");
+    Some(if estimates["slope"].is_object() {
+        estimates["slope"].clone()
+    } else {
+        estimates["mean"].clone()
+    })
+}

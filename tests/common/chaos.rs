@@ -86,44 +86,9 @@ pub fn now_ns() -> u128 {
         .as_nanos()
 }
 
-/// The `singleton_node` example, built with every feature (cheap when up to date) and copied once
-/// per test process to `target/chaos/bin-<pid>/`: the target directory may be shared with other
-/// checkouts whose builds replace the example while a run uses it.
+/// The `singleton_node` example, built with every feature.
 pub fn node_binary() -> PathBuf {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let manifest = env!("CARGO_MANIFEST_DIR");
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--all-features",
-                "--example",
-                "singleton_node",
-            ])
-            .current_dir(manifest)
-            .status()
-            .expect("run cargo build");
-        assert!(
-            status.success(),
-            "building the singleton_node example failed"
-        );
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| Path::new(manifest).join("target"));
-        let built = target.join("debug").join("examples").join("singleton_node");
-        let dir = Path::new(manifest)
-            .join("target")
-            .join("chaos")
-            .join(format!("bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("singleton_node");
-        std::fs::copy(&built, &bin)
-            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), bin.display()));
-        bin
-    })
-    .clone()
+    super::example_binary("singleton_node")
 }
 
 fn signal(pid: u32, signal: &str) {

@@ -17,6 +17,43 @@ pub mod k8s;
 pub mod logs;
 pub mod proxy;
 
+/// The example `name`, built with every feature (cheap when up to date) and copied once per test
+/// process to `target/examples-bin/<pid>/`: the target directory may be shared with other
+/// checkouts whose builds replace the example while a test runs it.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let built = built.get_or_insert_with(HashMap::new);
+    if let Some(bin) = built.get(name) {
+        return bin.clone();
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--all-features", "--example", name])
+        .current_dir(manifest)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building the {name} example failed");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(manifest).join("target"));
+    let source = target.join("debug").join("examples").join(name);
+    let dir = Path::new(manifest)
+        .join("target")
+        .join("examples-bin")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    std::fs::copy(&source, &bin)
+        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", source.display(), bin.display()));
+    built.insert(name.to_owned(), bin.clone());
+    bin
+}
+
 /// Expands to one `#[test]` per case of the contract suite, each building its fixture with
 /// `$fixture` (a plain expression, evaluated inside the test's runtime) and running under the
 /// test attribute given.
