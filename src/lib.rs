@@ -20,6 +20,11 @@
 //!   (one singleton actor across a fleet, stopped on every end of its tenure) and
 //!   [`ShardCoordinator`] / [`CoordinatorGate`] (a coordinator that serves only under a live
 //!   tenure). They never act outside a tenure they have just checked.
+//! * Operations: [`HealthCheck`] (liveness and readiness the way client-go's `HealthzAdaptor`
+//!   does it, and [`LeaseReport`]s for status pages), metrics through the `metrics` facade with
+//!   the feature `metrics` (every one listed in [`METRICS`]), and a `lease_operation` tracing span
+//!   per acquire and release. The README's "Running in production" shows them in an actix-web
+//!   service (`examples/web_service.rs`) and on Kubernetes (`deploy/`).
 //!
 //! ```
 //! use std::time::Duration;
