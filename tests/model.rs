@@ -113,15 +113,31 @@ enum Fault {
     Delay(u64),
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let owner = 0..OWNERS;
-    let fault = prop_oneof![
+impl Fault {
+    fn in_memory(self) -> InMemoryFault {
+        match self {
+            Fault::Partition => InMemoryFault::Unavailable,
+            Fault::Pause => InMemoryFault::Hang,
+            Fault::ResponseLost => InMemoryFault::ResponseLost,
+            Fault::SlowAnswer(ms) => InMemoryFault::SlowAnswer(Duration::from_millis(ms)),
+            Fault::Delay(ms) => InMemoryFault::Delay(Duration::from_millis(ms)),
+        }
+    }
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
         Just(Fault::Partition),
         Just(Fault::Pause),
         Just(Fault::ResponseLost),
         (1u64..1500).prop_map(Fault::SlowAnswer),
         (1u64..1500).prop_map(Fault::Delay),
-    ];
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let owner = 0..OWNERS;
+    let fault = fault();
     prop_oneof![
         3 => owner.clone().prop_map(Op::Acquire),
         2 => (owner.clone(), 0u64..5000).prop_map(|(o, ms)| Op::AcquireWithin(o, ms)),
@@ -292,14 +308,7 @@ fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
                     current.lock().unwrap()[i] = Arc::clone(&nodes[i].lease);
                 }
                 Op::Fault(i, fault) => {
-                    let fault = match fault {
-                        Fault::Partition => InMemoryFault::Unavailable,
-                        Fault::Pause => InMemoryFault::Hang,
-                        Fault::ResponseLost => InMemoryFault::ResponseLost,
-                        Fault::SlowAnswer(ms) => InMemoryFault::SlowAnswer(Duration::from_millis(ms)),
-                        Fault::Delay(ms) => InMemoryFault::Delay(Duration::from_millis(ms)),
-                    };
-                    store.set_owner_fault(&format!("owner-{i}"), Some(fault));
+                    store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
                 }
                 Op::Heal(i) => store.heal(&format!("owner-{i}")),
                 Op::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
@@ -368,8 +377,18 @@ fn hex(seed: &[u8; 32]) -> String {
     seed.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Runs `cases` schedules of up to 40 steps from `seed`.
-fn check(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
+/// Runs `cases` schedules of steps drawn from `step` (up to `max_len` each) from `seed`
+/// through `schedule`; the failure (shrunk to a minimal schedule) as text.
+fn run_schedules<S: Strategy>(
+    step: S,
+    max_len: usize,
+    cases: u32,
+    seed: [u8; 32],
+    schedule: impl Fn(&[S::Value]) -> Result<(), TestCaseError>,
+) -> Result<(), String>
+where
+    S::Value: std::fmt::Debug,
+{
     let config = Config {
         cases,
         failure_persistence: None,
@@ -378,10 +397,15 @@ fn check(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
     let mut runner =
         TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
     runner
-        .run(&proptest::collection::vec(op(), 1..40), |ops| {
-            run(&ops, broken)
+        .run(&proptest::collection::vec(step, 1..max_len), |ops| {
+            schedule(&ops)
         })
         .map_err(|e| e.to_string())
+}
+
+/// Runs `cases` schedules of up to 40 steps from `seed`.
+fn check(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
+    run_schedules(op(), 40, cases, seed, |ops| run(ops, broken))
 }
 
 #[test]
@@ -418,12 +442,7 @@ enum ActorOp {
 
 fn actor_op() -> impl Strategy<Value = ActorOp> {
     let owner = 0..OWNERS;
-    let fault = prop_oneof![
-        Just(Fault::Partition),
-        Just(Fault::Pause),
-        Just(Fault::ResponseLost),
-        (1u64..1500).prop_map(Fault::SlowAnswer),
-    ];
+    let fault = fault();
     prop_oneof![
         2 => (owner.clone(), fault).prop_map(|(o, f)| ActorOp::Fault(o, f)),
         2 => owner.clone().prop_map(ActorOp::Heal),
@@ -508,15 +527,7 @@ fn run_actors(ops: &[ActorOp], broken: bool) -> Result<(), TestCaseError> {
         for op in ops {
             match *op {
                 ActorOp::Fault(i, fault) => {
-                    let fault = match fault {
-                        Fault::Partition => InMemoryFault::Unavailable,
-                        Fault::Pause => InMemoryFault::Hang,
-                        Fault::ResponseLost => InMemoryFault::ResponseLost,
-                        Fault::SlowAnswer(ms) | Fault::Delay(ms) => {
-                            InMemoryFault::SlowAnswer(Duration::from_millis(ms))
-                        }
-                    };
-                    store.set_owner_fault(&format!("owner-{i}"), Some(fault));
+                    store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
                 }
                 ActorOp::Heal(i) => store.heal(&format!("owner-{i}")),
                 ActorOp::Eligible(i, eligible) => {
@@ -558,18 +569,7 @@ fn run_actors(ops: &[ActorOp], broken: bool) -> Result<(), TestCaseError> {
 static ACTOR_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn check_actors(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    runner
-        .run(&proptest::collection::vec(actor_op(), 1..30), |ops| {
-            run_actors(&ops, broken)
-        })
-        .map_err(|e| e.to_string())
+    run_schedules(actor_op(), 30, cases, seed, |ops| run_actors(ops, broken))
 }
 
 #[test]
