@@ -65,11 +65,24 @@ fn env_number(name: &str, default: u64) -> u64 {
     }
 }
 
+/// The wall clock, for comparing with a Kubernetes object's `renewTime`.
 fn now_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_nanos()
+}
+
+/// `CLOCK_MONOTONIC`, the clock of the `singleton_node` example's events.
+fn mono_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
 /// A name no earlier run used (Kubernetes lease objects are never deleted).
@@ -868,7 +881,7 @@ async fn kill<M: Maker>(maker: &M, report: &mut Report) {
             let b = Arc::clone(&b);
             tokio::spawn(async move {
                 let got = Lease::acquire_within(&*b, FAILOVER_TTL * 10).await;
-                (got, now_ns())
+                (got, mono_ns(), now_ns())
             })
         };
         // One renewal with the contender waiting, then SIGKILL right after the next one: no
@@ -878,10 +891,10 @@ async fn kill<M: Maker>(maker: &M, report: &mut Report) {
         let seen = node.renewals().len();
         let renewal_ns = node.wait_renewal(seen, FAILOVER_TTL).await;
         node.child.kill().expect("SIGKILL");
-        let killed_ns = now_ns();
+        let killed_ns = mono_ns();
         let _ = node.child.wait();
         let renew_time = maker.renew_time_ns(&name).await;
-        let (got, at_ns) = timeout(FAILOVER_TTL * 10, waiter)
+        let (got, at_ns, at_wall_ns) = timeout(FAILOVER_TTL * 10, waiter)
             .await
             .expect("the contender gets the lease")
             .expect("waiter task");
@@ -891,7 +904,7 @@ async fn kill<M: Maker>(maker: &M, report: &mut Report) {
         holder_margin.push(after_start - ms(validity));
         killed_after.push((killed_ns as f64 - renewal_ns as f64) / 1e6);
         if let Some(renew_ns) = renew_time {
-            beyond_renew_time.push((at_ns as f64 - renew_ns as f64) / 1e6 - ms(FAILOVER_TTL));
+            beyond_renew_time.push((at_wall_ns as f64 - renew_ns as f64) / 1e6 - ms(FAILOVER_TTL));
         }
         println!(
             "kill/{} round {round}: killed {:.1} ms after its last renewal started; contender holds {:.1} ms after that start + ttl",
@@ -980,7 +993,7 @@ async fn pause<M: Maker>(maker: &M, report: &mut Report) {
         sleep(Duration::from_millis(500)).await;
         signal(node.pid(), "STOP");
         let stopped = Instant::now();
-        let stopped_ns = now_ns();
+        let stopped_ns = mono_ns();
         let (got, at) = timeout(frozen, waiter)
             .await
             .expect("the contender takes over while the holder is frozen")
@@ -988,7 +1001,7 @@ async fn pause<M: Maker>(maker: &M, report: &mut Report) {
         assert!(got.expect("acquire_within"), "the contender got the lease");
         let new_token = b.fencing_token().expect("held");
         sleep_until_instant(stopped + frozen).await;
-        let resumed_ns = now_ns();
+        let resumed_ns = mono_ns();
         signal(node.pid(), "CONT");
         // Wait (at most 5 s) for the resumed node's singleton to stop.
         let give_up = Instant::now() + Duration::from_secs(5);

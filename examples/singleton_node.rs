@@ -10,8 +10,8 @@
 //! configuration (default `singleton`), `--lease` the lease name (default `example-singleton`).
 //! `--owner` defaults to `$POD_NAME`, then to the host name and process id.
 //!
-//! The singleton "works" every 50 ms (a `run_interval` timer): on each tick it takes a timestamp,
-//! then checks its tenure's guard (`info.guard.check_alive()`), and only then acts, with the
+//! The singleton "works" every 50 ms (a `run_interval` timer): on each tick it takes a timestamp
+//! (`CLOCK_MONOTONIC`, comparable across the processes of one machine), then checks its tenure's guard (`info.guard.check_alive()`), and only then acts, with the
 //! fencing token. With `--events FILE` every tick, step, start and stop is appended to FILE as a
 //! JSON line (the chaos harness reads them to prove that no two nodes ever acted at once, and that
 //! a resumed node runs no timer at all once its tenure ended).
@@ -37,9 +37,12 @@ use actix_coordination::{
 struct Events(Option<Arc<Mutex<std::fs::File>>>);
 
 impl Events {
+    /// One line: `t_ns` from the machine's monotonic clock, `wall_ns` from this process's wall
+    /// clock (which a chaos run may skew).
     fn log(&self, owner: &str, event: &str, token: u64, t_ns: u128) {
         let line = format!(
-            "{{\"owner\":\"{owner}\",\"event\":\"{event}\",\"token\":{token},\"t_ns\":{t_ns},\"pid\":{}}}\n",
+            "{{\"owner\":\"{owner}\",\"event\":\"{event}\",\"token\":{token},\"t_ns\":{t_ns},\"wall_ns\":{},\"pid\":{}}}\n",
+            wall_ns(),
             std::process::id()
         );
         if let Some(file) = &self.0 {
@@ -50,7 +53,23 @@ impl Events {
     }
 }
 
+/// Event times: `CLOCK_MONOTONIC` in nanoseconds. On Linux it is one clock for every process of
+/// the machine (whatever network namespace they run in), it never steps, and libfaketime leaves
+/// it alone with `FAKETIME_DONT_FAKE_MONOTONIC=1`: the chaos harness compares the events of several
+/// processes, some of them with a skewed wall clock, on it.
 fn now_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+/// This process's wall clock (skewed by libfaketime in a chaos run's clock fault).
+fn wall_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
@@ -227,8 +246,8 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
 
 /// With `--events FILE`: one `renewal` line per successful claim or renewal of the lease, stamped
 /// with the instant that claim or renewal *started* (the first line of a tenure is its claim):
-/// the new local deadline minus `local_validity()`, converted once from the monotonic to the wall
-/// clock. `benches/handoff.rs` (`kill`) measures a crash failover from it. The deadline is polled
+/// the new local deadline minus `local_validity()`, converted once from tokio's clock to the
+/// `CLOCK_MONOTONIC` nanoseconds of the other events. `benches/handoff.rs` (`kill`) measures a crash failover from it. The deadline is polled
 /// every 5 ms, so a line is written up to 5 ms after its renewal; its time is exact.
 fn log_renewals(lease: &actix_coordination::SharedLease, events: &Events, owner: &str) {
     if events.0.is_none() {
@@ -236,7 +255,7 @@ fn log_renewals(lease: &actix_coordination::SharedLease, events: &Events, owner:
     }
     let (tenure, events, owner) = (lease.tenure().clone(), events.clone(), owner.to_owned());
     let validity = lease.settings().local_validity();
-    let (mono, wall) = (tokio::time::Instant::now(), now_ns());
+    let (mono, mono_ns) = (tokio::time::Instant::now(), now_ns());
     actix_rt::spawn(async move {
         let mut poll = tokio::time::interval(Duration::from_millis(5));
         let mut last = None;
@@ -251,9 +270,9 @@ fn log_renewals(lease: &actix_coordination::SharedLease, events: &Events, owner:
             last = Some(current.deadline());
             let start = current.deadline() - validity;
             let t_ns = if start >= mono {
-                wall + (start - mono).as_nanos()
+                mono_ns + (start - mono).as_nanos()
             } else {
-                wall - (mono - start).as_nanos()
+                mono_ns - (mono - start).as_nanos()
             };
             events.log(&owner, "renewal", current.token().value(), t_ns);
         }

@@ -79,8 +79,11 @@ RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
 # from the same Kubernetes source as kube-apiserver and cached by version and source hash.
 CLIENTGO_SRC=$REPO_ROOT/tests/clientgo/leaderelect/main.go
 
-# Packages needed to run the cluster and to build the crate (etcd-client needs protoc).
-RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl curl ca-certificates python3 python3-yaml)
+# Packages needed to run the cluster and to build the crate (etcd-client needs protoc); the chaos
+# harness needs iproute2 and nftables (its nodes run in network namespaces, partitions are nftables
+# rules) and libfaketime (clock faults).
+RUNTIME_PKGS=(etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl curl ca-certificates python3 python3-yaml
+    iproute2 nftables libfaketime)
 # Packages needed only to build kube-apiserver from Debian's source.
 BUILD_PKGS=(golang-go jq rsync golang-github-modern-go-reflect2-dev make tar gzip)
 
@@ -888,7 +891,34 @@ cmd_down() {
     lock_dir "$dir"
     stop_all "$dir"
     rm -f "$dir/env"
+    sweep_chaos_namespaces
     log "down: $dir"
+}
+
+# Removes the network namespaces (and subnet claims) of chaos runs whose test process no longer
+# runs (tests/common/netns.rs names them actix-chaos-<pid>-<n>; a run removes its own).
+sweep_chaos_namespaces() {
+    command -v ip > /dev/null || return 0
+    local ns pid link claim
+    for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep '^actix-chaos-' || true); do
+        pid=${ns#actix-chaos-}
+        pid=${pid%%-*}
+        if ! alive "$pid"; then
+            for link in $(ip -n "$ns" -o link show 2> /dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+                [[ $link == lo ]] || ip -n "$ns" link del dev "$link" 2> /dev/null || true
+            done
+            ip netns del "$ns" 2> /dev/null || true
+            rm -rf "/etc/netns/$ns"
+            log "removed the network namespace $ns of a chaos run that no longer runs"
+        fi
+    done
+    for claim in /run/actix-coordination-chaos/net-*; do
+        [[ -e $claim ]] || continue
+        pid=$(awk '{print $1; exit}' "$claim")
+        if [[ -n $pid ]] && ! alive "$pid"; then
+            rm -f "$claim"
+        fi
+    done
 }
 
 cmd_status() {

@@ -25,12 +25,18 @@ use common::chaos::{self, ChaosBackend, ChaosReport, Fault, NodeMode, Violation}
 
 const TTL: Duration = Duration::from_secs(3);
 
-fn duration() -> Duration {
-    let seconds = std::env::var("CHAOS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
-    Duration::from_secs(seconds)
+/// `CHAOS_SECONDS` (default 40) and `CHAOS_FAULTS` (default 0): a run lasts at least both.
+fn length() -> chaos::RunLength {
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    chaos::RunLength {
+        duration: Duration::from_secs(var("CHAOS_SECONDS", 40)),
+        faults: var("CHAOS_FAULTS", 0) as usize,
+    }
 }
 
 fn seed() -> u64 {
@@ -47,7 +53,6 @@ fn summarize(report: &ChaosReport) {
 }
 
 fn summarize_kinds(report: &ChaosReport, kinds: &[Fault]) {
-    print!("{}", report.summary());
     assert!(
         report.tenures.len() >= 2,
         "the lease never moved: {:#?}",
@@ -62,6 +67,16 @@ fn summarize_kinds(report: &ChaosReport, kinds: &[Fault]) {
     assert!(
         !report.pause_stops.is_empty(),
         "no paused holder was resumed and stopped"
+    );
+    // The clock faults took effect: the skewed node's own events show its wall clock off by more
+    // than the TTL.
+    let skews: Vec<i128> = report.clock_skews.iter().flatten().copied().collect();
+    assert!(
+        skews
+            .iter()
+            .any(|s| s.unsigned_abs() > report.ttl.as_nanos()),
+        "no clock fault showed in a node's events: {:?}",
+        report.clock_skews
     );
 }
 
@@ -171,7 +186,7 @@ async fn chaos_etcd_cluster() {
     };
     let seed = seed();
     println!("chaos on a three-member etcd cluster, seed {seed}");
-    let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
+    let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
     summarize_kinds(&report, &Fault::CLUSTER);
 }
 
@@ -182,7 +197,7 @@ async fn chaos_etcd() {
     };
     let seed = seed();
     println!("chaos on etcd, seed {seed}");
-    let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
+    let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
     summarize(&report);
 }
 
@@ -225,12 +240,13 @@ impl ChaosBackend for KubernetesChaos {
     }
 
     fn config_toml(&self, proxies: &[SocketAddr], ttl: Duration) -> String {
-        let proxy = proxies[0];
-        // The API server's certificate is for 127.0.0.1, so TLS through the proxy verifies.
+        // The node reaches its proxy by a name the API server's certificate carries (its
+        // namespace's hosts file maps it to the proxy's address), so TLS through the proxy verifies.
+        let port = proxies[0].port();
         let env = common::k8s::env();
         format!(
             "[leases.singleton]\nbackend = \"kubernetes\"\nttl = \"{}ms\"\n\n\
-             [leases.singleton.kubernetes]\nnamespace = \"{}\"\napi-url = \"https://{proxy}\"\n\
+             [leases.singleton.kubernetes]\nnamespace = \"{}\"\napi-url = \"https://kubernetes.default.svc:{port}\"\n\
              token-file = \"{}\"\nca-file = \"{}\"\n",
             ttl.as_millis(),
             env.namespace,
@@ -256,7 +272,7 @@ async fn chaos_kubernetes() {
     };
     let seed = seed();
     println!("chaos on kubernetes, seed {seed}");
-    let report = chaos::run(&mut backend, 3, TTL, duration(), seed).await;
+    let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
     summarize(&report);
 }
 
@@ -340,4 +356,86 @@ async fn unsafe_node_is_caught_etcd() {
     ] {
         assert!(found, "{what} not reported: {:#?}", report.violations);
     }
+}
+
+/// The harness removes every namespace, veth pair, nftables rule, hosts file and subnet claim it
+/// made: when a run fails (they are dropped while the panic unwinds), and, for a test process
+/// that was killed, at the next run's start.
+#[test]
+fn network_namespaces_are_removed_after_a_failed_run_and_a_killed_one() {
+    use common::netns::{self, Direction, NodeNet};
+    use std::sync::Mutex;
+
+    // A failed run: a panic while two namespaces exist, one of them partitioned one way.
+    let made: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let a = NodeNet::create();
+        let b = NodeNet::create();
+        for net in [&a, &b] {
+            made.lock()
+                .unwrap()
+                .push((net.name().to_owned(), net.host_if().to_owned()));
+        }
+        b.partition(Direction::ToNode);
+        assert!(b.rules().contains("drop"), "{}", b.rules());
+        assert!(netns::namespaces().contains(&a.name().to_owned()));
+        assert!(netns::link_exists(a.host_if()));
+        panic!("a failed run");
+    }));
+    assert!(failed.is_err());
+    let made = made.into_inner().unwrap();
+    assert_eq!(made.len(), 2);
+    let left = netns::namespaces();
+    for (name, host_if) in &made {
+        assert!(!left.contains(name), "{name} is still there");
+        assert!(!netns::link_exists(host_if), "{host_if} is still there");
+        assert!(!Path::new("/etc/netns").join(name).exists());
+    }
+    let claims: Vec<String> = std::fs::read_dir(netns::claims_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    for (name, _) in &made {
+        assert!(
+            !claims.iter().any(|c| c.contains(name.as_str())),
+            "the claim of {name} is still there"
+        );
+    }
+
+    // A killed test process: it made a namespace with a veth pair and a claim, then got SIGKILL.
+    let mut child = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ip netns add actix-chaos-$$-0 && \
+             ip link add acxT$$h type veth peer name acxT$$n netns actix-chaos-$$-0 && \
+             echo made && exec sleep 600",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "made");
+    let name = format!("actix-chaos-{pid}-0");
+    let claim = (0..16_384)
+        .rev()
+        .map(|k| netns::claims_dir().join(format!("net-{k}")))
+        .find(|p| !p.exists())
+        .unwrap();
+    std::fs::write(&claim, format!("{pid} {name}\n")).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(netns::namespaces().contains(&name));
+    assert!(netns::link_exists(&format!("acxT{pid}h")));
+    let removed = netns::sweep_stale();
+    assert!(removed.contains(&name), "{removed:?}");
+    assert!(!netns::namespaces().contains(&name));
+    assert!(!netns::link_exists(&format!("acxT{pid}h")));
+    assert!(!claim.exists());
 }

@@ -472,6 +472,12 @@ fn outcomes_and_the_summary_report_every_figure() {
         pause_stops: stops,
         ticks,
         forbidden: forbidden_answers(&logs),
+        clock_skews: vec![
+            Some(5_200_000_000),
+            Some(-4_100_000_000),
+            Some(6_000_000_000),
+            None,
+        ],
         violations: Vec::new(),
         svg: PathBuf::from("timeline.svg"),
         duration: Duration::from_secs(16),
@@ -487,12 +493,13 @@ fn outcomes_and_the_summary_report_every_figure() {
         "closest handover: 3.050s from node-0.0's last step (token 3) to node-1.0's first (token 8)",
         "closest handover between processes: 3.050s",
         "closest lifetimes: 2.950s from node-0.0's last tick (token 3) to node-1.0's start (token 8)",
-        "Kill                  1         1         1     0 |          3.03/3.03/3.03s |          3.05/3.05/3.05s",
-        "Pause                 1         1         1     0 |          3.53/3.53/3.53s |          3.55/3.55/3.55s",
-        "Blackhole             1         0         0     0 |                        - |                        -",
-        "ServerRestart         1         1         0     1 |",
+        "Kill                    1         1         1     0 |          3.03/3.03/3.03s |          3.05/3.05/3.05s",
+        "Pause                   1         1         1     0 |          3.53/3.53/3.53s |          3.55/3.55/3.55s",
+        "Blackhole               1         0         0     0 |                        - |                        -",
+        "ServerRestart           1         1         0     1 |",
         "paused holders: 1, ticks or steps after the resume: 0, singleton stopped after the resume: 2.0 / 2.0 / 2.0 ms",
         "403 Forbidden answers in the node logs: 3 (get 2, update 1)",
+        "clock faults: 4 (wall clock as the node's own events show it: 2 ahead by 5.2..6.0s, 1 behind by 4.1..4.1s, 1 with no event meanwhile)",
     ] {
         assert!(summary.contains(expected), "{expected:?} missing from\n{summary}");
     }
@@ -514,6 +521,44 @@ fn outcomes_and_the_summary_report_every_figure() {
     assert!(report
         .summary()
         .contains("safety violation(s):\n  steps overlap"));
+}
+
+/// A clock fault's skew is what the target's own events show (`wall_ns - t_ns` against the
+/// harness's offset), with its sign, only while the fault lasted; other nodes' events and the
+/// target's events outside the fault do not count.
+#[test]
+fn clock_skews_are_read_from_the_nodes_own_events() {
+    let dir = std::env::temp_dir().join(format!("chaos-skew-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base: i128 = 1_000_000_000_000;
+    let line = |owner: &str, t_ms: u128, skew_ms: i128| {
+        let t = t_ms * MS;
+        let wall = t as i128 + base + skew_ms * 1_000_000;
+        format!("{{\"owner\":\"{owner}\",\"event\":\"tick\",\"token\":3,\"t_ns\":{t},\"wall_ns\":{wall}}}\n")
+    };
+    let node0 = [
+        line("node-0.0", 1000, 0),
+        line("node-0.0", 2500, 4200),
+        line("node-0.0", 3000, 4500),
+        line("node-0.0", 9000, 9000),
+    ]
+    .concat();
+    let node1 = [line("node-1.0", 2600, -7000), line("node-1.0", 20_000, 0)].concat();
+    std::fs::write(dir.join("node-0.0.jsonl"), node0).unwrap();
+    std::fs::write(dir.join("node-1.0.jsonl"), node1).unwrap();
+    let offsets = wall_offsets(&[dir.join("node-0.0.jsonl"), dir.join("node-1.0.jsonl")]);
+    let faults = [
+        fault(Fault::ClockSkew, Some(("node-0.0", 3)), 2000, 8000),
+        fault(Fault::ClockSkew, Some(("node-1.0", 3)), 2000, 8000),
+        fault(Fault::ClockSkew, Some(("node-1.0", 3)), 10_000, 15_000),
+        fault(Fault::Kill, Some(("node-0.0", 3)), 2000, 8000),
+    ];
+    assert_eq!(
+        clock_skews(&faults, &offsets, Some(base)),
+        vec![Some(4_500_000_000), Some(-7_000_000_000), None]
+    );
+    assert_eq!(clock_skews(&faults, &offsets, None), vec![None, None, None]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -554,6 +599,7 @@ fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
         ttl: Duration::from_secs(3),
         nodes: 3,
         duration: Duration::from_millis(43_500),
+        wall_offset_ns: Some(1_795_000_000_000_000_000),
     };
     std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
     assert_eq!(RunInfo::read(&dir), Some(info));
@@ -571,6 +617,7 @@ fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
             ttl: Duration::from_secs(3),
             nodes: 3,
             duration: Duration::from_secs(609),
+            wall_offset_ns: None,
         })
     );
     // A whole run directory: event logs, faults and node logs.

@@ -1,6 +1,10 @@
 //! The chaos harness: several real processes (`examples/singleton_node.rs`) compete for one lease
 //! on a real server while the harness SIGKILLs holders, freezes them with SIGSTOP for longer than the
-//! TTL, blackholes their traffic, stops them gracefully and restarts the server. Every process logs
+//! TTL, blackholes their traffic, partitions them from the servers with the kernel (both ways or one
+//! way), makes their wall clock jump by more than the TTL, stops them gracefully and restarts the
+//! server. Each node runs in a network namespace of its own (`netns.rs`) and under libfaketime
+//! (its wall clock follows a file the harness writes; its monotonic clock is untouched); its
+//! events are stamped with `CLOCK_MONOTONIC`, one clock for every process of the machine. Every process logs
 //! its singleton's start and stop, every timer tick (timestamp taken *before* `check_alive()`) and
 //! every step the guard allowed, so the harness can prove afterwards (with the verdicts of
 //! `chaos_check.rs`) that no two singletons ever ran at once, no two processes ever acted at once,
@@ -16,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::{sleep, Instant};
 
 pub use super::chaos_check::*;
+use super::netns::{Direction, NodeNet};
 use super::proxy::{FaultProxy, ProxyMode};
 
 /// What the harness needs from a backend.
@@ -57,6 +62,10 @@ struct Node {
     child: Child,
     proxies: Vec<FaultProxy>,
     events: PathBuf,
+    /// libfaketime's `FAKETIME_TIMESTAMP_FILE` of the node: `+0`, or the skew of a clock fault.
+    clock: PathBuf,
+    /// Dropped after the process is killed (field order), which removes the namespace.
+    net: NodeNet,
 }
 
 impl Node {
@@ -65,6 +74,14 @@ impl Node {
         for proxy in &self.proxies {
             proxy.set_mode(mode);
         }
+    }
+
+    /// Sets the node's wall clock `seconds` ahead (behind if negative) of the real one. The node
+    /// reads the file again within a second (`FAKETIME_CACHE_DURATION=1`).
+    fn set_clock(&self, seconds: i64) {
+        let tmp = self.clock.with_extension("faketime.tmp");
+        std::fs::write(&tmp, format!("{seconds:+}\n")).unwrap();
+        std::fs::rename(&tmp, &self.clock).unwrap();
     }
 }
 
@@ -79,11 +96,48 @@ impl Drop for Node {
     }
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the nodes' events.
 pub fn now_ns() -> u128 {
-    SystemTime::now()
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+/// This process's wall clock minus [`now_ns`], in nanoseconds.
+pub fn wall_offset_ns() -> i128 {
+    let mono = now_ns();
+    let wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_nanos()
+        .as_nanos();
+    wall as i128 - mono as i128
+}
+
+/// libfaketime: `$ACTIX_COORD_TEST_LIBFAKETIME`, or Debian's `libfaketime` package.
+pub fn libfaketime() -> PathBuf {
+    if let Ok(path) = std::env::var("ACTIX_COORD_TEST_LIBFAKETIME") {
+        return PathBuf::from(path);
+    }
+    let arch = std::env::consts::ARCH;
+    [
+        format!("/usr/lib/{arch}-linux-gnu/faketime/libfaketime.so.1"),
+        "/usr/lib/faketime/libfaketime.so.1".to_owned(),
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "libfaketime not found (the chaos nodes' clock faults need it): install the Debian \
+             package `libfaketime` (`scripts/test-cluster.sh install` does) or set \
+             ACTIX_COORD_TEST_LIBFAKETIME"
+        )
+    })
 }
 
 /// The `singleton_node` example, built with every feature.
@@ -124,15 +178,19 @@ async fn spawn_node<B: ChaosBackend>(
 ) -> Node {
     let owner = format!("node-{index}.{generation}");
     let events = dir.join(format!("{owner}.jsonl"));
+    let net = NodeNet::create();
     let mut proxies = Vec::new();
     for upstream in backend.upstreams() {
-        proxies.push(FaultProxy::start(upstream).await);
+        proxies.push(FaultProxy::start_on(net.host_ip(), upstream).await);
     }
+    let clock = dir.join(format!("{owner}.faketime"));
+    std::fs::write(&clock, "+0\n").unwrap();
     let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
     let config = dir.join(format!("{owner}.toml"));
     std::fs::write(&config, backend.config_toml(&addrs, ttl)).unwrap();
     let log = std::fs::File::create(dir.join(format!("{owner}.log"))).unwrap();
-    let mut command = Command::new(bin);
+    // `ip netns exec` runs the node as the same process (signals reach it) in its namespace.
+    let mut command = net.command(bin);
     command
         .args([
             "--config",
@@ -149,6 +207,10 @@ async fn spawn_node<B: ChaosBackend>(
     let child = command
         .env("RUST_LOG", "actix_coordination=debug")
         .env("NO_COLOR", "1")
+        .env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME_TIMESTAMP_FILE", &clock)
+        .env("FAKETIME_CACHE_DURATION", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -159,6 +221,8 @@ async fn spawn_node<B: ChaosBackend>(
         child,
         proxies,
         events,
+        clock,
+        net,
     }
 }
 
@@ -176,6 +240,10 @@ async fn prepare_run<B: ChaosBackend>(backend: &mut B, kind: &str) -> (PathBuf, 
         .join(format!("{}{suffix}-{}", backend.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // What an earlier, killed run left behind.
+    for name in super::netns::sweep_stale() {
+        println!("removed the network namespace {name} of a run that no longer runs");
+    }
     backend.prepare(&dir).await;
     (
         dir,
@@ -197,16 +265,35 @@ async fn stop_gracefully(node: &mut Node) {
     }
 }
 
-/// Runs the harness with `nodes` processes for at least `duration`, and in any case until every
-/// kind of fault has met an acting holder once (the [`FaultSchedule`] opens with every kind; a run
-/// gives up on that after `2 × duration + 60 s`). Writes `summary.txt`, `faults.jsonl` and
-/// `timeline.svg` into the run's directory, then panics on any safety violation; returns what it
-/// saw otherwise.
+/// How long a run lasts, at least: `duration`, and `faults` faults. In any case it goes on until
+/// every kind of fault has met an acting holder once (the [`FaultSchedule`] opens with every kind;
+/// a run gives up on that after `2 × duration + 60 s`).
+#[derive(Debug, Clone, Copy)]
+pub struct RunLength {
+    pub duration: Duration,
+    pub faults: usize,
+}
+
+/// Waits (at most `within`) until some node acts, so that the next fault meets a holder.
+async fn settle(all_events: &[PathBuf], within: Duration) {
+    let give_up = Instant::now() + within;
+    while Instant::now() < give_up {
+        if holder_at(&read_events(all_events), now_ns(), None).is_some() {
+            return;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the harness with `nodes` processes for at least `length`, and in any case until every
+/// kind of fault has met an acting holder once. Writes `summary.txt`, `faults.jsonl` and the
+/// timeline (`timeline.svg`, or pages `timeline-01.svg`, ... of ten minutes each for a long run)
+/// into the run's directory, then panics on any safety violation; returns what it saw otherwise.
 pub async fn run<B: ChaosBackend>(
     backend: &mut B,
     nodes: usize,
     ttl: Duration,
-    duration: Duration,
+    length: RunLength,
     seed: u64,
 ) -> ChaosReport {
     let bin = node_binary();
@@ -234,15 +321,18 @@ pub async fn run<B: ChaosBackend>(
         running.push(node);
     }
     let started = Instant::now();
+    let duration = length.duration;
     let give_up_coverage = duration * 2 + Duration::from_secs(60);
     let start_ns = now_ns();
+    let wall_offset = wall_offset_ns();
     let mut faults = Vec::new();
     // Let a first holder settle.
-    sleep(ttl).await;
+    settle(&all_events, ttl * 10).await;
     while started.elapsed() < duration
+        || faults.len() < length.faults
         || (!schedule.covered() && started.elapsed() < give_up_coverage)
     {
-        sleep(Duration::from_millis(rng.u64(1500..4000))).await;
+        sleep(Duration::from_millis(rng.u64(500..2000))).await;
         // The tenure acting right now, if any.
         let holder = holder_at(&read_events(&all_events), now_ns(), None);
         let at_holder = holder
@@ -255,6 +345,14 @@ pub async fn run<B: ChaosBackend>(
         let mut resumed_ns = None;
         // Kill and graceful stop end the node's process: a new one takes its slot.
         let mut replace = false;
+        // A partition lasts less than the TTL (the holder may keep its tenure) or longer.
+        let partition_length = |rng: &mut fastrand::Rng| {
+            if rng.bool() {
+                ttl.mul_f64(0.3 + 0.6 * rng.f64())
+            } else {
+                ttl + Duration::from_millis(rng.u64(500..2000))
+            }
+        };
         match fault {
             Fault::Kill => {
                 let mut node = running.remove(target);
@@ -276,6 +374,25 @@ pub async fn run<B: ChaosBackend>(
                 running[target].set_mode(ProxyMode::Blackhole);
                 sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
                 running[target].set_mode(ProxyMode::Pass);
+            }
+            Fault::Partition | Fault::PartitionFromNode | Fault::PartitionToNode => {
+                let direction = match fault {
+                    Fault::Partition => Direction::Both,
+                    Fault::PartitionFromNode => Direction::FromNode,
+                    _ => Direction::ToNode,
+                };
+                let length = partition_length(&mut rng);
+                running[target].net.partition(direction);
+                sleep(length).await;
+                running[target].net.heal();
+            }
+            Fault::ClockSkew => {
+                // More than the TTL, ahead or behind, for two to three TTLs; then back.
+                let by = ttl.as_secs() as i64 + rng.i64(1..=4);
+                let by = if rng.bool() { by } else { -by };
+                running[target].set_clock(by);
+                sleep(ttl * 2 + Duration::from_millis(rng.u64(0..ttl.as_millis() as u64))).await;
+                running[target].set_clock(0);
             }
             Fault::ServerRestart
             | Fault::MemberKill
@@ -313,9 +430,24 @@ pub async fn run<B: ChaosBackend>(
             start_ns: t0,
             end_ns: resumed_ns.unwrap_or_else(now_ns),
         });
+        if faults.len() % 50 == 0 {
+            println!(
+                "{}: {} faults in {:.0?}",
+                backend.name(),
+                faults.len(),
+                started.elapsed()
+            );
+            std::fs::write(
+                dir.join("faults.jsonl"),
+                faults.iter().map(fault_line).collect::<String>(),
+            )
+            .unwrap();
+        }
         // Give the cluster time to settle so that the next fault meets a holder.
-        sleep(ttl).await;
+        settle(&all_events, ttl * 3).await;
     }
+    // Time for the last fault's outcome to show (the holder acting on, or a takeover).
+    sleep(ttl * 2).await;
     // Graceful stop of every node: SIGTERM, then wait for the releases.
     for node in &running {
         signal(node.child.id(), "TERM");
@@ -332,30 +464,61 @@ pub async fn run<B: ChaosBackend>(
         ttl,
         nodes,
         duration: started.elapsed(),
+        wall_offset_ns: Some(wall_offset),
     };
     std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
     // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
     // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
-    let report = analyze(&dir, &info);
-    std::fs::write(
-        &report.svg,
-        draw_svg(
-            &format!(
-                "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults)",
-                backend.name(),
-                report.tenures.len(),
-                report.faults.len()
+    let mut report = analyze(&dir, &info);
+    // The timeline: one picture, or pages of ten minutes for a long run.
+    const PAGE: u128 = 600_000_000_000;
+    let pages = end_ns.saturating_sub(start_ns).div_ceil(PAGE).max(1);
+    for page in 0..pages {
+        let (from, to) = if pages == 1 {
+            (start_ns, end_ns)
+        } else {
+            let from = start_ns + page * PAGE;
+            (from, (from + PAGE).min(end_ns))
+        };
+        let path = if pages == 1 {
+            dir.join("timeline.svg")
+        } else {
+            dir.join(format!("timeline-{:02}.svg", page + 1))
+        };
+        let page_title = if pages == 1 {
+            String::new()
+        } else {
+            format!(
+                ", page {} of {pages}: {}..{} s",
+                page + 1,
+                (from - start_ns) / 1_000_000_000,
+                (to - start_ns) / 1_000_000_000
+            )
+        };
+        std::fs::write(
+            &path,
+            draw_svg(
+                &format!(
+                    "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults{page_title})",
+                    backend.name(),
+                    report.tenures.len(),
+                    report.faults.len()
+                ),
+                nodes,
+                &report.tenures,
+                &report.lifetimes,
+                &report.faults,
+                from,
+                to,
             ),
-            nodes,
-            &report.tenures,
-            &report.lifetimes,
-            &report.faults,
-            start_ns,
-            end_ns,
-        ),
-    )
-    .unwrap();
+        )
+        .unwrap();
+    }
+    if pages > 1 {
+        report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
+    }
     std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    print!("{}", report.summary());
     assert!(
         report.violations.is_empty(),
         "{}\n(run directory: {})",
@@ -544,6 +707,10 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
         Fault::MemberKill => ("#5c5c5c", "etcd member kill -9..restarted"),
         Fault::LeaderKill => ("#222222", "etcd leader kill -9..restarted"),
         Fault::MemberPartition => ("#a0a0a0", "etcd member SIGSTOP..SIGCONT"),
+        Fault::Partition => ("#1864ab", "kernel drops both ways"),
+        Fault::PartitionFromNode => ("#4dabf7", "kernel drops the node's packets"),
+        Fault::PartitionToNode => ("#0b7285", "kernel drops packets to the node"),
+        Fault::ClockSkew => ("#e64980", "wall clock off by more than the TTL"),
     }
 }
 

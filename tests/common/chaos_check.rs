@@ -418,32 +418,51 @@ pub enum Fault {
     /// One member frozen (SIGSTOP: cut off from its peers and its clients) for longer than the
     /// TTL, then resumed.
     MemberPartition,
+    /// The kernel drops every packet between the node and the servers (nftables in the node's
+    /// network namespace) for a random time below or above the TTL; connections stay open.
+    Partition,
+    /// Asymmetric: only the node's packets are dropped (its requests and acknowledgements).
+    PartitionFromNode,
+    /// Asymmetric: only the packets to the node are dropped, so its requests arrive (a renewal
+    /// may take effect) but it never hears the answer.
+    PartitionToNode,
+    /// The node's wall clock (libfaketime) jumps ahead or behind by more than the TTL for two to
+    /// three TTLs, then back; its monotonic clock is untouched.
+    ClockSkew,
 }
 
 impl Fault {
     /// The kinds of a run against one server.
-    pub const ALL: [Fault; 5] = [
+    pub const ALL: [Fault; 9] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,
         Fault::ServerRestart,
         Fault::GracefulStop,
+        Fault::Partition,
+        Fault::PartitionFromNode,
+        Fault::PartitionToNode,
+        Fault::ClockSkew,
     ];
 
     /// The kinds of a run against a three-member etcd cluster: the node faults and the member
     /// faults (no whole-cluster restart).
-    pub const CLUSTER: [Fault; 7] = [
+    pub const CLUSTER: [Fault; 11] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,
         Fault::GracefulStop,
+        Fault::Partition,
+        Fault::PartitionFromNode,
+        Fault::PartitionToNode,
+        Fault::ClockSkew,
         Fault::MemberKill,
         Fault::LeaderKill,
         Fault::MemberPartition,
     ];
 
     /// Every kind.
-    pub const EVERY: [Fault; 8] = [
+    pub const EVERY: [Fault; 12] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,
@@ -452,6 +471,10 @@ impl Fault {
         Fault::MemberKill,
         Fault::LeaderKill,
         Fault::MemberPartition,
+        Fault::Partition,
+        Fault::PartitionFromNode,
+        Fault::PartitionToNode,
+        Fault::ClockSkew,
     ];
 
     /// Whether it hits the server side (no node in particular).
@@ -464,8 +487,7 @@ impl Fault {
 }
 
 /// The harness's choice of faults: every kind once, in an order shuffled by the seed, then random
-/// kinds (with [`Fault::ALL`]: kill, pause, blackhole and graceful stop 2 in 10 each, server restart
-/// 2 in 10; in general every kind with the same weight). A kind of
+/// kinds, every kind with the same weight. A kind of
 /// the opening round that met no acting holder is drawn again next, so even a short run checks
 /// what each kind of fault is for (a paused holder that runs nothing after the resume, a graceful
 /// handover well before the TTL, ...). The same seed gives the same sequence for the same
@@ -489,8 +511,7 @@ impl FaultSchedule {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut opening = kinds.to_vec();
         rng.shuffle(&mut opening);
-        // Drawn in this order (the order of `ALL` draws 0-1 kill, 2-3 pause, 4-5 blackhole, 6-7
-        // graceful stop, 8-9 server restart, as runs before the cluster kinds did).
+        // Drawn in this order: the node faults, then the server faults.
         let mut draw: Vec<Fault> = kinds.iter().copied().filter(|k| !k.is_server()).collect();
         draw.extend(kinds.iter().copied().filter(|k| k.is_server()));
         Self {
@@ -806,17 +827,22 @@ pub struct RunInfo {
     pub ttl: Duration,
     pub nodes: usize,
     pub duration: Duration,
+    /// The harness's wall clock minus its monotonic clock (the events' `t_ns`), in nanoseconds:
+    /// the offset a node whose wall clock is right logs too.
+    pub wall_offset_ns: Option<i128>,
 }
 
 impl RunInfo {
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"backend\":\"{}\",\"seed\":{},\"ttl_ms\":{},\"nodes\":{},\"duration_ms\":{}}}\n",
+            "{{\"backend\":\"{}\",\"seed\":{},\"ttl_ms\":{},\"nodes\":{},\"duration_ms\":{},\"wall_offset_ns\":{}}}\n",
             self.backend,
             self.seed,
             self.ttl.as_millis(),
             self.nodes,
-            self.duration.as_millis()
+            self.duration.as_millis(),
+            self.wall_offset_ns
+                .map_or("null".to_owned(), |o| o.to_string())
         )
     }
 
@@ -831,6 +857,10 @@ impl RunInfo {
                 ttl: Duration::from_millis(v["ttl_ms"].as_u64()?),
                 nodes: usize::try_from(v["nodes"].as_u64()?).ok()?,
                 duration: Duration::from_millis(v["duration_ms"].as_u64()?),
+                wall_offset_ns: v["wall_offset_ns"]
+                    .as_i64()
+                    .map(i128::from)
+                    .or_else(|| v["wall_offset_ns"].as_str().and_then(|s| s.parse().ok())),
             });
         }
         let summary = std::fs::read_to_string(dir.join("summary.txt")).ok()?;
@@ -852,8 +882,60 @@ impl RunInfo {
                 .find_map(|f| f.strip_suffix(" nodes")?.parse().ok())
                 .unwrap_or(3),
             duration: Duration::from_secs(fields.iter().find_map(|f| seconds(f))?),
+            wall_offset_ns: None,
         })
     }
+}
+
+/// Each node's wall clock as it logged it: per owner, `(t_ns, wall_ns - t_ns)` of every event
+/// that carries a `wall_ns`.
+pub fn wall_offsets(paths: &[PathBuf]) -> BTreeMap<String, Vec<(u128, i128)>> {
+    let mut by_owner: BTreeMap<String, Vec<(u128, i128)>> = BTreeMap::new();
+    for path in paths {
+        for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let number = |key: &str| {
+                v[key]
+                    .as_u64()
+                    .map(u128::from)
+                    .or_else(|| v[key].as_str().and_then(|s| s.parse().ok()))
+            };
+            if let (Some(owner), Some(t), Some(wall)) =
+                (v["owner"].as_str(), number("t_ns"), number("wall_ns"))
+            {
+                by_owner
+                    .entry(owner.to_owned())
+                    .or_default()
+                    .push((t, wall as i128 - t as i128));
+            }
+        }
+    }
+    by_owner
+}
+
+/// Per clock fault: how far off the target's wall clock was while the fault lasted (the
+/// largest difference, with its sign, between its logged offset and the harness's, in
+/// nanoseconds; positive: ahead), or `None`
+/// when the node logged nothing meanwhile or the run has no base offset.
+pub fn clock_skews(
+    faults: &[FaultRecord],
+    offsets: &BTreeMap<String, Vec<(u128, i128)>>,
+    base: Option<i128>,
+) -> Vec<Option<i128>> {
+    faults
+        .iter()
+        .filter(|f| f.fault == Fault::ClockSkew)
+        .map(|f| {
+            let base = base?;
+            let seen = offsets.get(f.owner.as_ref()?)?;
+            seen.iter()
+                .filter(|(t, _)| (f.start_ns..=f.end_ns).contains(t))
+                .map(|(_, o)| o - base)
+                .max_by_key(|o| o.abs())
+        })
+        .collect()
 }
 
 /// Every verdict and figure of a run, from the files in its directory: the nodes' event logs
@@ -877,6 +959,11 @@ pub fn analyze(dir: &Path, info: &RunInfo) -> ChaosReport {
         pause_stops: pause_stops(&faults, &events),
         ticks: tick_counts(&events),
         forbidden: forbidden_answers(&node_logs(dir)),
+        clock_skews: clock_skews(
+            &faults,
+            &wall_offsets(&event_logs(dir)),
+            info.wall_offset_ns,
+        ),
         violations: check_run(&events, &pauses).err().unwrap_or_default(),
         faults,
         svg: dir.join("timeline.svg"),
@@ -900,6 +987,9 @@ pub struct ChaosReport {
     pub pause_stops: Vec<(Duration, usize)>,
     pub ticks: TickCounts,
     pub forbidden: BTreeMap<String, usize>,
+    /// Per clock fault, how far off the target's wall clock was by its own events
+    /// ([`clock_skews`]).
+    pub clock_skews: Vec<Option<i128>>,
     pub violations: Vec<Violation>,
     pub svg: PathBuf,
     pub duration: Duration,
@@ -995,7 +1085,7 @@ impl ChaosReport {
         }
         let _ = writeln!(
             out,
-            "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+            "{:<18} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
             "fault",
             "faults",
             "at holder",
@@ -1023,7 +1113,7 @@ impl ChaosReport {
             let takeovers: Vec<Takeover> = outcomes.iter().filter_map(|o| o.takeover).collect();
             let _ = writeln!(
                 out,
-                "{:<16} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
+                "{:<18} {:>6} {:>9} {:>9} {:>5} | {:>24} | {:>24}",
                 format!("{kind:?}"),
                 self.faults.iter().filter(|f| f.fault == kind).count(),
                 outcomes.len(),
@@ -1045,6 +1135,24 @@ impl ChaosReport {
                 ms(min),
                 ms(median),
                 ms(max),
+            );
+        }
+        if !self.clock_skews.is_empty() {
+            let seen: Vec<i128> = self.clock_skews.iter().flatten().copied().collect();
+            let secs = |o: i128| o as f64 / 1e9;
+            let ahead: Vec<i128> = seen.iter().copied().filter(|o| *o > 0).collect();
+            let behind: Vec<i128> = seen.iter().copied().filter(|o| *o < 0).collect();
+            let _ = writeln!(
+                out,
+                "clock faults: {} (wall clock as the node's own events show it: {} ahead by {:.1}..{:.1}s, {} behind by {:.1}..{:.1}s, {} with no event meanwhile)",
+                self.clock_skews.len(),
+                ahead.len(),
+                secs(ahead.iter().copied().min().unwrap_or_default()),
+                secs(ahead.iter().copied().max().unwrap_or_default()),
+                behind.len(),
+                -secs(behind.iter().copied().max().unwrap_or_default()),
+                -secs(behind.iter().copied().min().unwrap_or_default()),
+                self.clock_skews.len() - seen.len()
             );
         }
         if !self.forbidden.is_empty() {

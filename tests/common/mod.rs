@@ -15,6 +15,8 @@ pub mod etcd_cluster;
 #[cfg(feature = "kubernetes")]
 pub mod k8s;
 pub mod logs;
+#[cfg(all(feature = "etcd", feature = "kubernetes"))]
+pub mod netns;
 pub mod proxy;
 
 /// The example `name`, built with every feature (cheap when up to date) and copied once per test

@@ -40,7 +40,12 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts a proxy on a free loopback port forwarding to `upstream`.
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST, upstream).await
+    }
+
+    /// Starts a proxy on a free port of the local address `ip` forwarding to `upstream`.
+    pub async fn start_on(ip: std::net::Ipv4Addr, upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind proxy");
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(watch::Sender::new(ProxyMode::Pass));
         let mode2 = Arc::clone(&mode);
