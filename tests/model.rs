@@ -10,9 +10,16 @@
 //! * `on_lost` fires exactly once for each tenure that ended without a release or a drop through
 //!   this owner, and never for one that was released or dropped.
 //!
-//! `MODEL_CASES` sets the number of schedules (default 5,000) and `MODEL_SEED` (64 hex digits)
-//! replays a run: the seed is printed with every failure. The same check is shown to fail on a
-//! deliberately broken renewal (one that reports success when the store did not answer).
+//! The actors on top get the same schedules (faults, heals, releases through another handle,
+//! clock advances): three `ClusterSingletonManager`s, whose singletons check every step of their
+//! work against the store, and three `ShardCoordinator`s, whose every allocation is checked
+//! against the store when the region receives it and when the coordinator answers it as done.
+//! Neither may work outside a live tenure.
+//!
+//! `MODEL_CASES` sets the number of schedules (default 5,000), `MODEL_ACTOR_CASES` those of each
+//! actor check (default 500), and `MODEL_SEED` (64 hex digits) replays a run: the seed is printed
+//! with every failure. Each check is shown to fail on a deliberately broken renewal (one that
+//! reports success when the store did not answer).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -593,6 +600,196 @@ fn singletons_only_work_under_a_live_tenure() {
     let failure =
         check_actors(cases, seed, true).expect_err("singletons on a broken renewal went unnoticed");
     assert!(failure.contains("worked under token"), "{failure}");
+}
+
+/// A step of a schedule for shard coordinators.
+#[derive(Debug, Clone)]
+enum CoordinatorOp {
+    Fault(usize, Fault),
+    Heal(usize),
+    /// A release through another handle of the coordinator's lease.
+    Release(usize),
+    /// Register both regions with coordinator `.0` and ask it to allocate shard `.1` (requests
+    /// wait in the coordinator's queue while it has no tenure).
+    Allocate(usize, u8),
+    Advance(u64),
+}
+
+fn coordinator_op() -> impl Strategy<Value = CoordinatorOp> {
+    let owner = 0..OWNERS;
+    prop_oneof![
+        2 => (owner.clone(), fault()).prop_map(|(o, f)| CoordinatorOp::Fault(o, f)),
+        2 => owner.clone().prop_map(CoordinatorOp::Heal),
+        1 => owner.clone().prop_map(CoordinatorOp::Release),
+        4 => (owner, 0u8..6).prop_map(|(o, s)| CoordinatorOp::Allocate(o, s)),
+        4 => (0u64..4000).prop_map(CoordinatorOp::Advance),
+    ]
+}
+
+/// Whether the store holds the lease under `token`, unexpired: the check of every step a
+/// coordinator takes.
+fn store_holds(store: &InMemoryStore, token: FencingToken) -> bool {
+    store.record(NAME).is_some_and(|r| {
+        r.holder.is_some() && r.token == token && r.expires_at.is_some_and(|e| Instant::now() < e)
+    })
+}
+
+/// A region: it checks each shard it is told to host against the store, at the moment it
+/// receives it (the coordinator sent it under a tenure it had just checked: the store must still
+/// hold that tenure; the paused clock does not move while a message is in flight).
+struct Region {
+    store: InMemoryStore,
+    violations: Arc<Mutex<Vec<String>>>,
+    hosted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl actix::Actor for Region {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<actix_coordination::HostShard> for Region {
+    type Result = ();
+
+    fn handle(&mut self, host: actix_coordination::HostShard, _: &mut Self::Context) {
+        if !store_holds(&self.store, host.fencing_token) {
+            self.violations.lock().unwrap().push(format!(
+                "shard {} allocated under token {} while the store had {:?}",
+                host.shard,
+                host.fencing_token,
+                self.store.record(NAME)
+            ));
+        }
+        self.hosted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Runs one schedule against three shard coordinators; `Err` with every violation found. Every
+/// allocation a region receives, and every allocation a coordinator answers as done, must carry
+/// a token the store holds at that moment.
+fn run_coordinators(ops: &[CoordinatorOp], broken: bool) -> Result<(), TestCaseError> {
+    use actix::Actor;
+    let system = actix::System::new();
+    system.block_on(async {
+        tokio::time::pause();
+        let store = InMemoryStore::new();
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let hosted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let history = Arc::new(Mutex::new(History::default()));
+        let nodes: Vec<Node> = (0..OWNERS)
+            .map(|i| node(&store, i, broken, &history))
+            .collect();
+        let coordinators: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                actix_coordination::ShardCoordinator::from_arc(Arc::clone(&n.lease))
+                    .with_max_error_backoff(Duration::from_secs(1))
+                    .with_queue_bound(16, Duration::from_secs(2))
+                    .start()
+            })
+            .collect();
+        let regions: Vec<_> = (0..2)
+            .map(|_| {
+                Region {
+                    store: store.clone(),
+                    violations: Arc::clone(&violations),
+                    hosted: Arc::clone(&hosted),
+                }
+                .start()
+            })
+            .collect();
+        for op in ops {
+            match *op {
+                CoordinatorOp::Fault(i, fault) => {
+                    store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
+                }
+                CoordinatorOp::Heal(i) => store.heal(&format!("owner-{i}")),
+                CoordinatorOp::Release(i) => {
+                    let lease = Arc::clone(&nodes[i].lease);
+                    actix::spawn(async move {
+                        let _ = lease.release().await;
+                    });
+                }
+                CoordinatorOp::Allocate(i, shard) => {
+                    let coordinator = coordinators[i].clone();
+                    let recipients: Vec<_> = regions.iter().map(|r| r.clone().recipient()).collect();
+                    let (store, violations) = (store.clone(), Arc::clone(&violations));
+                    actix::spawn(async move {
+                        for region in recipients {
+                            let _ = coordinator
+                                .send(actix_coordination::RegisterRegion(region))
+                                .await;
+                        }
+                        let answer = coordinator
+                            .send(actix_coordination::AllocateShard(format!("shard-{shard}")))
+                            .await;
+                        if let Ok(Ok(allocation)) = answer {
+                            if !store_holds(&store, allocation.fencing_token) {
+                                violations.lock().unwrap().push(format!(
+                                    "owner-{i} answered an allocation of {} under token {} while the store had {:?}",
+                                    allocation.shard,
+                                    allocation.fencing_token,
+                                    store.record(NAME)
+                                ));
+                            }
+                        }
+                    });
+                }
+                CoordinatorOp::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            }
+        }
+        for i in 0..OWNERS {
+            store.heal(&format!("owner-{i}"));
+        }
+        tokio::time::sleep(TTL * 2).await;
+        drop(coordinators);
+        tokio::time::sleep(TTL).await;
+        COORDINATOR_ALLOCATIONS.fetch_add(
+            hosted.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let violations = violations.lock().unwrap();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(TestCaseError::fail(violations.join("\n")))
+        }
+    })
+}
+
+/// Shards the regions were told to host, over every schedule of this process.
+static COORDINATOR_ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn check_coordinators(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
+    run_schedules(coordinator_op(), 30, cases, seed, |ops| {
+        run_coordinators(ops, broken)
+    })
+}
+
+#[test]
+fn coordinators_only_allocate_under_a_live_tenure() {
+    let cases = std::env::var("MODEL_ACTOR_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(500);
+    let seed = seed();
+    if let Err(failure) = check_coordinators(cases, seed, false) {
+        panic!(
+            "a coordinator allocated outside a live tenure (replay with MODEL_SEED={}):\n{failure}",
+            hex(&seed)
+        );
+    }
+    assert!(
+        COORDINATOR_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no shard was ever allocated: the schedules test nothing"
+    );
+    // The same check catches coordinators that allocate on a broken renewal.
+    let allocations = COORDINATOR_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{cases} coordinator schedules passed, {allocations} shards allocated");
+    let failure = check_coordinators(cases, seed, true)
+        .expect_err("coordinators on a broken renewal went unnoticed");
+    assert!(failure.contains("under token"), "{failure}");
+    println!("caught (MODEL_SEED={}):\n{failure}", hex(&seed));
 }
 
 #[test]
