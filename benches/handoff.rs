@@ -74,16 +74,9 @@ fn now_ns() -> u128 {
 }
 
 /// `CLOCK_MONOTONIC`, the clock of the `singleton_node` example's events.
-fn mono_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
-}
+#[path = "../tests/common/clock.rs"]
+mod clock;
+use clock::mono_ns;
 
 /// A name no earlier run used (Kubernetes lease objects are never deleted).
 fn run_id() -> &'static str {

@@ -436,26 +436,100 @@ fn the_contract_holds_on_random_schedules_of_faults() {
     );
 }
 
-/// A step of a schedule for singleton managers.
+/// The steps both actor schedules share.
 #[derive(Debug, Clone)]
-enum ActorOp {
+enum CommonOp {
     Fault(usize, Fault),
     Heal(usize),
-    Eligible(usize, bool),
-    /// A release through another handle of the manager's lease.
+    /// A release through another handle of the actor's lease.
     Release(usize),
     Advance(u64),
 }
 
-fn actor_op() -> impl Strategy<Value = ActorOp> {
+fn common_op() -> impl Strategy<Value = CommonOp> {
     let owner = 0..OWNERS;
-    let fault = fault();
     prop_oneof![
-        2 => (owner.clone(), fault).prop_map(|(o, f)| ActorOp::Fault(o, f)),
-        2 => owner.clone().prop_map(ActorOp::Heal),
-        1 => (owner.clone(), any::<bool>()).prop_map(|(o, e)| ActorOp::Eligible(o, e)),
-        1 => owner.prop_map(ActorOp::Release),
-        4 => (0u64..4000).prop_map(ActorOp::Advance),
+        2 => (owner.clone(), fault()).prop_map(|(o, f)| CommonOp::Fault(o, f)),
+        2 => owner.clone().prop_map(CommonOp::Heal),
+        1 => owner.prop_map(CommonOp::Release),
+        4 => (0u64..4000).prop_map(CommonOp::Advance),
+    ]
+}
+
+/// What the actor checks share: three owners' leases on a fresh store (under the paused clock of
+/// the actix system they run in), the violations found and a count of the work the actors did.
+struct ActorWorld {
+    store: InMemoryStore,
+    nodes: Vec<Node>,
+    violations: Arc<Mutex<Vec<String>>>,
+    work: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ActorWorld {
+    fn new(broken: bool) -> Self {
+        tokio::time::pause();
+        let store = InMemoryStore::new();
+        let history = Arc::new(Mutex::new(History::default()));
+        let nodes = (0..OWNERS)
+            .map(|i| node(&store, i, broken, &history))
+            .collect();
+        Self {
+            store,
+            nodes,
+            violations: Arc::new(Mutex::new(Vec::new())),
+            work: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    async fn step(&self, op: &CommonOp) {
+        match *op {
+            CommonOp::Fault(i, fault) => {
+                self.store
+                    .set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
+            }
+            CommonOp::Heal(i) => self.store.heal(&format!("owner-{i}")),
+            CommonOp::Release(i) => {
+                let lease = Arc::clone(&self.nodes[i].lease);
+                actix::spawn(async move {
+                    let _ = lease.release().await;
+                });
+            }
+            CommonOp::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+    }
+
+    /// Heals every owner and lets the actors run for two more TTLs.
+    async fn heal_and_run_on(&self) {
+        for i in 0..OWNERS {
+            self.store.heal(&format!("owner-{i}"));
+        }
+        tokio::time::sleep(TTL * 2).await;
+    }
+
+    /// Adds the work done to `total`; `Err` with every violation found.
+    fn verdict(&self, total: &std::sync::atomic::AtomicU64) -> Result<(), TestCaseError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        total.fetch_add(self.work.load(Relaxed), Relaxed);
+        let violations = self.violations.lock().unwrap();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(TestCaseError::fail(violations.join("\n")))
+        }
+    }
+}
+
+/// A step of a schedule for singleton managers.
+#[derive(Debug, Clone)]
+enum ActorOp {
+    Common(CommonOp),
+    Eligible(usize, bool),
+}
+
+fn actor_op() -> impl Strategy<Value = ActorOp> {
+    prop_oneof![
+        9 => common_op().prop_map(ActorOp::Common),
+        1 => (0..OWNERS, any::<bool>()).prop_map(|(o, e)| ActorOp::Eligible(o, e)),
     ]
 }
 
@@ -501,19 +575,16 @@ fn run_actors(ops: &[ActorOp], broken: bool) -> Result<(), TestCaseError> {
     use actix::Actor;
     let system = actix::System::new();
     system.block_on(async {
-        tokio::time::pause();
-        let store = InMemoryStore::new();
-        let violations = Arc::new(Mutex::new(Vec::new()));
-        let steps = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let history = Arc::new(Mutex::new(History::default()));
-        let nodes: Vec<Node> = (0..OWNERS)
-            .map(|i| node(&store, i, broken, &history))
-            .collect();
-        let managers: Vec<_> = nodes
+        let world = ActorWorld::new(broken);
+        let managers: Vec<_> = world
+            .nodes
             .iter()
             .map(|n| {
-                let (store, violations, steps) =
-                    (store.clone(), Arc::clone(&violations), Arc::clone(&steps));
+                let (store, violations, steps) = (
+                    world.store.clone(),
+                    Arc::clone(&world.violations),
+                    Arc::clone(&world.work),
+                );
                 actix_coordination::ClusterSingletonManager::from_arc(
                     Arc::clone(&n.lease),
                     move |info: &actix_coordination::SingletonInfo, _| Worker {
@@ -532,43 +603,21 @@ fn run_actors(ops: &[ActorOp], broken: bool) -> Result<(), TestCaseError> {
             })
             .collect();
         for op in ops {
-            match *op {
-                ActorOp::Fault(i, fault) => {
-                    store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
-                }
-                ActorOp::Heal(i) => store.heal(&format!("owner-{i}")),
+            match op {
+                ActorOp::Common(op) => world.step(op).await,
                 ActorOp::Eligible(i, eligible) => {
-                    managers[i]
-                        .send(actix_coordination::SetEligible(eligible))
+                    managers[*i]
+                        .send(actix_coordination::SetEligible(*eligible))
                         .await
                         .unwrap();
                 }
-                ActorOp::Release(i) => {
-                    let lease = Arc::clone(&nodes[i].lease);
-                    actix::spawn(async move {
-                        let _ = lease.release().await;
-                    });
-                }
-                ActorOp::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
             }
         }
-        for i in 0..OWNERS {
-            store.heal(&format!("owner-{i}"));
-        }
-        tokio::time::sleep(TTL * 2).await;
+        world.heal_and_run_on().await;
         for manager in &managers {
             let _ = manager.send(actix_coordination::Shutdown).await;
         }
-        ACTOR_STEPS.fetch_add(
-            steps.load(std::sync::atomic::Ordering::Relaxed),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        let violations = violations.lock().unwrap();
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(TestCaseError::fail(violations.join("\n")))
-        }
+        world.verdict(&ACTOR_STEPS)
     })
 }
 
@@ -579,13 +628,16 @@ fn check_actors(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> 
     run_schedules(actor_op(), 30, cases, seed, |ops| run_actors(ops, broken))
 }
 
-#[test]
-fn singletons_only_work_under_a_live_tenure() {
-    let cases = std::env::var("MODEL_ACTOR_CASES")
+fn actor_cases() -> u32 {
+    std::env::var("MODEL_ACTOR_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(500);
-    let seed = seed();
+        .unwrap_or(500)
+}
+
+#[test]
+fn singletons_only_work_under_a_live_tenure() {
+    let (cases, seed) = (actor_cases(), seed());
     if let Err(failure) = check_actors(cases, seed, false) {
         panic!(
             "a singleton worked outside a live tenure (replay with MODEL_SEED={}):\n{failure}",
@@ -605,24 +657,16 @@ fn singletons_only_work_under_a_live_tenure() {
 /// A step of a schedule for shard coordinators.
 #[derive(Debug, Clone)]
 enum CoordinatorOp {
-    Fault(usize, Fault),
-    Heal(usize),
-    /// A release through another handle of the coordinator's lease.
-    Release(usize),
+    Common(CommonOp),
     /// Register both regions with coordinator `.0` and ask it to allocate shard `.1` (requests
     /// wait in the coordinator's queue while it has no tenure).
     Allocate(usize, u8),
-    Advance(u64),
 }
 
 fn coordinator_op() -> impl Strategy<Value = CoordinatorOp> {
-    let owner = 0..OWNERS;
     prop_oneof![
-        2 => (owner.clone(), fault()).prop_map(|(o, f)| CoordinatorOp::Fault(o, f)),
-        2 => owner.clone().prop_map(CoordinatorOp::Heal),
-        1 => owner.clone().prop_map(CoordinatorOp::Release),
-        4 => (owner, 0u8..6).prop_map(|(o, s)| CoordinatorOp::Allocate(o, s)),
-        4 => (0u64..4000).prop_map(CoordinatorOp::Advance),
+        9 => common_op().prop_map(CoordinatorOp::Common),
+        4 => (0..OWNERS, 0u8..6).prop_map(|(o, s)| CoordinatorOp::Allocate(o, s)),
     ]
 }
 
@@ -671,15 +715,9 @@ fn run_coordinators(ops: &[CoordinatorOp], broken: bool) -> Result<(), TestCaseE
     use actix::Actor;
     let system = actix::System::new();
     system.block_on(async {
-        tokio::time::pause();
-        let store = InMemoryStore::new();
-        let violations = Arc::new(Mutex::new(Vec::new()));
-        let hosted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let history = Arc::new(Mutex::new(History::default()));
-        let nodes: Vec<Node> = (0..OWNERS)
-            .map(|i| node(&store, i, broken, &history))
-            .collect();
-        let coordinators: Vec<_> = nodes
+        let world = ActorWorld::new(broken);
+        let coordinators: Vec<_> = world
+            .nodes
             .iter()
             .map(|n| {
                 actix_coordination::ShardCoordinator::from_arc(Arc::clone(&n.lease))
@@ -691,29 +729,21 @@ fn run_coordinators(ops: &[CoordinatorOp], broken: bool) -> Result<(), TestCaseE
         let regions: Vec<_> = (0..2)
             .map(|_| {
                 Region {
-                    store: store.clone(),
-                    violations: Arc::clone(&violations),
-                    hosted: Arc::clone(&hosted),
+                    store: world.store.clone(),
+                    violations: Arc::clone(&world.violations),
+                    hosted: Arc::clone(&world.work),
                 }
                 .start()
             })
             .collect();
         for op in ops {
-            match *op {
-                CoordinatorOp::Fault(i, fault) => {
-                    store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));
-                }
-                CoordinatorOp::Heal(i) => store.heal(&format!("owner-{i}")),
-                CoordinatorOp::Release(i) => {
-                    let lease = Arc::clone(&nodes[i].lease);
-                    actix::spawn(async move {
-                        let _ = lease.release().await;
-                    });
-                }
-                CoordinatorOp::Allocate(i, shard) => {
+            match op {
+                CoordinatorOp::Common(op) => world.step(op).await,
+                &CoordinatorOp::Allocate(i, shard) => {
                     let coordinator = coordinators[i].clone();
-                    let recipients: Vec<_> = regions.iter().map(|r| r.clone().recipient()).collect();
-                    let (store, violations) = (store.clone(), Arc::clone(&violations));
+                    let recipients: Vec<_> =
+                        regions.iter().map(|r| r.clone().recipient()).collect();
+                    let (store, violations) = (world.store.clone(), Arc::clone(&world.violations));
                     actix::spawn(async move {
                         for region in recipients {
                             let _ = coordinator
@@ -735,25 +765,13 @@ fn run_coordinators(ops: &[CoordinatorOp], broken: bool) -> Result<(), TestCaseE
                         }
                     });
                 }
-                CoordinatorOp::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
             }
         }
-        for i in 0..OWNERS {
-            store.heal(&format!("owner-{i}"));
-        }
-        tokio::time::sleep(TTL * 2).await;
+        world.heal_and_run_on().await;
+        // A coordinator stops when its last address is gone, and releases its lease.
         drop(coordinators);
         tokio::time::sleep(TTL).await;
-        COORDINATOR_ALLOCATIONS.fetch_add(
-            hosted.load(std::sync::atomic::Ordering::Relaxed),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        let violations = violations.lock().unwrap();
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(TestCaseError::fail(violations.join("\n")))
-        }
+        world.verdict(&COORDINATOR_ALLOCATIONS)
     })
 }
 
@@ -768,24 +786,20 @@ fn check_coordinators(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), St
 
 #[test]
 fn coordinators_only_allocate_under_a_live_tenure() {
-    let cases = std::env::var("MODEL_ACTOR_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(500);
-    let seed = seed();
+    let (cases, seed) = (actor_cases(), seed());
     if let Err(failure) = check_coordinators(cases, seed, false) {
         panic!(
             "a coordinator allocated outside a live tenure (replay with MODEL_SEED={}):\n{failure}",
             hex(&seed)
         );
     }
+    let allocations = COORDINATOR_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        COORDINATOR_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        allocations > 0,
         "no shard was ever allocated: the schedules test nothing"
     );
-    // The same check catches coordinators that allocate on a broken renewal.
-    let allocations = COORDINATOR_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
     println!("{cases} coordinator schedules passed, {allocations} shards allocated");
+    // The same check catches coordinators that allocate on a broken renewal.
     let failure = check_coordinators(cases, seed, true)
         .expect_err("coordinators on a broken renewal went unnoticed");
     assert!(failure.contains("under token"), "{failure}");

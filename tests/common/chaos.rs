@@ -97,16 +97,7 @@ impl Drop for Node {
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of the nodes' events.
-pub fn now_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
-}
+pub use super::clock::mono_ns as now_ns;
 
 /// This process's wall clock minus [`now_ns`], in nanoseconds.
 pub fn wall_offset_ns() -> i128 {

@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod chaos_check;
 #[cfg(feature = "kubernetes")]
 pub mod clientgo;
+pub mod clock;
 pub mod contract;
 #[cfg(feature = "etcd")]
 pub mod etcd;
