@@ -439,3 +439,28 @@ fn network_namespaces_are_removed_after_a_failed_run_and_a_killed_one() {
     assert!(!netns::link_exists(&format!("acxT{pid}h")));
     assert!(!claim.exists());
 }
+
+/// A page of a long run's timeline starts in the middle of the run: a tenure that began on an
+/// earlier page (or before the run's first instant) is drawn from the page's left edge, with the
+/// times of its tooltip clamped, not an overflow.
+#[test]
+fn a_timeline_page_draws_what_crosses_its_edges() {
+    const S: u128 = 1_000_000_000;
+    let tenure = |owner: &str, token, first_s: u128, last_s: u128| chaos::Tenure {
+        owner: owner.to_owned(),
+        token,
+        first_ns: first_s * S,
+        last_ns: last_s * S,
+        steps: 10,
+    };
+    let tenures = [
+        tenure("node-0.0", 3, 100, 700),
+        tenure("node-1.0", 5, 700, 1300),
+    ];
+    let svg = chaos::draw_svg("page 2", 3, &tenures, &[], &[], 600 * S, 1200 * S);
+    assert!(svg.contains("node-0.0 token 3: 0.0s..100.0s"), "{svg}");
+    assert!(svg.contains("node-1.0 token 5: 100.0s..700.0s"), "{svg}");
+    let early = [tenure("node-0.0", 1, 5, 20)];
+    let svg = chaos::draw_svg("early", 3, &early, &[], &[], 10 * S, 30 * S);
+    assert!(svg.contains("node-0.0 token 1: 0.0s..10.0s"), "{svg}");
+}

@@ -265,6 +265,9 @@ pub struct RunLength {
     pub faults: usize,
 }
 
+/// A page of a long run's timeline: ten minutes.
+const PAGE: u128 = 600_000_000_000;
+
 /// Waits (at most `within`) until some node acts, so that the next fault meets a holder.
 async fn settle(all_events: &[PathBuf], within: Duration) {
     let give_up = Instant::now() + within;
@@ -296,6 +299,8 @@ pub async fn run<B: ChaosBackend>(
     let mut generation = 0usize;
     let mut running: Vec<Node> = Vec::new();
     let mut all_events: Vec<PathBuf> = Vec::new();
+    // Before the first node starts: it may act before the last one is up.
+    let start_ns = now_ns();
     for i in 0..nodes {
         let node = spawn_node(
             backend,
@@ -314,7 +319,6 @@ pub async fn run<B: ChaosBackend>(
     let started = Instant::now();
     let duration = length.duration;
     let give_up_coverage = duration * 2 + Duration::from_secs(60);
-    let start_ns = now_ns();
     let wall_offset = wall_offset_ns();
     let mut faults = Vec::new();
     // Let a first holder settle.
@@ -461,9 +465,14 @@ pub async fn run<B: ChaosBackend>(
     // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
     // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
     let mut report = analyze(&dir, &info);
-    // The timeline: one picture, or pages of ten minutes for a long run.
-    const PAGE: u128 = 600_000_000_000;
     let pages = end_ns.saturating_sub(start_ns).div_ceil(PAGE).max(1);
+    if pages > 1 {
+        report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
+    }
+    // The figures first: a run's summary survives whatever happens to its pictures.
+    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    print!("{}", report.summary());
+    // The timeline: one picture, or pages of ten minutes for a long run.
     for page in 0..pages {
         let (from, to) = if pages == 1 {
             (start_ns, end_ns)
@@ -505,11 +514,6 @@ pub async fn run<B: ChaosBackend>(
         )
         .unwrap();
     }
-    if pages > 1 {
-        report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
-    }
-    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
-    print!("{}", report.summary());
     assert!(
         report.violations.is_empty(),
         "{}\n(run directory: {})",
@@ -815,7 +819,7 @@ pub fn draw_svg(
                 r##"<line x1="{xs:.1}" y1="{:.1}" x2="{xs:.1}" y2="{rows_bottom:.1}" stroke="#e4e4e4"/><text x="{xs:.1}" y="{:.1}" fill="#777" font-size="10" text-anchor="middle">{}s</text>"##,
                 y0 + 10.0,
                 rows_bottom + 12.0,
-                (t - start_ns) / SECOND
+                t.saturating_sub(start_ns) / SECOND
             );
             s += tick;
         }
@@ -858,8 +862,8 @@ pub fn draw_svg(
                 x1 - x0,
                 t.owner,
                 t.token,
-                (t.first_ns - start_ns) as f64 / 1e9,
-                (t.last_ns - start_ns) as f64 / 1e9,
+                t.first_ns.saturating_sub(start_ns) as f64 / 1e9,
+                t.last_ns.saturating_sub(start_ns) as f64 / 1e9,
                 t.steps
             );
             let label = t.token.to_string();
