@@ -319,7 +319,7 @@ fn event_logs_parse_and_skip_cut_lines() {
 fn the_schedule_opens_with_every_kind_in_a_seeded_order() {
     let opening = |seed: u64| {
         let mut schedule = FaultSchedule::new(seed);
-        let kinds: Vec<Fault> = (0..5)
+        let kinds: Vec<Fault> = (0..Fault::ALL.len())
             .map(|_| {
                 let f = schedule.next_fault();
                 schedule.done(f, true);
@@ -352,7 +352,13 @@ fn the_schedule_opens_with_every_kind_in_a_seeded_order() {
             .collect::<Vec<_>>()
     };
     assert_eq!(tail(7), tail(7));
-    assert!(tail(7)[5..].iter().collect::<BTreeSet<_>>().len() > 1);
+    assert!(
+        tail(7)[Fault::ALL.len()..]
+            .iter()
+            .collect::<BTreeSet<_>>()
+            .len()
+            > 1
+    );
 }
 
 /// The three-member cluster's schedule opens with every kind of `Fault::CLUSTER` (the member
@@ -369,7 +375,10 @@ fn the_cluster_schedule_opens_with_the_member_faults_and_draws_only_its_kinds() 
             })
             .collect();
         assert_eq!(
-            drawn[..7].iter().copied().collect::<BTreeSet<_>>(),
+            drawn[..Fault::CLUSTER.len()]
+                .iter()
+                .copied()
+                .collect::<BTreeSet<_>>(),
             Fault::CLUSTER.into_iter().collect(),
             "seed {seed}: {drawn:?}"
         );
