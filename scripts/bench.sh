@@ -70,7 +70,9 @@ fi
 
 if [[ $mode == chaos-long ]]; then
     log=$out/chaos-long.log
-    echo "=== chaos-long: ${CHAOS_FAULTS:-1000} faults per backend ($(date -u +%FT%TZ))" | tee "$log"
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD 2>/dev/null || commit="$commit+changes"
+    echo "=== chaos-long: ${CHAOS_FAULTS:-1000} faults per backend ($(date -u +%FT%TZ), commit $commit, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
     status=0
     CHAOS_FAULTS=${CHAOS_FAULTS:-1000} CHAOS_SECONDS=${CHAOS_SECONDS:-0} CHAOS_SEED=${CHAOS_SEED:-20261124} \
         cargo test --all-features --test chaos -- --exact chaos_etcd chaos_kubernetes chaos_etcd_cluster \

@@ -516,6 +516,18 @@ fn outcomes_and_the_summary_report_every_figure() {
         report.kinds_met(),
         [Fault::Kill, Fault::Pause, Fault::ServerRestart].into()
     );
+    // A side with no skew shows no range.
+    let behind_only = ChaosReport {
+        clock_skews: vec![Some(-4_100_000_000), None],
+        ..report.clone()
+    };
+    assert!(
+        behind_only.summary().contains(
+            "clock faults: 2 (wall clock as the node's own events show it: 0 ahead, 1 behind by 4.1..4.1s, 1 with no event meanwhile)"
+        ),
+        "{}",
+        behind_only.summary()
+    );
     let report = ChaosReport {
         violations: check_run(
             &log(vec![
@@ -609,6 +621,7 @@ fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
         nodes: 3,
         duration: Duration::from_millis(43_500),
         wall_offset_ns: Some(1_795_000_000_000_000_000),
+        span_ns: Some((5_000_000_000, 48_500_000_000)),
     };
     std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
     assert_eq!(RunInfo::read(&dir), Some(info));
@@ -627,6 +640,7 @@ fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
             nodes: 3,
             duration: Duration::from_secs(609),
             wall_offset_ns: None,
+            span_ns: None,
         })
     );
     // A whole run directory: event logs, faults and node logs.

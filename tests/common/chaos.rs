@@ -460,19 +460,57 @@ pub async fn run<B: ChaosBackend>(
         nodes,
         duration: started.elapsed(),
         wall_offset_ns: Some(wall_offset),
+        span_ns: Some((start_ns, end_ns)),
     };
     std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
     // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
     // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
     let mut report = analyze(&dir, &info);
-    let pages = end_ns.saturating_sub(start_ns).div_ceil(PAGE).max(1);
+    let pages = page_count(start_ns, end_ns);
     if pages > 1 {
         report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
     }
     // The figures first: a run's summary survives whatever happens to its pictures.
     std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
     print!("{}", report.summary());
-    // The timeline: one picture, or pages of ten minutes for a long run.
+    draw_timeline(&dir, &info, &report, start_ns, end_ns);
+    assert!(
+        report.violations.is_empty(),
+        "{}\n(run directory: {})",
+        describe(&report.violations),
+        dir.display()
+    );
+    // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
+    // the TTL like a crash.
+    for o in &report.outcomes {
+        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
+            assert!(
+                t.after < ttl / 2,
+                "a graceful stop took {:?} to hand over (ttl {ttl:?})",
+                t.after
+            );
+        }
+    }
+    report
+}
+
+/// How many pages of [`PAGE`] a run's timeline takes.
+fn page_count(start_ns: u128, end_ns: u128) -> u128 {
+    end_ns.saturating_sub(start_ns).div_ceil(PAGE).max(1)
+}
+
+/// Writes a run's timeline into `dir`: `timeline.svg`, or for a run longer than [`PAGE`] the
+/// pages `timeline-01.svg`, `timeline-02.svg`, ... of ten minutes each, every page's axis in
+/// seconds since `start_ns` (the run's first instant). Returns the paths written.
+pub fn draw_timeline(
+    dir: &Path,
+    info: &RunInfo,
+    report: &ChaosReport,
+    start_ns: u128,
+    end_ns: u128,
+) -> Vec<PathBuf> {
+    let pages = page_count(start_ns, end_ns);
+    let mut written = Vec::new();
     for page in 0..pages {
         let (from, to) = if pages == 1 {
             (start_ns, end_ns)
@@ -499,39 +537,29 @@ pub async fn run<B: ChaosBackend>(
             &path,
             draw_svg(
                 &format!(
-                    "{}: who acted under the lease (ttl {ttl:?}, {nodes} nodes, seed {seed}, {} tenures, {} faults{page_title})",
-                    backend.name(),
+                    "{}: who acted under the lease (ttl {:?}, {} nodes, seed {}, {} tenures, {} faults{page_title})",
+                    info.backend,
+                    info.ttl,
+                    info.nodes,
+                    info.seed,
                     report.tenures.len(),
                     report.faults.len()
                 ),
-                nodes,
+                info.nodes,
                 &report.tenures,
                 &report.lifetimes,
                 &report.faults,
-                from,
-                to,
+                Window {
+                    origin_ns: start_ns,
+                    from_ns: from,
+                    to_ns: to,
+                },
             ),
         )
         .unwrap();
+        written.push(path);
     }
-    assert!(
-        report.violations.is_empty(),
-        "{}\n(run directory: {})",
-        describe(&report.violations),
-        dir.display()
-    );
-    // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
-    // the TTL like a crash.
-    for o in &report.outcomes {
-        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
-            assert!(
-                t.after < ttl / 2,
-                "a graceful stop took {:?} to hand over (ttl {ttl:?})",
-                t.after
-            );
-        }
-    }
-    report
+    written
 }
 
 /// What [`pause_run`] saw.
@@ -659,8 +687,7 @@ pub async fn pause_run<B: ChaosBackend>(
             &tenures(&events),
             &lifetimes(&events),
             &[pause_fault],
-            start_ns,
-            now_ns(),
+            Window::whole(start_ns, now_ns()),
         ),
     )
     .unwrap();
@@ -709,6 +736,28 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
     }
 }
 
+/// What part of a run a timeline picture shows, on the monotonic clock of the events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The run's first instant: the axis and the tooltips count seconds from it.
+    pub origin_ns: u128,
+    /// The picture's left edge.
+    pub from_ns: u128,
+    /// The picture's right edge.
+    pub to_ns: u128,
+}
+
+impl Window {
+    /// The whole run in one picture.
+    pub fn whole(start_ns: u128, end_ns: u128) -> Self {
+        Self {
+            origin_ns: start_ns,
+            from_ns: start_ns,
+            to_ns: end_ns,
+        }
+    }
+}
+
 /// The timeline as an SVG: one row per node slot (a killed node's replacement takes its row), a
 /// bar per tenure labelled with its fencing token, a thin line under it for the singleton's
 /// lifetime (start to last tick), each fault as a band under the node it hit (server restarts
@@ -720,10 +769,14 @@ pub fn draw_svg(
     tenures: &[Tenure],
     lifetimes: &[Lifetime],
     faults: &[FaultRecord],
-    start_ns: u128,
-    end_ns: u128,
+    window: Window,
 ) -> String {
     const SECOND: u128 = 1_000_000_000;
+    let Window {
+        origin_ns,
+        from_ns: start_ns,
+        to_ns: end_ns,
+    } = window;
     let (left, width, row, bar) = (64.0, 1100.0, 24.0, 15.0);
     let rows = nodes
         .max(
@@ -819,7 +872,7 @@ pub fn draw_svg(
                 r##"<line x1="{xs:.1}" y1="{:.1}" x2="{xs:.1}" y2="{rows_bottom:.1}" stroke="#e4e4e4"/><text x="{xs:.1}" y="{:.1}" fill="#777" font-size="10" text-anchor="middle">{}s</text>"##,
                 y0 + 10.0,
                 rows_bottom + 12.0,
-                t.saturating_sub(start_ns) / SECOND
+                t.saturating_sub(origin_ns) / SECOND
             );
             s += tick;
         }
@@ -862,8 +915,8 @@ pub fn draw_svg(
                 x1 - x0,
                 t.owner,
                 t.token,
-                t.first_ns.saturating_sub(start_ns) as f64 / 1e9,
-                t.last_ns.saturating_sub(start_ns) as f64 / 1e9,
+                t.first_ns.saturating_sub(origin_ns) as f64 / 1e9,
+                t.last_ns.saturating_sub(origin_ns) as f64 / 1e9,
                 t.steps
             );
             let label = t.token.to_string();
@@ -887,8 +940,8 @@ pub fn draw_svg(
                 x1 - x0,
                 l.owner,
                 l.token,
-                (l.start_ns.saturating_sub(start_ns)) as f64 / 1e9,
-                (l.end_ns.saturating_sub(start_ns)) as f64 / 1e9,
+                l.start_ns.saturating_sub(origin_ns) as f64 / 1e9,
+                l.end_ns.saturating_sub(origin_ns) as f64 / 1e9,
                 l.ticks
             );
         }

@@ -830,19 +830,26 @@ pub struct RunInfo {
     /// The harness's wall clock minus its monotonic clock (the events' `t_ns`), in nanoseconds:
     /// the offset a node whose wall clock is right logs too.
     pub wall_offset_ns: Option<i128>,
+    /// The run's first and last instant on the events' clock (`CLOCK_MONOTONIC`): the origin of
+    /// the timeline's axis. Not in runs older than it.
+    pub span_ns: Option<(u128, u128)>,
 }
 
 impl RunInfo {
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"backend\":\"{}\",\"seed\":{},\"ttl_ms\":{},\"nodes\":{},\"duration_ms\":{},\"wall_offset_ns\":{}}}\n",
+            "{{\"backend\":\"{}\",\"seed\":{},\"ttl_ms\":{},\"nodes\":{},\"duration_ms\":{},\"wall_offset_ns\":{},\"start_ns\":{},\"end_ns\":{}}}\n",
             self.backend,
             self.seed,
             self.ttl.as_millis(),
             self.nodes,
             self.duration.as_millis(),
             self.wall_offset_ns
-                .map_or("null".to_owned(), |o| o.to_string())
+                .map_or("null".to_owned(), |o| o.to_string()),
+            self.span_ns
+                .map_or("null".to_owned(), |(start, _)| start.to_string()),
+            self.span_ns
+                .map_or("null".to_owned(), |(_, end)| end.to_string()),
         )
     }
 
@@ -861,6 +868,10 @@ impl RunInfo {
                     .as_i64()
                     .map(i128::from)
                     .or_else(|| v["wall_offset_ns"].as_str().and_then(|s| s.parse().ok())),
+                span_ns: v["start_ns"]
+                    .as_u64()
+                    .zip(v["end_ns"].as_u64())
+                    .map(|(start, end)| (u128::from(start), u128::from(end))),
             });
         }
         let summary = std::fs::read_to_string(dir.join("summary.txt")).ok()?;
@@ -883,6 +894,7 @@ impl RunInfo {
                 .unwrap_or(3),
             duration: Duration::from_secs(fields.iter().find_map(|f| seconds(f))?),
             wall_offset_ns: None,
+            span_ns: None,
         })
     }
 }
@@ -972,7 +984,7 @@ pub fn analyze(dir: &Path, info: &RunInfo) -> ChaosReport {
 }
 
 /// What a run found.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChaosReport {
     pub backend: String,
     pub seed: u64,
@@ -1139,19 +1151,23 @@ impl ChaosReport {
         }
         if !self.clock_skews.is_empty() {
             let seen: Vec<i128> = self.clock_skews.iter().flatten().copied().collect();
-            let secs = |o: i128| o as f64 / 1e9;
-            let ahead: Vec<i128> = seen.iter().copied().filter(|o| *o > 0).collect();
-            let behind: Vec<i128> = seen.iter().copied().filter(|o| *o < 0).collect();
+            // "2 ahead by 5.2..6.0s", or "0 ahead" when there is no range to show.
+            let side = |offsets: Vec<f64>, word: &str| match (
+                offsets.iter().copied().reduce(f64::min),
+                offsets.iter().copied().reduce(f64::max),
+            ) {
+                (Some(least), Some(most)) => {
+                    format!("{} {word} by {least:.1}..{most:.1}s", offsets.len())
+                }
+                _ => format!("0 {word}"),
+            };
+            let secs = |o: &i128| (*o as f64 / 1e9).abs();
             let _ = writeln!(
                 out,
-                "clock faults: {} (wall clock as the node's own events show it: {} ahead by {:.1}..{:.1}s, {} behind by {:.1}..{:.1}s, {} with no event meanwhile)",
+                "clock faults: {} (wall clock as the node's own events show it: {}, {}, {} with no event meanwhile)",
                 self.clock_skews.len(),
-                ahead.len(),
-                secs(ahead.iter().copied().min().unwrap_or_default()),
-                secs(ahead.iter().copied().max().unwrap_or_default()),
-                behind.len(),
-                -secs(behind.iter().copied().max().unwrap_or_default()),
-                -secs(behind.iter().copied().min().unwrap_or_default()),
+                side(seen.iter().filter(|o| **o > 0).map(secs).collect(), "ahead"),
+                side(seen.iter().filter(|o| **o < 0).map(secs).collect(), "behind"),
                 self.clock_skews.len() - seen.len()
             );
         }
