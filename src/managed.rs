@@ -424,7 +424,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 "error"
             };
             metrics::acquire_attempt(&shared.label, outcome);
-            tracing::Span::current().record("outcome", outcome);
         })?;
         // The store answered: what it holds now supersedes a claim whose release failed (it is
         // ours again, reused as this tenure, or someone else's).
@@ -442,7 +441,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
                     // it back so that it does not block others until its TTL.
                     tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "acquire answered after the claim's local deadline; releasing the claim");
                     metrics::acquire_attempt(&shared.label, "timeout");
-                    tracing::Span::current().record("outcome", "timeout");
                     spawn_release_abandoned(&runtime, Arc::clone(shared), ops, tenure);
                     return Err(LeaseError::Timeout {
                         operation: Operation::Acquire,
@@ -461,7 +459,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
             AcquireAttempt::HeldByOther { holder, .. } => {
                 tracing::trace!(lease = %settings.name(), owner = %settings.owner(), holder = ?holder, "attempt: held by another owner");
                 metrics::acquire_attempt(&shared.label, "held_by_other");
-                tracing::Span::current().record("outcome", "held_by_other");
                 *self::lock(&shared.holder) = holder;
                 Ok(false)
             }
@@ -479,7 +476,10 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let shared = &self.shared;
         let (generation, task) = shared.tenure.start(token, deadline);
         let (stop, stopped) = oneshot::channel();
-        let span = tracing::info_span!("lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
+        // A root span that follows from the acquire: the acquire's span ends with the acquire,
+        // not with the tenure.
+        let span = tracing::info_span!(parent: None, "lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
+        span.follows_from(tracing::Span::current());
         let join = runtime.spawn(
             renewal_loop(
                 Arc::clone(shared),
@@ -683,6 +683,30 @@ fn flatten<T, E: BackendError>(
             })
         }
     }
+}
+
+/// Runs an acquire and records its final outcome on `span` once: `acquired` is recorded by the
+/// attempt that got the lease (before its `lease acquired` line), every other outcome
+/// (`held_by_other`, `timeout`, `error`) here when the operation ends, so that an acquire that
+/// waited behind another owner through several attempts shows one outcome, its last.
+async fn record_acquire_outcome(
+    acquire: impl std::future::Future<Output = Result<bool, LeaseError>>,
+    span: tracing::Span,
+) -> Result<bool, LeaseError> {
+    let result = acquire.await;
+    match &result {
+        Ok(true) => {}
+        Ok(false) => {
+            span.record("outcome", "held_by_other");
+        }
+        Err(LeaseError::Timeout { .. }) => {
+            span.record("outcome", "timeout");
+        }
+        Err(_) => {
+            span.record("outcome", "error");
+        }
+    }
+    result
 }
 
 /// Stops a renewal task and returns its tenure, or `None` if the tenure was lost.
@@ -977,7 +1001,8 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn acquire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.acquire_inner().instrument(self.span("lease_acquire"))
+        let span = self.span("lease_acquire");
+        record_acquire_outcome(self.acquire_inner(), span.clone()).instrument(span)
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
@@ -988,8 +1013,8 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         &self,
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.acquire_within_inner(timeout)
-            .instrument(self.span("lease_acquire"))
+        let span = self.span("lease_acquire");
+        record_acquire_outcome(self.acquire_within_inner(timeout), span.clone()).instrument(span)
     }
 
     fn observed_holder(&self) -> Option<String> {

@@ -699,4 +699,33 @@ async fn info_logs_tell_every_change_of_leadership_and_nothing_else() {
         ),
         "{text}"
     );
+    // One outcome per operation, its last: b's acquire waited behind a through attempts that
+    // found the lease held, and its span says only `acquired`.
+    assert!(
+        text.lines()
+            .any(|l| l.contains("lease acquired") && l.contains("owner=b")),
+        "{text}"
+    );
+    for line in text.lines() {
+        assert!(
+            line.matches("outcome=").count() <= 1,
+            "a span with two outcomes: {line}"
+        );
+    }
+    // The tenure's renewals run in a span of their own, not inside the acquire's (which ends
+    // with the acquire): a's renewals failed during the partition.
+    let renewal_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("lease_renewal{"))
+        .collect();
+    assert!(
+        renewal_lines.iter().any(|l| l.contains("owner=a")),
+        "{text}"
+    );
+    for line in renewal_lines {
+        assert!(
+            !line.contains("lease_operation"),
+            "a renewal inside an operation's span: {line}"
+        );
+    }
 }
