@@ -50,11 +50,11 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 /// * `release`, through any handle: the tenure ends, renewal stops, then the backend is told; no
 ///   `on_lost`;
 /// * the deadline passes (partition, pause, backend down): readers see it by the clock at the
-///   deadline; the renewal task (or the next `acquire`, whichever runs first) fires `on_lost` with
-///   [`LostReason::Expired`];
+///   deadline; the renewal task (or the next `acquire`, a `release` or the drop of the lease,
+///   whichever runs first) fires `on_lost` with [`LostReason::Expired`];
 /// * the backend reports the loss (a renewal's compare-and-swap fails, or its watch sees another
 ///   holder or a deletion): `on_lost` with that reason;
-/// * the lease is dropped: [`TenureEnd::Dropped`].
+/// * the lease is dropped while the tenure is alive: [`TenureEnd::Dropped`], no `on_lost`.
 ///
 /// The renewal task wakes for the deadline the way [`TenureGuard::ended`](crate::TenureGuard::ended)
 /// does: a little early on the timer, then yielding until the deadline has passed, so that
@@ -985,9 +985,19 @@ impl Drop for InstanceKey {
 impl<B: LeaseBackend> Drop for ManagedLease<B> {
     fn drop(&mut self) {
         // Like a crash: renewal stops, nothing is released, the lease expires after its TTL.
-        // The tenure ends first, so that it is never published without its renewal task.
+        // The tenure ends first, so that it is never published without its renewal task. A
+        // tenure already past its deadline (its renewal task has not run since) ended at the
+        // deadline: that is a loss, reported once, as a `release` at this moment would.
         if let Some(generation) = self.shared.tenure.published_generation() {
-            self.shared.tenure.end(generation, TenureEnd::Dropped);
+            match self.shared.tenure.published(generation) {
+                Some(tenure) if !tenure.is_alive() => {
+                    self.shared
+                        .lose(generation, LostReason::Expired { last_error: None });
+                }
+                _ => {
+                    self.shared.tenure.end(generation, TenureEnd::Dropped);
+                }
+            }
         }
         if let Some(abort) = lock(&self.shared.abort).take() {
             abort.abort();

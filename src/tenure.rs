@@ -12,7 +12,8 @@
 //! * the lease is released, through *any* handle of it (a [`SharedLease`](crate::SharedLease)
 //!   clone, an `Arc`, the [`LeaseActor`](crate::LeaseActor) that owns it): [`TenureEnd::Released`]
 //!   (no `on_lost`: a release is not a loss);
-//! * the lease instance is dropped: [`TenureEnd::Dropped`].
+//! * the lease instance is dropped while the tenure is alive: [`TenureEnd::Dropped`] (one
+//!   dropped past its deadline had already lost it: `on_lost` fires, as above).
 //!
 //! The value is published the [`tokio::sync::watch`] way: one value, many readers, every change
 //! observed. [`Lease::check_alive`](crate::Lease::check_alive),

@@ -260,6 +260,8 @@ fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
                         ));
                     }
                     let mut watches: Vec<_> = leases.iter().map(|l| l.tenure().clone()).collect();
+                    // Holds no lease while it waits: a dropped lease is dropped at once.
+                    drop(leases);
                     let [a, b, c] = &mut watches[..] else { unreachable!() };
                     tokio::select! {
                         _ = a.changed() => {}
@@ -311,8 +313,13 @@ fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
                             t.1 = true;
                         }
                     }
-                    nodes[i] = node(&store, i, broken, &history);
-                    current.lock().unwrap()[i] = Arc::clone(&nodes[i].lease);
+                    // The owner drops its lease, then its subscription: a tenure past its
+                    // deadline that nobody noticed yet is reported lost by the drop.
+                    let fresh = node(&store, i, broken, &history);
+                    current.lock().unwrap()[i] = Arc::clone(&fresh.lease);
+                    let Node { lease, _lost } = std::mem::replace(&mut nodes[i], fresh);
+                    drop(lease);
+                    drop(_lost);
                 }
                 Op::Fault(i, fault) => {
                     store.set_owner_fault(&format!("owner-{i}"), Some(fault.in_memory()));

@@ -659,3 +659,41 @@ fn a_blocking_singleton_on_its_own_arbiter_does_not_delay_its_manager() {
         arbiter.stop();
     });
 }
+
+/// A lease dropped after its deadline passed, before its renewal task noticed (the thread was
+/// held), reports the loss: its tenure ended at the deadline, an involuntary end, so `on_lost`
+/// fires once, with `Expired` and the tenure's token, as a `release` at that moment would. A
+/// lease dropped while its tenure is alive reports nothing. (The property check of
+/// `tests/model.rs` found the first case: a drop at the very millisecond of the deadline.)
+#[test]
+fn a_lease_dropped_after_its_deadline_reports_the_loss() {
+    run_paused(async {
+        for past_deadline in [true, false] {
+            let store = InMemoryStore::new();
+            let lease = store.lease(settings("a"));
+            let lost = Arc::new(Mutex::new(Vec::<LeaseLost>::new()));
+            let _subscription = lease.on_lost({
+                let lost = Arc::clone(&lost);
+                move |l: &LeaseLost| lost.lock().unwrap().push(l.clone())
+            });
+            assert!(lease.acquire().await.unwrap());
+            let token = lease.fencing_token();
+            hold_the_thread(if past_deadline { TTL } else { TTL / 2 });
+            assert_eq!(lease.check_alive(), !past_deadline);
+            drop(lease);
+            // Whatever is left of the renewal task runs now (it was aborted by the drop).
+            sleep(Duration::from_millis(10)).await;
+            let lost = lost.lock().unwrap().clone();
+            if past_deadline {
+                assert_eq!(lost.len(), 1, "{lost:?}");
+                assert!(
+                    matches!(lost[0].reason, LostReason::Expired { .. }),
+                    "{lost:?}"
+                );
+                assert_eq!(lost[0].fencing_token, token);
+            } else {
+                assert!(lost.is_empty(), "a drop is not a loss: {lost:?}");
+            }
+        }
+    });
+}
