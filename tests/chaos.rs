@@ -482,6 +482,45 @@ fn a_timeline_page_draws_what_crosses_its_edges() {
     );
     assert!(svg.contains("node-0.0 token 1: 0.0s..10.0s"), "{svg}");
     assert!(axis(&svg, "0s") && axis(&svg, "20s"), "{svg}");
+    // The cluster's kinds of fault make the legend a line longer: the panels start below it.
+    let member_faults: Vec<chaos::FaultRecord> =
+        [Fault::MemberKill, Fault::LeaderKill, Fault::MemberPartition]
+            .into_iter()
+            .map(|fault| chaos::FaultRecord {
+                fault,
+                owner: None,
+                holder: None,
+                start_ns: 12 * S,
+                end_ns: 13 * S,
+            })
+            .collect();
+    let svg = chaos::draw_svg(
+        "cluster",
+        3,
+        &early,
+        &[],
+        &member_faults,
+        chaos::Window::whole(10 * S, 30 * S),
+    );
+    let y_of = |line: &str| -> f64 {
+        let rest = &line[line.find(" y=\"").unwrap() + 4..];
+        rest[..rest.find('"').unwrap()].parse().unwrap()
+    };
+    let legend_bottom = svg
+        .lines()
+        .filter(|l| l.contains(r#"width="18" height="10""#))
+        .map(|l| y_of(l) + 10.0)
+        .fold(0.0, f64::max);
+    assert!(legend_bottom > 80.0, "four lines of legend: {svg}");
+    let first_bar = svg
+        .lines()
+        .filter(|l| l.contains("token 1:"))
+        .map(y_of)
+        .fold(f64::MAX, f64::min);
+    assert!(
+        first_bar > legend_bottom,
+        "{legend_bottom} {first_bar}: {svg}"
+    );
 }
 
 /// Redraws a finished run's timeline pages with today's drawing:

@@ -795,8 +795,6 @@ pub fn draw_svg(
     };
     let panels = total_s.div_ceil(panel_s) as usize;
     let panel_h = 14.0 + row * rows as f64 + 22.0;
-    let top = 72.0;
-    let height = top + panel_h * panels as f64 + 4.0;
     let px_per_ns = width / (panel_s * SECOND) as f64;
     let overlaps: Vec<(u128, u128)> = tenures
         .windows(2)
@@ -810,15 +808,7 @@ pub fn draw_svg(
         )
         .collect();
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"##,
-        left + width + 16.0
-    );
-    let _ = writeln!(svg, r##"<rect width="100%" height="100%" fill="white"/>"##);
-    let _ = writeln!(svg, r##"<text x="8" y="18" font-size="14">{title}</text>"##);
-    // Legend.
+    // Legend: as many lines as it takes; the panels start below it.
     let mut legend: Vec<(String, String)> = vec![(
         "hsl(200,60%,62%)".into(),
         "tenure, labelled with its fencing token".into(),
@@ -835,7 +825,7 @@ pub fn draw_svg(
         "thin line: the singleton's lifetime (start to last tick)".into(),
     ));
     legend.push(("red".into(), "overlap (a violation)".into()));
-    // Two lines of legend.
+    let mut legend_svg = String::new();
     let (mut lx, mut ly) = (8.0, 31.0);
     for (colour, text) in legend {
         let item = 34.0 + 5.3 * text.len() as f64;
@@ -843,13 +833,25 @@ pub fn draw_svg(
             (lx, ly) = (8.0, ly + 15.0);
         }
         let _ = writeln!(
-            svg,
+            legend_svg,
             r##"<rect x="{lx:.0}" y="{ly:.0}" width="18" height="10" fill="{colour}"/><text x="{:.0}" y="{:.0}" font-size="10">{text}</text>"##,
             lx + 22.0,
             ly + 9.0
         );
         lx += item;
     }
+    let top = ly + 11.0;
+    let height = top + panel_h * panels as f64 + 4.0;
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"##,
+        left + width + 16.0
+    );
+    let _ = writeln!(svg, r##"<rect width="100%" height="100%" fill="white"/>"##);
+    let _ = writeln!(svg, r##"<text x="8" y="18" font-size="14">{title}</text>"##);
+    svg.push_str(&legend_svg);
 
     for p in 0..panels {
         let p0 = start_ns + p as u128 * panel_s * SECOND;
