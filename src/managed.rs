@@ -521,16 +521,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         };
         // End the tenure for every reader first: a tenure already past its deadline is lost
         // (and reported once), a live one released.
-        let generation = renewal.generation;
-        match shared.tenure.published(generation) {
-            Some(t) if !t.is_alive() => {
-                shared.lose(generation, LostReason::Expired { last_error: None });
-            }
-            Some(_) => {
-                shared.tenure.end(generation, TenureEnd::Released);
-            }
-            None => {}
-        }
+        shared.end_by_choice(renewal.generation, TenureEnd::Released);
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
             operation: Operation::Release,
         })?;
@@ -739,6 +730,21 @@ impl<B: LeaseBackend> Shared<B> {
             fencing_token: Some(tenure.token()),
         });
         true
+    }
+
+    /// Ends tenure `generation` by this owner's own act (`end`: released, dropped). A tenure
+    /// whose deadline already passed, before its renewal task noticed, ended at the deadline
+    /// instead: a loss, reported once (`on_lost` with [`LostReason::Expired`]).
+    fn end_by_choice(&self, generation: u64, end: TenureEnd) {
+        match self.tenure.published(generation) {
+            Some(tenure) if !tenure.is_alive() => {
+                self.lose(generation, LostReason::Expired { last_error: None });
+            }
+            Some(_) => {
+                self.tenure.end(generation, end);
+            }
+            None => {}
+        }
     }
 
     /// The end of a renewal task: `None` if tenure `generation` is lost now (and `on_lost` fired),
@@ -985,19 +991,10 @@ impl Drop for InstanceKey {
 impl<B: LeaseBackend> Drop for ManagedLease<B> {
     fn drop(&mut self) {
         // Like a crash: renewal stops, nothing is released, the lease expires after its TTL.
-        // The tenure ends first, so that it is never published without its renewal task. A
-        // tenure already past its deadline (its renewal task has not run since) ended at the
-        // deadline: that is a loss, reported once, as a `release` at this moment would.
+        // The tenure ends first, so that it is never published without its renewal task (as a
+        // loss if its deadline already passed, like a `release` at this moment).
         if let Some(generation) = self.shared.tenure.published_generation() {
-            match self.shared.tenure.published(generation) {
-                Some(tenure) if !tenure.is_alive() => {
-                    self.shared
-                        .lose(generation, LostReason::Expired { last_error: None });
-                }
-                _ => {
-                    self.shared.tenure.end(generation, TenureEnd::Dropped);
-                }
-            }
+            self.shared.end_by_choice(generation, TenureEnd::Dropped);
         }
         if let Some(abort) = lock(&self.shared.abort).take() {
             abort.abort();
