@@ -5,8 +5,9 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
-use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
+pub use crate::vocab::BackendError;
+use crate::vocab::{FencingToken, LostReason};
 
 /// The outcome of one attempt to claim a lease.
 #[derive(Debug)]
@@ -54,12 +55,6 @@ pub enum ReleaseOutcome {
         /// The current holder, when known.
         holder: Option<String>,
     },
-}
-
-/// Errors of a backend, with the one property `ManagedLease` needs: may a retry help?
-pub trait BackendError: std::error::Error + Send + Sync + 'static {
-    /// Whether trying the same call again may succeed (unreachable backend, 5xx, conflict races).
-    fn is_transient(&self) -> bool;
 }
 
 /// A lease store: the small trait a storage backend implements; [`ManagedLease`](crate::ManagedLease)

@@ -9,209 +9,9 @@ use tokio::time::Instant;
 
 use crate::settings::LeaseSettings;
 use crate::tenure::TenureWatch;
-
-/// Boxed error of a backend (what a [`BackendFactory`](crate::BackendFactory) returns).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// A backend's error kept as the source of a [`LeaseError`]; shared, so that a `LeaseError` can be
-/// cloned for several waiters without losing its variant or its source.
-pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
-
-/// A token that strictly increases with every ownership transition of a lease name, across all
-/// owners.
-///
-/// Pass it along with every write that needs the lease; the receiving system remembers the highest
-/// token it has seen per resource and rejects writes that carry a lower one. This turns "at most one
-/// holder *believes* it owns the lease" into "at most one holder's writes are *accepted*", even when
-/// a paused holder wakes up and acts before it notices it lost the lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(u64);
-
-impl FencingToken {
-    /// A token with the given value.
-    pub const fn new(value: u64) -> Self {
-        Self(value)
-    }
-
-    /// The token's value.
-    pub const fn value(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// Why a lease was lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The backend reported that another owner holds the lease now.
-    TakenOver {
-        /// The new holder, when the backend said who it is.
-        holder: Option<String>,
-    },
-    /// The local deadline passed without a successful renewal (partition, pause, backend down).
-    Expired {
-        /// The error of the last failed renewal attempt, if one failed.
-        last_error: Option<String>,
-    },
-    /// The lease record disappeared from the backend (deleted by an operator or another client).
-    Deleted,
-    /// The backend answered something that contradicts this owner holding the lease.
-    Inconsistent(String),
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LostReason::TakenOver { holder: Some(h) } => write!(f, "taken over by {h}"),
-            LostReason::TakenOver { holder: None } => f.write_str("taken over by another owner"),
-            LostReason::Expired { last_error: None } => {
-                f.write_str("ttl passed without a successful renewal")
-            }
-            LostReason::Expired {
-                last_error: Some(e),
-            } => write!(
-                f,
-                "ttl passed without a successful renewal (last error: {e})"
-            ),
-            LostReason::Deleted => f.write_str("lease record deleted from the backend"),
-            LostReason::Inconsistent(why) => write!(f, "backend inconsistency: {why}"),
-        }
-    }
-}
-
-/// The notification that a lease was lost: delivered to [`Lease::on_lost`] handlers and, as an
-/// actix message, to subscribed actors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseLost {
-    /// The lease name.
-    pub name: String,
-    /// The owner that lost it.
-    pub owner: String,
-    /// Why it was lost.
-    pub reason: LostReason,
-    /// The fencing token of the tenure that ended.
-    pub fencing_token: Option<FencingToken>,
-}
-
-impl fmt::Display for LeaseLost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "lease {:?} lost by {:?}: {}",
-            self.name, self.owner, self.reason
-        )
-    }
-}
-
-/// Which lease operation failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// `acquire`.
-    Acquire,
-    /// A renewal.
-    Renew,
-    /// `release`.
-    Release,
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Operation::Acquire => "acquire",
-            Operation::Renew => "renew",
-            Operation::Release => "release",
-        })
-    }
-}
-
-/// A lease operation whose outcome is unknown, or that the backend refused.
-///
-/// `Clone`: a clone keeps the variant and shares the source. `Display` says what failed; the
-/// backend's error is the [`source`](std::error::Error::source) (log the whole chain).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum LeaseError {
-    /// A backend call did not answer within the operation timeout; it may or may not have been
-    /// applied.
-    #[error("{operation} timed out after {timeout:?}")]
-    Timeout {
-        /// The operation.
-        operation: Operation,
-        /// The operation timeout in force.
-        timeout: Duration,
-    },
-    /// The backend failed; `transient` errors (unreachable, 5xx) may succeed when tried again,
-    /// others (forbidden, invalid) will not.
-    #[error("{operation} failed")]
-    Backend {
-        /// The operation.
-        operation: Operation,
-        /// Whether trying again may help.
-        transient: bool,
-        /// The backend's error.
-        #[source]
-        source: SharedError,
-    },
-    /// The lease was used outside a Tokio runtime, or after its runtime shut down.
-    #[error("{operation} needs a running tokio runtime (actix-rt provides one)")]
-    NoRuntime {
-        /// The operation.
-        operation: Operation,
-    },
-    /// [`Lease::acquire_within`]'s deadline passed while it waited for another `acquire` or
-    /// `release` of the same lease instance to finish; no attempt was made. Transient.
-    #[error("{operation} could not start before its deadline: another acquire or release of this lease was in flight")]
-    Busy {
-        /// The operation.
-        operation: Operation,
-    },
-    /// Another instance of the same lease (same store, name and owner) in this process holds
-    /// it. The store cannot tell two instances with one owner apart, so both would believe they
-    /// hold the lease: share one instance instead (an `Arc`, a
-    /// [`SharedLease`](crate::SharedLease), or the [`LeaseProvider`](crate::LeaseProvider)).
-    #[error("another instance of lease {name:?} with owner {owner:?} holds it in this process")]
-    DuplicateInstance {
-        /// The lease name.
-        name: String,
-        /// The owner.
-        owner: String,
-    },
-}
-
-impl LeaseError {
-    /// Whether trying again may succeed (timeouts, transient backend errors, a busy lease).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            LeaseError::Timeout { .. } | LeaseError::Busy { .. } => true,
-            LeaseError::Backend { transient, .. } => *transient,
-            LeaseError::NoRuntime { .. } | LeaseError::DuplicateInstance { .. } => false,
-        }
-    }
-
-    /// The error of a backend call of `operation`.
-    pub(crate) fn backend<E: crate::backend::BackendError>(operation: Operation, error: E) -> Self {
-        LeaseError::Backend {
-            operation,
-            transient: error.is_transient(),
-            source: Arc::new(error),
-        }
-    }
-
-    /// The backend's own error, if it is of type `E` (for example the Kubernetes backend's error
-    /// that names the RBAC rule that is missing).
-    pub fn backend_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        match self {
-            LeaseError::Backend { source, .. } => source.downcast_ref::<E>(),
-            _ => None,
-        }
-    }
-}
+pub use crate::vocab::{
+    BoxError, FencingToken, LeaseError, LeaseLost, LostReason, Operation, SharedError,
+};
 
 type Handler = Arc<dyn Fn(&LeaseLost) + Send + Sync + 'static>;
 
@@ -366,7 +166,9 @@ impl Drop for LostSubscription {
 ///
 /// Implementations are cheap to share (`Send + Sync + 'static`) and return `Send` futures, so they
 /// can be used from any actor or task. Backends implement [`LeaseBackend`](crate::LeaseBackend)
-/// and get this trait from [`ManagedLease`](crate::ManagedLease).
+/// and get this trait from [`ManagedLease`](crate::ManagedLease). A type can also implement it
+/// directly: it publishes its tenures through a [`TenurePublisher`](crate::TenurePublisher) (the
+/// rules it must keep are there) and its `on_lost` handlers through a [`LostHandlers`].
 pub trait Lease: Send + Sync + 'static {
     /// The validated settings of this lease.
     fn settings(&self) -> &LeaseSettings;
@@ -481,6 +283,12 @@ pub trait Lease: Send + Sync + 'static {
 
     /// Registers a handler called once each time a held lease is lost (not on a release). See
     /// [`LostHandlers`].
+    ///
+    /// Leases built on [`ManagedLease`](crate::ManagedLease) call it from their renewal task,
+    /// which runs on the runtime of the `acquire` that started the tenure: at the deadline when
+    /// that runtime runs (later when it is blocked: `check_alive` and the tenure's readers are
+    /// never late), and at once, with [`LostReason::RenewalStopped`], when that runtime shuts
+    /// down or the backend panics in a renewal.
     fn on_lost(&self, handler: impl Fn(&LeaseLost) + Send + Sync + 'static) -> LostSubscription;
 
     /// The holder of the lease as this process last saw it: this owner while its tenure is
@@ -571,7 +379,7 @@ mod tests {
     #[error("connection refused by 10.0.0.1")]
     struct Refused;
 
-    impl crate::backend::BackendError for Refused {
+    impl crate::vocab::BackendError for Refused {
         fn is_transient(&self) -> bool {
             true
         }

@@ -57,6 +57,7 @@ mod redact;
 mod settings;
 mod shared;
 mod tenure;
+mod vocab;
 
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
@@ -90,7 +91,7 @@ pub use settings::{
     MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN, MIN_DEFAULT_MARGIN,
 };
 pub use shared::SharedLease;
-pub use tenure::{Tenure, TenureEnd, TenureGuard, TenureWatch};
+pub use tenure::{PublishedTenure, Tenure, TenureEnd, TenureGuard, TenurePublisher, TenureWatch};
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
@@ -160,6 +161,8 @@ mod send_sync {
         assert_send_sync::<TenureEnd>();
         assert_send_sync::<TenureWatch>();
         assert_send_sync::<TenureGuard>();
+        assert_send_sync::<TenurePublisher>();
+        assert_send_sync::<PublishedTenure>();
         // Errors.
         assert_send_sync::<LeaseError>();
         assert_send_sync::<ProviderError>();

@@ -22,7 +22,7 @@ use crate::lease::{
 };
 use crate::metrics::{self, LeaseLabel};
 use crate::settings::LeaseSettings;
-use crate::tenure::{sleep_until_precise, RenewalTask, TenureCell, TenureEnd, TenureWatch};
+use crate::tenure::{sleep_until_precise, RenewalTask, Tenure, TenureCell, TenureEnd, TenureWatch};
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -488,7 +488,11 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 token,
                 start,
                 stopped,
-                task,
+                EndWithTask {
+                    shared: Arc::clone(shared),
+                    generation,
+                    _task: task,
+                },
             )
             .instrument(span),
         );
@@ -717,6 +721,12 @@ impl<B: LeaseBackend> Shared<B> {
         let Some(tenure) = self.tenure.end(generation, TenureEnd::Lost(reason.clone())) else {
             return false;
         };
+        self.report_loss(tenure, reason);
+        true
+    }
+
+    /// Tells everyone of the loss of `tenure` (ended already): metrics, the log, the handlers.
+    fn report_loss(&self, tenure: Tenure, reason: LostReason) {
         metrics::lost(&self.label, &reason);
         *lock(&self.holder) = match &reason {
             LostReason::TakenOver { holder } => holder.clone(),
@@ -729,21 +739,16 @@ impl<B: LeaseBackend> Shared<B> {
             reason,
             fencing_token: Some(tenure.token()),
         });
-        true
     }
 
     /// Ends tenure `generation` by this owner's own act (`end`: released, dropped). A tenure
     /// whose deadline already passed, before its renewal task noticed, ended at the deadline
-    /// instead: a loss, reported once (`on_lost` with [`LostReason::Expired`]).
+    /// instead: a loss, reported once (`on_lost` with [`LostReason::Expired`]). Liveness is
+    /// decided inside the update that ends the tenure, so no deadline can pass in between.
     fn end_by_choice(&self, generation: u64, end: TenureEnd) {
-        match self.tenure.published(generation) {
-            Some(tenure) if !tenure.is_alive() => {
-                self.lose(generation, LostReason::Expired { last_error: None });
-            }
-            Some(_) => {
-                self.tenure.end(generation, end);
-            }
-            None => {}
+        let expired = LostReason::Expired { last_error: None };
+        if let Some((tenure, true)) = self.tenure.end_by_choice(generation, end, expired.clone()) {
+            self.report_loss(tenure, expired);
         }
     }
 
@@ -796,8 +801,11 @@ async fn renewal_loop<B: LeaseBackend>(
     token: FencingToken,
     start: Instant,
     mut stop: oneshot::Receiver<()>,
-    // Dropped when this task ends, however it ends (see `TenureWatch::stall`).
-    _task: RenewalTask,
+    // Whatever way this task ends, the tenure ends no later: if the task is dropped before it
+    // ended the tenure itself (its runtime shut down, even before it first ran; the backend
+    // panicked), the tenure is lost now. A parameter, so that it is dropped with a task that
+    // never ran.
+    _end: EndWithTask<B>,
 ) -> Option<B::Tenure> {
     let settings = &shared.settings;
     let interval = settings.renewal_interval();
@@ -894,6 +902,30 @@ async fn renewal_loop<B: LeaseBackend>(
                 next = Instant::now();
             }
         }
+    }
+}
+
+/// Held by a renewal task: when the task is dropped before it ended its tenure (every normal
+/// end of the task ends the tenure first), nothing will renew the tenure or end it at its
+/// deadline any more, so the tenure ends now and the loss is reported
+/// ([`LostReason::RenewalStopped`], or [`LostReason::Expired`] if the deadline had passed): when
+/// the runtime the task ran on shuts down (an arbiter stopped, an actix-web worker restarted),
+/// its tasks are dropped, and so is this.
+struct EndWithTask<B: LeaseBackend> {
+    shared: Arc<Shared<B>>,
+    generation: u64,
+    /// Dropped after the tenure ended, however the task ends (see `TenureWatch::stall`).
+    _task: RenewalTask,
+}
+
+impl<B: LeaseBackend> Drop for EndWithTask<B> {
+    fn drop(&mut self) {
+        let reason = match self.shared.tenure.published(self.generation) {
+            None => return,
+            Some(tenure) if !tenure.is_alive() => LostReason::Expired { last_error: None },
+            Some(_) => LostReason::RenewalStopped,
+        };
+        self.shared.lose(self.generation, reason);
     }
 }
 

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lease::LostReason;
+use crate::vocab::LostReason;
 
 /// The kind of a metric in [`METRICS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub const METRICS: &[MetricDescription] = &[
         name: LOSSES,
         kind: MetricKind::Counter,
         labels: &["lease", "reason"],
-        help: "tenures lost; reason: expired, taken_over, deleted, inconsistent",
+        help: "tenures lost; reason: expired, taken_over, deleted, inconsistent, renewal_stopped",
     },
     MetricDescription {
         name: RELEASES,
@@ -308,5 +308,6 @@ pub(crate) fn reason_label(reason: &LostReason) -> &'static str {
         LostReason::Expired { .. } => "expired",
         LostReason::Deleted => "deleted",
         LostReason::Inconsistent(_) => "inconsistent",
+        LostReason::RenewalStopped => "renewal_stopped",
     }
 }

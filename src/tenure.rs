@@ -49,8 +49,8 @@ use futures_util::Stream;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
-use crate::lease::{FencingToken, LostReason};
 use crate::metrics::{self, LeaseLabel};
+use crate::vocab::{FencingToken, LostReason};
 
 /// One tenure as it stands: its fencing token and its current local deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -507,6 +507,38 @@ impl TenureCell {
         ended
     }
 
+    /// Ends tenure `generation` by the owner's own act (`end`: released, dropped) if it is still
+    /// alive, or as lost with `lost` if its deadline has passed; the choice is made inside the
+    /// one update that ends it, so a tenure whose deadline passes meanwhile cannot end by choice.
+    /// Returns the tenure and whether it ended as lost (`None`: it had ended already).
+    pub(crate) fn end_by_choice(
+        &self,
+        generation: u64,
+        end: TenureEnd,
+        lost: LostReason,
+    ) -> Option<(Tenure, bool)> {
+        let mut ended = None;
+        self.tx.send_if_modified(|state| match &state.current {
+            Some(c) if c.tenure.generation == generation => {
+                let dead = !c.tenure.is_alive();
+                let end = if dead {
+                    TenureEnd::Lost(lost.clone())
+                } else {
+                    end.clone()
+                };
+                let _ = c.end.set(end);
+                ended = Some((c.tenure, dead));
+                state.current = None;
+                true
+            }
+            _ => false,
+        });
+        if ended.is_some() {
+            metrics::held(&self.label, -1.0);
+        }
+        ended
+    }
+
     /// Tenure `generation` as published, even past its deadline (`None` once it ended).
     pub(crate) fn published(&self, generation: u64) -> Option<Tenure> {
         mine(&self.watch.rx.borrow(), generation)
@@ -520,6 +552,124 @@ impl TenureCell {
             .current
             .as_ref()
             .map(|c| c.tenure.generation)
+    }
+}
+
+/// The publishing side of a [`TenureWatch`], for a type that implements
+/// [`Lease`](crate::Lease) itself instead of building on [`ManagedLease`](crate::ManagedLease)
+/// (which publishes its tenures for you).
+///
+/// A `Lease` implementation owns one publisher, returns [`TenurePublisher::watch`] from
+/// [`Lease::tenure`](crate::Lease::tenure), and calls [`start`](TenurePublisher::start) when an
+/// `acquire` succeeds, [`extend`](TenurePublisher::extend) after every successful renewal and
+/// [`end`](TenurePublisher::end) when the tenure ends. The readers (`check_alive`, guards, the
+/// actors, [`HealthCheck`](crate::HealthCheck)) then behave exactly as with the crate's own
+/// leases. The rules the implementation keeps:
+///
+/// * the deadline is on this process's monotonic clock, counted from the *start* of the backend
+///   call that claimed or renewed the lease (never from its answer), minus a clock drift margin;
+/// * the [`PublishedTenure`] handle is held by whatever renews the tenure (its renewal task):
+///   dropping it tells [`HealthCheck::liveness`](crate::HealthCheck::liveness) that nothing looks
+///   after the tenure any more;
+/// * an involuntary end ([`TenureEnd::Lost`]) is reported by the implementation to its `on_lost`
+///   handlers (a [`LostHandlers`](crate::LostHandlers) does that), once; so is a release or a drop
+///   that [`end`](TenurePublisher::end) turned into a loss because the deadline had passed.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use actix_coordination::{FencingToken, TenureEnd, TenurePublisher};
+/// use tokio::time::Instant;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let publisher = TenurePublisher::new("orders-leader");
+/// let watch = publisher.watch().clone();
+/// assert!(!watch.check_alive());
+///
+/// // `acquire` succeeded: the claim was sent at `sent`.
+/// let sent = Instant::now();
+/// let tenure = publisher.start(FencingToken::new(7), sent + Duration::from_secs(10));
+/// assert!(watch.check_alive());
+/// let guard = watch.guard().expect("alive");
+/// assert_eq!(guard.token(), FencingToken::new(7));
+///
+/// // A renewal sent now succeeded.
+/// assert!(publisher.extend(&tenure, Instant::now() + Duration::from_secs(10)));
+///
+/// // `release`: the tenure ends by choice (it was alive, so no loss to report).
+/// assert_eq!(publisher.end(&tenure, TenureEnd::Released), Some(TenureEnd::Released));
+/// assert!(!guard.check_alive());
+/// assert_eq!(guard.ended().await, TenureEnd::Released);
+/// # }
+/// ```
+pub struct TenurePublisher {
+    cell: TenureCell,
+}
+
+/// A tenure started by [`TenurePublisher::start`]; held by whatever renews it (see
+/// [`TenurePublisher`]).
+#[derive(Debug)]
+pub struct PublishedTenure {
+    generation: u64,
+    _task: RenewalTask,
+}
+
+impl fmt::Debug for TenurePublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenurePublisher")
+            .field("watch", self.cell.watch())
+            .finish()
+    }
+}
+
+impl TenurePublisher {
+    /// A publisher for the lease `name` (the `lease` label of its `lease_held` gauge, with the
+    /// `metrics` feature).
+    pub fn new(name: &str) -> Self {
+        Self {
+            cell: TenureCell::new(LeaseLabel::new(name)),
+        }
+    }
+
+    /// The receiving side: what [`Lease::tenure`](crate::Lease::tenure) returns.
+    pub fn watch(&self) -> &TenureWatch {
+        self.cell.watch()
+    }
+
+    /// Publishes a new tenure with `token`, alive until `deadline`. A tenure still published is
+    /// ended first, as [`TenureEnd::DeadlinePassed`], so that readers never see two.
+    pub fn start(&self, token: FencingToken, deadline: Instant) -> PublishedTenure {
+        let (generation, task) = self.cell.start(token, deadline);
+        PublishedTenure {
+            generation,
+            _task: task,
+        }
+    }
+
+    /// Moves the deadline of `tenure` to `deadline` (never backwards), if it is still the
+    /// current tenure and its deadline has not passed. Returns whether it is still alive: `false`
+    /// means it ended (or its deadline passed) and the renewal came too late for it.
+    pub fn extend(&self, tenure: &PublishedTenure, deadline: Instant) -> bool {
+        self.cell.extend(tenure.generation, deadline)
+    }
+
+    /// Ends `tenure` with `end`, and returns the end every reader sees, or `None` if it had
+    /// ended already. A tenure ended by choice ([`TenureEnd::Released`], [`TenureEnd::Dropped`])
+    /// after its deadline passed ends as lost instead
+    /// (`TenureEnd::Lost(LostReason::Expired { .. })`), decided in the same update: report that
+    /// loss to the `on_lost` handlers.
+    pub fn end(&self, tenure: &PublishedTenure, end: TenureEnd) -> Option<TenureEnd> {
+        match end {
+            TenureEnd::Released | TenureEnd::Dropped => {
+                let lost = LostReason::Expired { last_error: None };
+                let (_, dead) =
+                    self.cell
+                        .end_by_choice(tenure.generation, end.clone(), lost.clone())?;
+                Some(if dead { TenureEnd::Lost(lost) } else { end })
+            }
+            end => self.cell.end(tenure.generation, end.clone()).map(|_| end),
+        }
     }
 }
 
