@@ -745,10 +745,16 @@ impl<B: LeaseBackend> Shared<B> {
     /// whose deadline already passed, before its renewal task noticed, ended at the deadline
     /// instead: a loss, reported once (`on_lost` with [`LostReason::Expired`]). Liveness is
     /// decided inside the update that ends the tenure, so no deadline can pass in between.
-    fn end_by_choice(&self, generation: u64, end: TenureEnd) {
+    /// Returns the tenure if it ended by choice (`None`: lost, or ended before).
+    fn end_by_choice(&self, generation: u64, end: TenureEnd) -> Option<Tenure> {
         let expired = LostReason::Expired { last_error: None };
-        if let Some((tenure, true)) = self.tenure.end_by_choice(generation, end, expired.clone()) {
-            self.report_loss(tenure, expired);
+        match self.tenure.end_by_choice(generation, end, expired.clone()) {
+            Some((tenure, true)) => {
+                self.report_loss(tenure, expired);
+                None
+            }
+            Some((tenure, false)) => Some(tenure),
+            None => None,
         }
     }
 
@@ -1026,7 +1032,10 @@ impl<B: LeaseBackend> Drop for ManagedLease<B> {
         // The tenure ends first, so that it is never published without its renewal task (as a
         // loss if its deadline already passed, like a `release` at this moment).
         if let Some(generation) = self.shared.tenure.published_generation() {
-            self.shared.end_by_choice(generation, TenureEnd::Dropped);
+            if let Some(tenure) = self.shared.end_by_choice(generation, TenureEnd::Dropped) {
+                let settings = &self.shared.settings;
+                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %tenure.token(), ttl = ?settings.ttl(), "lease dropped while held, without a release: its record stays until the TTL passes, and the next holder waits that long");
+            }
         }
         if let Some(abort) = lock(&self.shared.abort).take() {
             abort.abort();
