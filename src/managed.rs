@@ -215,6 +215,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
             )
         });
         let label = LeaseLabel::new(settings.name());
+        metrics::lease_registered(&label);
         let shared = Arc::new(Shared {
             backend,
             handlers: LostHandlers::new(),

@@ -193,6 +193,28 @@ impl LeaseLabel {
     }
 }
 
+/// The `outcome` label values of `acquire_attempts_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const ACQUIRE_OUTCOMES: &[&str] = &["acquired", "held_by_other", "timeout", "error"];
+/// The `outcome` label values of `renewals_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const RENEWAL_OUTCOMES: &[&str] = &["renewed", "lost", "error", "timeout"];
+/// The `reason` label values of `lease_losses_total` (see [`reason_label`]).
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const LOSS_REASONS: &[&str] = &[
+    "expired",
+    "taken_over",
+    "deleted",
+    "inconsistent",
+    "renewal_stopped",
+];
+/// The `outcome` label values of `releases_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const RELEASE_OUTCOMES: &[&str] = &["released", "held_by_other", "error"];
+/// The `reason` label values of `singleton_stops_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const SINGLETON_STOP_REASONS: &[&str] = &["stopped", "stop_timeout"];
+
 #[cfg(feature = "metrics")]
 mod emit {
     use super::*;
@@ -200,6 +222,46 @@ mod emit {
 
     fn lease(label: &LeaseLabel) -> ::metrics::SharedString {
         ::metrics::SharedString::from(Arc::clone(&label.0))
+    }
+
+    /// Records every series of a new lease at zero, so that absence alerts and `rate()` see
+    /// the lease from its start (a series that was never recorded does not exist).
+    pub(crate) fn lease_registered(label: &LeaseLabel) {
+        gauge!(LEASE_HELD, "lease" => lease(label)).increment(0.0);
+        for &outcome in ACQUIRE_OUTCOMES {
+            counter!(ACQUIRE_ATTEMPTS, "lease" => lease(label), "outcome" => outcome).increment(0);
+        }
+        for &outcome in RENEWAL_OUTCOMES {
+            counter!(RENEWALS, "lease" => lease(label), "outcome" => outcome).increment(0);
+        }
+        for &reason in LOSS_REASONS {
+            counter!(LOSSES, "lease" => lease(label), "reason" => reason).increment(0);
+        }
+        for &outcome in RELEASE_OUTCOMES {
+            counter!(RELEASES, "lease" => lease(label), "outcome" => outcome).increment(0);
+        }
+    }
+
+    /// Records the `lease_held` gauge of a tenure publisher at zero.
+    pub(crate) fn publisher_registered(label: &LeaseLabel) {
+        gauge!(LEASE_HELD, "lease" => lease(label)).increment(0.0);
+    }
+
+    /// Records every series of a new singleton manager at zero.
+    pub(crate) fn singleton_registered(label: &LeaseLabel) {
+        counter!(SINGLETON_STARTS, "lease" => lease(label)).increment(0);
+        counter!(SINGLETON_RESTARTS, "lease" => lease(label)).increment(0);
+        for &reason in SINGLETON_STOP_REASONS {
+            counter!(SINGLETON_STOPS, "lease" => lease(label), "reason" => reason).increment(0);
+        }
+    }
+
+    /// Records every series of a new coordinator gate at zero (`reasons`: its refusal reasons).
+    pub(crate) fn coordinator_registered(label: &LeaseLabel, reasons: &[&'static str]) {
+        counter!(COORDINATOR_ADMITTED, "lease" => lease(label)).increment(0);
+        for &reason in reasons {
+            counter!(COORDINATOR_REFUSED, "lease" => lease(label), "reason" => reason).increment(0);
+        }
     }
 
     pub(crate) fn held(label: &LeaseLabel, delta: f64) {
@@ -272,6 +334,14 @@ mod emit {
     use super::*;
 
     #[inline(always)]
+    pub(crate) fn lease_registered(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn publisher_registered(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn singleton_registered(_: &LeaseLabel) {}
+    #[inline(always)]
+    pub(crate) fn coordinator_registered(_: &LeaseLabel, _: &[&'static str]) {}
+    #[inline(always)]
     pub(crate) fn held(_: &LeaseLabel, _: f64) {}
     #[inline(always)]
     pub(crate) fn acquire_attempt(_: &LeaseLabel, _: &'static str) {}
@@ -309,5 +379,26 @@ pub(crate) fn reason_label(reason: &LostReason) -> &'static str {
         LostReason::Deleted => "deleted",
         LostReason::Inconsistent(_) => "inconsistent",
         LostReason::RenewalStopped => "renewal_stopped",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series recorded at registration cover every reason a loss can be counted with.
+    #[test]
+    fn every_loss_reason_is_registered() {
+        let reasons = [
+            LostReason::TakenOver { holder: None },
+            LostReason::Expired { last_error: None },
+            LostReason::Deleted,
+            LostReason::Inconsistent(String::new()),
+            LostReason::RenewalStopped,
+        ];
+        for reason in &reasons {
+            assert!(LOSS_REASONS.contains(&reason_label(reason)), "{reason:?}");
+        }
+        assert_eq!(LOSS_REASONS.len(), reasons.len());
     }
 }

@@ -627,8 +627,10 @@ impl TenurePublisher {
     /// A publisher for the lease `name` (the `lease` label of its `lease_held` gauge, with the
     /// `metrics` feature).
     pub fn new(name: &str) -> Self {
+        let label = LeaseLabel::new(name);
+        metrics::publisher_registered(&label);
         Self {
-            cell: TenureCell::new(LeaseLabel::new(name)),
+            cell: TenureCell::new(label),
         }
     }
 

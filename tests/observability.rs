@@ -549,6 +549,92 @@ async fn singleton_metrics_count_starts_restarts_and_stops() {
     );
 }
 
+/// Every counter and gauge of a lease, a singleton manager and a coordinator gate exists, at
+/// zero, from the moment they are built: an alert on a missing `lease_held` or a `rate()` over
+/// the first loss needs the series before anything happened.
+#[tokio::test(start_paused = true)]
+async fn every_series_exists_at_zero_from_registration() {
+    let _turn = serial().await;
+    let store = InMemoryStore::new();
+    let name = "metrics-registered";
+    let lease = Arc::new(store.lease(in_memory_settings(name, "a")));
+    let _manager = ClusterSingletonManager::from_arc(
+        Arc::clone(&lease),
+        |_: &SingletonInfo, _: &mut Context<Job>| Job { linger: false },
+    );
+    let _gate: CoordinatorGate<_, u32, u32> = CoordinatorGate::new(Arc::clone(&lease));
+    let totals = totals();
+    let mut expected = vec![series("actix_coordination_lease_held", &[("lease", name)])];
+    let labelled = |metric: &str, label: &str, values: &[&str]| {
+        values
+            .iter()
+            .map(|v| series(metric, &[("lease", name), (label, v)]))
+            .collect::<Vec<_>>()
+    };
+    expected.extend(labelled(
+        "actix_coordination_acquire_attempts_total",
+        "outcome",
+        &["acquired", "held_by_other", "timeout", "error"],
+    ));
+    expected.extend(labelled(
+        "actix_coordination_renewals_total",
+        "outcome",
+        &["renewed", "lost", "error", "timeout"],
+    ));
+    expected.extend(labelled(
+        "actix_coordination_lease_losses_total",
+        "reason",
+        &[
+            "expired",
+            "taken_over",
+            "deleted",
+            "inconsistent",
+            "renewal_stopped",
+        ],
+    ));
+    expected.extend(labelled(
+        "actix_coordination_releases_total",
+        "outcome",
+        &["released", "held_by_other", "error"],
+    ));
+    expected.push(series(
+        "actix_coordination_singleton_starts_total",
+        &[("lease", name)],
+    ));
+    expected.push(series(
+        "actix_coordination_singleton_restarts_total",
+        &[("lease", name)],
+    ));
+    expected.extend(labelled(
+        "actix_coordination_singleton_stops_total",
+        "reason",
+        &["stopped", "stop_timeout"],
+    ));
+    expected.push(series(
+        "actix_coordination_coordinator_admitted_total",
+        &[("lease", name)],
+    ));
+    expected.extend(labelled(
+        "actix_coordination_coordinator_refused_total",
+        "reason",
+        &[
+            "not_held",
+            "tenure_ended",
+            "stopped",
+            "no_regions",
+            "queue_full",
+            "queue_timeout",
+        ],
+    ));
+    for series in &expected {
+        assert_eq!(
+            totals.values.get(series),
+            Some(&0.0),
+            "{series:?} exists at zero from registration"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn coordinator_gate_metrics_count_admissions_and_refusals() {
     let _turn = serial().await;

@@ -119,6 +119,17 @@ pub struct CoordinatorGate<L: Lease, Req, Res> {
 }
 
 impl GateError {
+    /// Every `reason` label value of a refusal (see [`GateError::reason`]).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const REASONS: &'static [&'static str] = &[
+        "not_held",
+        "tenure_ended",
+        "stopped",
+        "no_regions",
+        "queue_full",
+        "queue_timeout",
+    ];
+
     /// The `reason` label of a refusal.
     fn reason(&self) -> &'static str {
         match self {
@@ -135,8 +146,10 @@ impl GateError {
 impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
     /// A gate on `lease`, acquiring, with the default queue bounds.
     pub fn new(lease: Arc<L>) -> Self {
+        let label = LeaseLabel::new(lease.name());
+        metrics::coordinator_registered(&label, GateError::REASONS);
         Self {
-            label: LeaseLabel::new(lease.name()),
+            label,
             lease,
             state: GateState::Acquiring,
             guard: None,

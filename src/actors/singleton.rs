@@ -391,6 +391,7 @@ where
 
     fn with_factory(lease: Arc<L>, factory: Factory<A>) -> Self {
         let label = LeaseLabel::new(lease.name());
+        metrics::singleton_registered(&label);
         Self {
             health_checks: Vec::new(),
             health: None,
