@@ -22,7 +22,7 @@ use common::etcd::{
 };
 use common::proxy::{FaultProxy, ProxyMode};
 use futures_util::future::join_all;
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 contract_suite!(
     fixture = EtcdFixture::new(),
@@ -1075,6 +1075,76 @@ async fn release_after_a_lost_answer_removes_the_claim() {
     assert!(other.release().await.unwrap());
 }
 
+/// A claim that etcd applies more than a TTL after it was sent (a request held up on its way)
+/// is still removed while the etcd lease it names lives on for other leases (issue 27, item 10):
+/// the guard of an unanswered claim holds until that etcd lease is gone, not one TTL. The claim
+/// is held up by a blackholed connection (it never arrives), and its late landing is played by
+/// writing the key exactly as the claim would (value = owner, the session's etcd lease) after the
+/// guard's check at `sent + ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_lands_more_than_a_ttl_late_is_removed_while_its_etcd_lease_lives() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("late-claim");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let n1 = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let n2 = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let ttl = claim_settings("x", "x").ttl();
+    let other = n1.lease(claim_settings("other", "n1"));
+    assert!(other.acquire().await.unwrap());
+    let grant = admin
+        .get(format!("{prefix}other"), None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .lease();
+    let victim = n1.lease(claim_settings("victim", "n1"));
+    let key = format!("{prefix}victim");
+
+    // The claim is held up on its way: it does not reach etcd now.
+    proxy.set_mode(ProxyMode::Blackhole);
+    let started = Instant::now();
+    assert!(victim.acquire().await.is_err());
+    proxy.set_mode(ProxyMode::Pass);
+    assert_eq!(value_of(&mut admin, &key).await, None);
+    // Past the guard's check one TTL after the claim was sent, the claim lands.
+    sleep_until(started + ttl + Duration::from_secs(3)).await;
+    admin
+        .put(
+            key.as_str(),
+            "n1",
+            Some(etcd_client::PutOptions::new().with_lease(grant)),
+        )
+        .await
+        .unwrap();
+    let admin2 = &mut admin;
+    eventually(
+        ttl * 3,
+        "a claim landing more than a ttl late is removed while its etcd lease lives",
+        async || value_of(admin2, &key).await.is_none(),
+    )
+    .await;
+    assert!(other.check_alive(), "the other lease was not disturbed");
+    let contender = n2.lease(claim_settings("victim", "n2"));
+    assert!(contender.acquire().await.unwrap(), "n2 gets the lease");
+    assert!(contender.release().await.unwrap());
+
+    // A claim that never lands keeps its guard beyond one TTL, until the etcd lease is gone (its
+    // last user released).
+    proxy.set_mode(ProxyMode::Blackhole);
+    let started = Instant::now();
+    assert!(victim.acquire().await.is_err());
+    proxy.set_mode(ProxyMode::Pass);
+    sleep_until(started + ttl + Duration::from_secs(3)).await;
+    assert_eq!(victim.backend().unanswered_claims(), 1, "still guarded");
+    assert!(other.release().await.unwrap());
+    let victim2 = &victim;
+    eventually(ttl * 3, "the guard ends with the etcd lease", async || {
+        victim2.backend().unanswered_claims() == 0
+    })
+    .await;
+}
+
 /// A renewal proves ownership itself while the tenure's watch is down: the key deleted and taken
 /// by another owner is found by the next renewal, although the keep-alives still succeed. While
 /// the watch works, renewals read nothing.
@@ -1160,7 +1230,7 @@ async fn a_dropped_tenure_is_removed_even_when_the_first_delete_fails() {
 
     // The removal is due one TTL after the drop: cut the connection from just before until well
     // after, short of `other`'s deadline (its keep-alives fail meanwhile and are retried).
-    tokio::time::sleep_until(dropped_at + ttl - Duration::from_millis(500)).await;
+    sleep_until(dropped_at + ttl - Duration::from_millis(500)).await;
     proxy.set_mode(ProxyMode::Reset);
     tokio::time::sleep_until(dropped_at + ttl + Duration::from_millis(1500)).await;
     assert_eq!(

@@ -202,8 +202,9 @@ struct Removal {
 }
 
 impl Removal {
-    /// Attempts until settled; an unanswered claim is checked at once and again one TTL after it
-    /// was sent (`final_check`), since the claim may land after the first attempt looked.
+    /// Attempts until settled; an unanswered claim is checked at once, again one TTL after it
+    /// was sent (`final_check`), and then once per TTL for as long as the etcd lease it names
+    /// lives (see [`Removal::next_check`]), since the claim may land after any attempt looked.
     async fn run(self, client: Client, final_check: Option<Instant>) {
         sleep_until(self.not_before).await;
         let mut final_check = final_check;
@@ -219,7 +220,13 @@ impl Removal {
                         sleep_until(at).await;
                         continue;
                     }
-                    None => break,
+                    None => match self.next_check() {
+                        Some(at) => {
+                            sleep_until(at).await;
+                            continue;
+                        }
+                        None => break,
+                    },
                 },
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "removing a claim failed; retrying");
@@ -235,6 +242,22 @@ impl Removal {
                 .lock_unanswered()
                 .retain(|u| !Arc::ptr_eq(u, unanswered));
         }
+    }
+
+    /// When to look for an unanswered claim again after it was not found: a claim request held
+    /// up on its way (a slow member, a stalled connection) can still land later, for as long as
+    /// the etcd lease it names lives, and would then block the lease while other leases keep that
+    /// etcd lease alive. So the guard holds until the etcd lease is gone (lost, or no longer kept
+    /// alive by this session), looking once per TTL, or at the etcd lease's expiry if sooner.
+    /// `None` once it is gone, and for every other target.
+    fn next_check(&self) -> Option<Instant> {
+        if !matches!(self.target, Target::Unanswered(_)) {
+            return None;
+        }
+        let state = self.grant.state();
+        let expires = state.last_ok + self.ttl;
+        let now = Instant::now();
+        (state.lost.is_none() && now < expires).then(|| (now + self.ttl).min(expires))
     }
 
     /// One compare-and-swap delete of the claim.
@@ -422,7 +445,8 @@ impl EtcdBackend {
         self.claims.removals_failed.load(Ordering::Relaxed)
     }
 
-    /// How many claims whose answer never arrived are still being cleaned up.
+    /// How many claims whose answer never arrived are still guarded: looked for and removed if
+    /// they land, until the etcd lease they name is gone.
     pub fn unanswered_claims(&self) -> usize {
         self.claims.lock_unanswered().len()
     }

@@ -80,9 +80,10 @@ pub(crate) fn observe_txn(
 /// connection, an acquire whose caller gave up). Such a key would block the lease for as long as
 /// the session keeps its shared etcd lease alive for *other* leases. So a guard exists before
 /// every claim is sent: when no answer arrives, the key is removed by a compare-and-swap delete
-/// (value = this owner, etcd lease = this session's, and no tenure of this lease uses it) at once
-/// and again one TTL after the claim was sent, retried with a backoff until it succeeds or the
-/// compare fails. `release()` after such an acquire removes the claim before it answers
+/// (value = this owner, etcd lease = this session's, and no tenure of this lease uses it) at once,
+/// again one TTL after the claim was sent, and then once per TTL for as long as the etcd lease the
+/// claim names lives (a claim held up on its way can land at any time before that etcd lease is
+/// gone), retried with a backoff until it succeeds or the compare fails. `release()` after such an acquire removes the claim before it answers
 /// `Ok(true)`. A dropped (unreleased) tenure's key is removed the same way one TTL after the drop.
 /// [`EtcdBackend::claims_removed`], [`EtcdBackend::claim_removals_failed`] and
 /// [`EtcdBackend::unanswered_claims`] count what happens.
