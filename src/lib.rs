@@ -113,12 +113,18 @@ pub use kubernetes::{
     WATCH_FLOOR as KUBERNETES_WATCH_FLOOR,
 };
 
-/// The items most programs need.
+/// The items most programs need: the contract and its words, the in-memory backend, the
+/// provider and its configuration, and the actor layer with its messages (everything the
+/// README's examples use; `tests/readme.rs` compiles them with this prelude alone).
 pub mod prelude {
     pub use crate::{
-        ClusterSingletonManager, FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseActor,
-        LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, ShardCoordinator,
-        SharedLease, SingletonInfo, TenureGuard, TenureWatch,
+        Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinationConfig,
+        FencingToken, GateError, GetFencingToken, GetSingleton, GetStatus, GetTenure, HealthCheck,
+        HostShard, InMemoryLease, InMemoryStore, Lease, LeaseActor, LeaseError, LeaseLost,
+        LeaseProvider, LeaseSettings, LostReason, RegisterRegion, Release, SetEligible,
+        ShardAllocation, ShardCoordinator, SharedLease, Shutdown, SingletonInfo, SingletonSettings,
+        SingletonState, SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard,
+        TenureWatch, UnsubscribeLeaseLost,
     };
 }
 
