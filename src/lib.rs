@@ -58,6 +58,10 @@ mod settings;
 mod shared;
 mod tenure;
 mod vocab;
+#[cfg(feature = "web")]
+mod web;
+#[cfg(feature = "web")]
+pub use web::{AdminRoutes, GracefulShutdown, DEFAULT_SHUTDOWN_TIMEOUT};
 
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
@@ -80,7 +84,7 @@ pub use memory::{
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
-pub use metrics::{MetricDescription, MetricKind, METRICS};
+pub use metrics::{MetricDescription, MetricKind, HISTOGRAM_BUCKETS, METRICS};
 pub use provider::{
     BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
     IN_MEMORY_BACKEND,
@@ -126,6 +130,8 @@ pub mod prelude {
         SingletonState, SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard,
         TenureWatch, UnsubscribeLeaseLost,
     };
+    #[cfg(feature = "web")]
+    pub use crate::{AdminRoutes, GracefulShutdown};
 }
 
 #[cfg(test)]

@@ -67,6 +67,30 @@ pub const COORDINATOR_ADMITTED: &str = "actix_coordination_coordinator_admitted_
 /// Requests a coordinator gate refused, by reason.
 pub const COORDINATOR_REFUSED: &str = "actix_coordination_coordinator_refused_total";
 
+/// The recommended histogram buckets, in seconds, by metric name: give them to the exporter
+/// (for Prometheus: `PrometheusBuilder::set_buckets_for_metric(Matcher::Full(name), buckets)`),
+/// so that the histograms render as `histogram` with `_bucket` series, which aggregate across
+/// replicas (without buckets the Prometheus exporter renders summaries, which do not).
+///
+/// * `renewal_duration_seconds`: from 1 ms (a renewal on a quiet loopback) to 10 s (the
+///   default operation timeout is 5 s);
+/// * `renewal_margin_seconds`: what was left of the deadline at a successful renewal, from 0 to
+///   the TTLs in use (the default TTL is 30 s; a margin that nears 0 precedes a loss).
+pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (
+        RENEWAL_DURATION,
+        &[
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ],
+    ),
+    (
+        RENEWAL_MARGIN,
+        &[
+            0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0,
+        ],
+    ),
+];
+
 /// Every metric this crate emits with the feature `metrics`, through the
 /// [`metrics`](https://docs.rs/metrics) facade: the library only emits, the application installs
 /// the recorder it wants (Prometheus, StatsD, OpenTelemetry) and calls `describe_metrics()` once

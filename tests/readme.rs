@@ -183,6 +183,30 @@ actix_coordination::describe_metrics();
 Ok(())
 }
 
+#[cfg(feature = "web")]
+#[rustfmt::skip]
+async fn web(
+    lease: SharedLease,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+) -> Result {
+    use actix_web::{App, HttpServer};
+    struct JobScheduler { info: SingletonInfo }
+    impl Actor for JobScheduler { type Context = Context<Self>; }
+// README block
+let health = HealthCheck::new();
+let manager = ClusterSingletonManager::new(lease, |info: &SingletonInfo, _ctx| JobScheduler { info: info.clone() })
+    .health(&health)
+    .start();
+let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
+let server = HttpServer::new(move || App::new().service(admin.scope("")))
+    .disable_signals()                      // GracefulShutdown owns SIGTERM and SIGINT
+    .bind("0.0.0.0:8080")?
+    .run();
+GracefulShutdown::new().manager("job-scheduler", manager).run(server).await?;
+// end of README block
+Ok(())
+}
+
 /// The ```rust blocks of `text`, each as its lines joined with newlines.
 fn rust_blocks(text: &str, open: &str, close: &str) -> Vec<String> {
     let mut blocks = Vec::new();
