@@ -192,6 +192,15 @@ pub enum LeaseError {
         /// The owner.
         owner: String,
     },
+    /// A [`LeaseActor`](crate::LeaseActor)'s [`Acquire`](crate::Acquire) that a
+    /// [`Release`](crate::Release) received after it, or the actor's stop, superseded before it
+    /// answered: it stopped trying, and a claim its attempt in flight obtained was released. Not
+    /// transient: trying again would undo the release that superseded it.
+    #[error("{operation} was superseded by a later release or the stop of its actor")]
+    Superseded {
+        /// The operation.
+        operation: Operation,
+    },
 }
 
 impl LeaseError {
@@ -200,7 +209,9 @@ impl LeaseError {
         match self {
             LeaseError::Timeout { .. } | LeaseError::Busy { .. } => true,
             LeaseError::Backend { transient, .. } => *transient,
-            LeaseError::NoRuntime { .. } | LeaseError::DuplicateInstance { .. } => false,
+            LeaseError::NoRuntime { .. }
+            | LeaseError::DuplicateInstance { .. }
+            | LeaseError::Superseded { .. } => false,
         }
     }
 

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use actix_coordination::{
     Acquire, AllocateShard, CheckAlive, CoordinatorGate, GateError, GateState, GetFencingToken,
-    GetGateState, HostShard, InMemoryFault, InMemoryStore, Lease, LeaseActor, LeaseLost,
-    LeaseSettings, LostReason, RegisterRegion, Release, ShardCoordinator, Submission,
-    SubscribeLeaseLost, TenureEnd, UnsubscribeLeaseLost,
+    GetGateState, HostShard, InMemoryFault, InMemoryStore, Lease, LeaseActor, LeaseError,
+    LeaseLost, LeaseSettings, LostReason, Operation, RegisterRegion, Release, ShardCoordinator,
+    Submission, SubscribeLeaseLost, TenureEnd, UnsubscribeLeaseLost,
 };
 use common::run_paused;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -73,7 +73,8 @@ fn concurrent_messages_are_serialised() {
             Duration::from_millis(100),
         )));
         let a = LeaseActor::new(store.lease(settings("l", "a"))).start();
-        // Sent back to back without waiting: they take effect in order.
+        // Sent back to back without waiting: they take effect in order; the release supersedes
+        // the acquire before it, the last acquire runs after the release.
         let r1 = a.send(Acquire);
         let r2 = a.send(Release);
         let r3 = a.send(Acquire);
@@ -82,12 +83,137 @@ fn concurrent_messages_are_serialised() {
             !alive_meanwhile.await.unwrap(),
             "CheckAlive answers at once, not after the acquire"
         );
-        assert!(r1.await.unwrap().unwrap());
+        let first = r1.await.unwrap();
+        assert!(
+            matches!(
+                first,
+                Err(LeaseError::Superseded {
+                    operation: Operation::Acquire
+                })
+            ),
+            "{first:?}"
+        );
         assert!(r2.await.unwrap().unwrap());
         assert!(r3.await.unwrap().unwrap());
         assert!(a.send(CheckAlive).await.unwrap());
         assert_eq!(store.holder("l").as_deref(), Some("a"));
-        assert_eq!(store.record("l").unwrap().token.value(), 2, "two tenures");
+    });
+}
+
+/// Settings whose `acquire` keeps retrying for a while when another owner holds the lease.
+fn retrying_settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(TTL)
+        .acquire_retries(3)
+        .acquire_retry_delay(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// Issue 27, item 3: a `Release` sent after an `Acquire` takes effect after it. An acquire
+/// retrying while another owner holds the lease used to let the release run between two of its
+/// attempts (answering `Ok(true)`), then took the lease with its next attempt: the actor held
+/// the lease its caller had let go of. Now the release supersedes it. And a claim that an attempt
+/// in flight obtains is released before the `Release` answers.
+#[test]
+fn release_supersedes_a_retrying_acquire() {
+    run_paused(async {
+        // Retrying: another owner holds the lease, and lets it go after the release answered.
+        let store = InMemoryStore::new();
+        let b = store.lease(settings("l", "b"));
+        assert!(b.acquire().await.unwrap());
+        let a = LeaseActor::new(store.lease(retrying_settings("l", "a"))).start();
+        let acquiring = a.send(Acquire);
+        // The first attempt found the lease held; the acquire waits for its next attempt.
+        sleep(Duration::from_millis(10)).await;
+        assert!(a.send(Release).await.unwrap().unwrap());
+        assert!(b.release().await.unwrap());
+        let acquired = acquiring.await.unwrap();
+        // No later attempt takes the lease either.
+        sleep(TTL).await;
+        assert_eq!(store.holder("l"), None, "acquire answered {acquired:?}");
+        assert!(!a.send(CheckAlive).await.unwrap());
+        assert!(
+            matches!(
+                acquired,
+                Err(LeaseError::Superseded {
+                    operation: Operation::Acquire
+                })
+            ),
+            "{acquired:?}"
+        );
+
+        // An attempt in flight when the release arrives: its claim is released before the
+        // release answers.
+        let store = InMemoryStore::new();
+        store.set_fault(Some(InMemoryFault::Delay(Duration::from_millis(100))));
+        let a = LeaseActor::new(store.lease(retrying_settings("l", "a"))).start();
+        let acquiring = a.send(Acquire);
+        sleep(Duration::from_millis(10)).await;
+        assert!(a.send(Release).await.unwrap().unwrap());
+        assert_eq!(
+            store.holder("l"),
+            None,
+            "released before the release answered"
+        );
+        assert!(matches!(
+            acquiring.await.unwrap(),
+            Err(LeaseError::Superseded { .. })
+        ));
+        assert!(!a.send(CheckAlive).await.unwrap());
+    });
+}
+
+/// Issue 27, item 1: an actor stopped (its every address dropped) while an `Acquire` is in
+/// flight leaves nothing held: neither on a lease it owns (whose record used to stay held for a
+/// TTL) nor on a shared lease (which used to stay held, and renewed, for as long as any handle
+/// lived). Each with the attempt in flight at the stop, and with the acquire retrying while
+/// another owner holds the lease (that owner lets go after the stop).
+#[test]
+fn stopping_with_an_acquire_in_flight_leaves_nothing_held() {
+    run_paused(async {
+        for shared in [false, true] {
+            for retrying in [false, true] {
+                let case = format!("shared: {shared}, retrying: {retrying}");
+                let store = InMemoryStore::new();
+                let b = store.lease(settings("l", "b"));
+                if retrying {
+                    assert!(b.acquire().await.unwrap());
+                } else {
+                    store.set_fault(Some(InMemoryFault::Delay(Duration::from_millis(100))));
+                }
+                let lease = Arc::new(store.lease(retrying_settings("l", "a")));
+                let actor = LeaseActor::from_arc(Arc::clone(&lease)).start();
+                let weak = Arc::downgrade(&lease);
+                let kept = shared.then_some(lease);
+                let acquiring = actor.send(Acquire);
+                sleep(Duration::from_millis(10)).await;
+                drop(actor);
+                if retrying {
+                    assert!(b.release().await.unwrap());
+                }
+                let acquired = acquiring.await.unwrap();
+                // Well within the TTL: whatever the acquire obtained was released.
+                sleep(TTL / 3).await;
+                assert_eq!(
+                    store.holder("l"),
+                    None,
+                    "{case}: acquire answered {acquired:?}"
+                );
+                if let Some(lease) = kept {
+                    assert!(!lease.check_alive(), "{case}");
+                } else {
+                    assert!(
+                        weak.upgrade().is_none(),
+                        "{case}: the actor's lease is gone"
+                    );
+                }
+                assert!(
+                    matches!(acquired, Err(LeaseError::Superseded { .. })),
+                    "{case}: {acquired:?}"
+                );
+            }
+        }
     });
 }
 

@@ -14,7 +14,11 @@
 //! clock advances): three `ClusterSingletonManager`s, whose singletons check every step of their
 //! work against the store, and three `ShardCoordinator`s, whose every allocation is checked
 //! against the store when the region receives it and when the coordinator answers it as done.
-//! Neither may work outside a live tenure.
+//! Neither may work outside a live tenure. And three `LeaseActor`s sharing the owners' leases get
+//! acquires and releases sent in either order, back to back, and stops with an acquire in flight:
+//! every message is answered, an acquire is superseded only by a later release or the stop, an
+//! actor whose last message was a release holds nothing at the end, and neither does the lease
+//! of an actor that stopped (another handle keeps it).
 //!
 //! `MODEL_CASES` sets the number of schedules (default 5,000), `MODEL_ACTOR_CASES` those of each
 //! actor check (default 500), and `MODEL_SEED` (64 hex digits) replays a run: the seed is printed
@@ -659,6 +663,220 @@ fn singletons_only_work_under_a_live_tenure() {
     let failure =
         check_actors(cases, seed, true).expect_err("singletons on a broken renewal went unnoticed");
     assert!(failure.contains("worked under token"), "{failure}");
+}
+
+/// A step of a schedule for lease actors.
+#[derive(Debug, Clone)]
+enum LeaseActorOp {
+    Common(CommonOp),
+    /// Sends `Acquire` to owner `.0`'s actor (its answer is awaited on a task of its own).
+    Acquire(usize),
+    /// Sends `Release` to owner `.0`'s actor.
+    Release(usize),
+    /// Sends `Acquire` and `Release` back to back, `Acquire` first when `.1`.
+    Both(usize, bool),
+    /// Stops owner `.0`'s actor (drops its every address), right after sending it `Acquire` when
+    /// `.1`, and starts a fresh actor on a fresh lease instance of that owner. The stopped actor's
+    /// lease is kept, like a provider's shared lease.
+    Stop(usize, bool),
+}
+
+fn lease_actor_op() -> impl Strategy<Value = LeaseActorOp> {
+    let owner = 0..OWNERS;
+    prop_oneof![
+        6 => common_op().prop_map(LeaseActorOp::Common),
+        3 => owner.clone().prop_map(LeaseActorOp::Acquire),
+        2 => owner.clone().prop_map(LeaseActorOp::Release),
+        2 => (owner.clone(), any::<bool>()).prop_map(|(o, a)| LeaseActorOp::Both(o, a)),
+        1 => (owner, any::<bool>()).prop_map(|(o, a)| LeaseActorOp::Stop(o, a)),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Message {
+    Acquire,
+    Release,
+}
+
+/// The messages one actor was sent, in order, with their answers once they came.
+type Exchanges = std::rc::Rc<std::cell::RefCell<Vec<(Message, Option<String>)>>>;
+
+type ModelActor = actix_coordination::LeaseActor<ManagedLease<ModelBackend>>;
+
+/// One owner's lease actor, on its lease.
+struct ActorSlot {
+    lease: Arc<ManagedLease<ModelBackend>>,
+    /// `None` once stopped.
+    addr: Option<actix::Addr<ModelActor>>,
+    sent: Exchanges,
+    /// Counts the acquires answered `Ok(true)`.
+    acquired: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ActorSlot {
+    fn start(
+        lease: &Arc<ManagedLease<ModelBackend>>,
+        acquired: &Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
+        use actix::Actor;
+        Self {
+            lease: Arc::clone(lease),
+            addr: Some(actix_coordination::LeaseActor::from_arc(Arc::clone(lease)).start()),
+            sent: Default::default(),
+            acquired: Arc::clone(acquired),
+        }
+    }
+
+    /// Sends `message` now (it is in the mailbox when this returns) and records its answer when
+    /// it comes.
+    fn send(&self, message: Message) {
+        let sent = std::rc::Rc::clone(&self.sent);
+        let index = {
+            let mut sent = sent.borrow_mut();
+            sent.push((message, None));
+            sent.len() - 1
+        };
+        let acquired = Arc::clone(&self.acquired);
+        let record = move |answer: String| {
+            if message == Message::Acquire && answer == "Ok(Ok(true))" {
+                acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if answer.contains("Superseded") {
+                SUPERSEDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            sent.borrow_mut()[index].1 = Some(answer);
+        };
+        let addr = self.addr.as_ref().expect("a running actor");
+        match message {
+            Message::Acquire => {
+                let request = addr.send(actix_coordination::Acquire);
+                actix::spawn(async move { record(format!("{:?}", request.await)) });
+            }
+            Message::Release => {
+                let request = addr.send(actix_coordination::Release);
+                actix::spawn(async move { record(format!("{:?}", request.await)) });
+            }
+        }
+    }
+
+    /// What is wrong with this actor's exchanges at the end of a schedule: a message never
+    /// answered; an acquire superseded although nothing was sent after it (and the actor was not
+    /// stopped); and a lease held although the last message was a release, or the actor stopped.
+    fn check(&self, owner: usize, stopped: Option<usize>, violations: &mut Vec<String>) {
+        let who = match stopped {
+            Some(step) => format!("owner-{owner}'s actor stopped at step {step}"),
+            None => format!("owner-{owner}'s actor"),
+        };
+        let sent = self.sent.borrow();
+        for (i, (message, answer)) in sent.iter().enumerate() {
+            match answer {
+                None => violations.push(format!("{who}: {message:?} #{i} was never answered")),
+                Some(answer)
+                    if answer.contains("Superseded")
+                        && stopped.is_none()
+                        && !sent[i + 1..].iter().any(|(m, _)| *m == Message::Release) =>
+                {
+                    violations.push(format!(
+                        "{who}: {message:?} #{i} answered {answer} with no release after it"
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let last_release = sent.last().is_some_and(|(m, _)| *m == Message::Release);
+        if (stopped.is_some() || last_release) && self.lease.check_alive() {
+            violations.push(format!(
+                "{who} still holds the lease (token {:?}); its messages: {sent:?}",
+                self.lease.fencing_token()
+            ));
+        }
+    }
+}
+
+/// Runs one schedule against three lease actors sharing their owners' leases; `Err` with every
+/// violation found. Every message is answered; an acquire is superseded only by a release sent
+/// after it or by the stop; an actor whose last message was a release, and an actor that
+/// stopped (with its lease kept by another handle), hold nothing at the end.
+fn run_lease_actors(ops: &[LeaseActorOp]) -> Result<(), TestCaseError> {
+    let system = actix::System::new();
+    system.block_on(async {
+        let mut world = ActorWorld::new(false);
+        let history = Arc::new(Mutex::new(History::default()));
+        let mut slots: Vec<ActorSlot> = world
+            .nodes
+            .iter()
+            .map(|n| ActorSlot::start(&n.lease, &world.work))
+            .collect();
+        let mut stopped: Vec<(usize, usize, ActorSlot)> = Vec::new();
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                LeaseActorOp::Common(ref op) => world.step(op).await,
+                LeaseActorOp::Acquire(i) => slots[i].send(Message::Acquire),
+                LeaseActorOp::Release(i) => slots[i].send(Message::Release),
+                LeaseActorOp::Both(i, acquire_first) => {
+                    let (first, second) = if acquire_first {
+                        (Message::Acquire, Message::Release)
+                    } else {
+                        (Message::Release, Message::Acquire)
+                    };
+                    slots[i].send(first);
+                    slots[i].send(second);
+                }
+                LeaseActorOp::Stop(i, with_acquire) => {
+                    if with_acquire {
+                        slots[i].send(Message::Acquire);
+                    }
+                    world.nodes[i] = node(&world.store, i, false, &history);
+                    let fresh = ActorSlot::start(&world.nodes[i].lease, &world.work);
+                    let mut old = std::mem::replace(&mut slots[i], fresh);
+                    // The old actor's last address goes: it stops.
+                    old.addr = None;
+                    stopped.push((i, step, old));
+                }
+            }
+            // Lets the actors take their messages before the next step (their mailboxes stay
+            // short, so that every send is in order).
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        world.heal_and_run_on().await;
+        let mut violations = Vec::new();
+        for (owner, slot) in slots.iter().enumerate() {
+            slot.check(owner, None, &mut violations);
+        }
+        for (owner, step, slot) in &stopped {
+            slot.check(*owner, Some(*step), &mut violations);
+        }
+        world.violations.lock().unwrap().extend(violations);
+        world.verdict(&LEASE_ACTOR_ACQUIRES)
+    })
+}
+
+/// Acquires the lease actors answered `Ok(true)`, over every schedule of this process.
+static LEASE_ACTOR_ACQUIRES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Acquires answered `Superseded`, over every schedule of this process.
+static SUPERSEDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[test]
+fn lease_actors_follow_their_messages_in_order_and_release_on_stop() {
+    let (cases, seed) = (actor_cases(), seed());
+    if let Err(failure) = run_schedules(lease_actor_op(), 30, cases, seed, run_lease_actors) {
+        panic!(
+            "a lease actor broke the order of its messages or kept a lease (replay with MODEL_SEED={}):\n{failure}",
+            hex(&seed)
+        );
+    }
+    let acquires = LEASE_ACTOR_ACQUIRES.load(std::sync::atomic::Ordering::Relaxed);
+    let superseded = SUPERSEDED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        acquires > 0,
+        "no actor ever acquired: the schedules test nothing"
+    );
+    assert!(
+        superseded > 0,
+        "no acquire was ever superseded: the schedules miss the races"
+    );
+    println!("{cases} lease actor schedules passed: {acquires} acquires, {superseded} superseded");
 }
 
 /// A step of a schedule for shard coordinators.

@@ -726,3 +726,82 @@ fn never_two_singletons_over_random_schedules() {
         });
     }
 }
+
+/// Issue 27, item 4: a singleton started `on_arbiter` on an arbiter that is busy until after its
+/// tenure ended (released through another handle, and another node acquired) is not built: the
+/// guard is checked on that arbiter right before the factory runs, so neither the factory nor
+/// `started` runs under the dead tenure. The manager competes again, and starts the singleton
+/// (once) under its next tenure. On a real clock: the arbiter is a thread of its own.
+#[test]
+fn a_busy_arbiter_does_not_start_the_singleton_after_its_tenure_ended() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// Counts its `started` calls.
+    struct Counted(Arc<AtomicUsize>);
+    impl Actor for Counted {
+        type Context = Context<Self>;
+        fn started(&mut self, _: &mut Self::Context) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    let within = Duration::from_secs(30);
+    actix_rt::System::new().block_on(async move {
+        let store = InMemoryStore::new();
+        let lease = Arc::new(store.lease(settings("a")));
+        let other = store.lease(settings("b"));
+        let arbiter = actix_rt::Arbiter::new();
+        // Busy until told (bounded, so that a failing test cannot hang).
+        let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+        arbiter.spawn_fn(move || {
+            let _ = blocked.recv_timeout(Duration::from_secs(60));
+        });
+        let built: Arc<Mutex<Vec<(FencingToken, bool)>>> = Arc::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let manager = {
+            let (built, started) = (Arc::clone(&built), Arc::clone(&started));
+            ClusterSingletonManager::on_arbiter(
+                Arc::clone(&lease),
+                arbiter.handle(),
+                move |info: &SingletonInfo, _| {
+                    built
+                        .lock()
+                        .unwrap()
+                        .push((info.fencing_token, info.guard.check_alive()));
+                    Counted(Arc::clone(&started))
+                },
+            )
+            .settings(SingletonSettings {
+                // The arbiter is busy on purpose: the manager waits for the singleton's end.
+                stop_timeout: within * 2,
+                ..Default::default()
+            })
+            .start()
+        };
+        common::actors::wait_for_state(&manager, SingletonState::Running, within).await;
+        let first = lease.fencing_token().expect("the manager holds the lease");
+        // The tenure ends while the arbiter is busy, and another node takes the lease.
+        assert!(lease.release().await.unwrap());
+        assert!(other.acquire().await.unwrap());
+        unblock.send(()).unwrap();
+        // Once the arbiter got to it, the manager learns that the instance is gone and competes.
+        common::actors::wait_for_state(&manager, SingletonState::Acquiring, within).await;
+        assert_eq!(
+            *built.lock().unwrap(),
+            vec![],
+            "the factory ran after the tenure ended"
+        );
+        assert_eq!(started.load(Ordering::SeqCst), 0);
+        // The next tenure starts it, once, under a live guard.
+        assert!(other.release().await.unwrap());
+        common::actors::wait_until(within, || !built.lock().unwrap().is_empty()).await;
+        common::actors::wait_until(within, || started.load(Ordering::SeqCst) == 1).await;
+        let built = built.lock().unwrap().clone();
+        assert_eq!(built.len(), 1, "{built:?}");
+        assert!(built[0].1, "built under a live guard");
+        assert!(built[0].0 > first, "{built:?}");
+        assert!(manager.send(Shutdown).await.unwrap().unwrap());
+        arbiter.stop();
+    });
+}

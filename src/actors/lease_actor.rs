@@ -1,18 +1,22 @@
 //! [`LeaseActor`]: a lease driven by actix mailbox messages.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
+use tokio::sync::{oneshot, watch};
 
-use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription};
+use crate::lease::{FencingToken, Lease, LeaseError, LeaseLost, LostSubscription, Operation};
 use crate::tenure::TenureWatch;
 
 impl Message for LeaseLost {
     type Result = ();
 }
 
-/// Take the lease; answers like [`Lease::acquire`].
+/// Take the lease; answers like [`Lease::acquire`], or [`LeaseError::Superseded`] when a
+/// [`Release`] received after it (or the actor's stop) came before it answered.
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "Result<bool, LeaseError>")]
 pub struct Acquire;
@@ -88,9 +92,28 @@ impl Subscribers {
 /// this actor or any other handle of a shared lease) is not a loss: actors that act under the
 /// tenure follow [`GetTenure`]'s [`TenureWatch`], which sees every end.
 ///
-/// `Acquire` and `Release` run as futures: the actor keeps answering `CheckAlive` while one is in
-/// flight, and the lease itself serialises concurrent acquires and releases, so a `Release` sent
-/// after an `Acquire` takes effect after it.
+/// # Order of operations
+///
+/// `Acquire` and `Release` run as futures, one at a time, in the order the actor received them;
+/// the actor keeps answering `CheckAlive`, `GetFencingToken` and `GetTenure` at once while one is
+/// in flight. A `Release` *supersedes* every `Acquire` received before it that has not answered
+/// yet (one waiting for its turn, or retrying while another owner holds the lease): that acquire
+/// stops trying and answers [`LeaseError::Superseded`], and a claim its attempt in flight obtains
+/// is released (the lease finishes such an attempt, see [`Lease::acquire`]'s cancel safety) before
+/// the `Release` runs. So when the last of a series of `Acquire`s and `Release`s was a `Release`,
+/// this actor does not hold the lease once that `Release` answered `Ok(true)`, whatever the
+/// backend answered in between; when it was an `Acquire`, that acquire ran after every earlier
+/// release (tests `release_supersedes_a_retrying_acquire`,
+/// `concurrent_messages_are_serialised`, and the property check of `tests/model.rs`).
+///
+/// # Stopping
+///
+/// With [`release_on_stop`](LeaseActor::release_on_stop) (the default), a stopping actor
+/// supersedes its acquires still in flight the same way, then, on a task of its own (the actor
+/// is gone by then), waits for the operations it received to end (at most the lease's operation
+/// timeout) and releases the lease if it is held: an acquire in flight at the stop leaves nothing
+/// held, also on a lease shared with other handles (a failed release is logged at `warn`; the
+/// record then expires after its TTL). Test `stopping_with_an_acquire_in_flight_leaves_nothing_held`.
 ///
 /// ```
 /// use actix::prelude::*;
@@ -110,6 +133,38 @@ pub struct LeaseActor<L: Lease> {
     subscribers: Arc<Mutex<Subscribers>>,
     _lost: LostSubscription,
     release_on_stop: bool,
+    /// Set to `true` (and replaced) by a release or the stop: supersedes the acquires received
+    /// before it.
+    supersede: watch::Sender<bool>,
+    /// Ends (its sender is dropped) when the last operation received has ended.
+    last_op: Option<oneshot::Receiver<Infallible>>,
+}
+
+/// An operation's place in the actor's queue: it starts after `previous` ended, and `done` is
+/// dropped when it ends (after `previous`, so that the end of one means the end of all before it).
+struct Turn {
+    previous: Option<oneshot::Receiver<Infallible>>,
+    done: oneshot::Sender<Infallible>,
+}
+
+impl Turn {
+    async fn run<T>(self, op: impl Future<Output = T>) -> T {
+        if let Some(previous) = self.previous {
+            // An error only: the sender never sends, it is dropped when the operation ends.
+            let _ = previous.await;
+        }
+        let output = op.await;
+        drop(self.done);
+        output
+    }
+}
+
+/// Resolves once `superseded` turns `true`; never if its actor is dropped without stopping (the
+/// task running this goes with the arbiter).
+async fn superseded(mut superseded: watch::Receiver<bool>) {
+    if superseded.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 impl<L: Lease> LeaseActor<L> {
@@ -130,11 +185,14 @@ impl<L: Lease> LeaseActor<L> {
             subscribers,
             _lost: lost,
             release_on_stop: true,
+            supersede: watch::channel(false).0,
+            last_op: None,
         }
     }
 
-    /// Whether the actor releases the lease when it stops (default `true`); `false` leaves it to
-    /// expire, like a crash.
+    /// Whether the actor releases the lease when it stops (default `true`), also a claim that an
+    /// `Acquire` in flight at the stop obtains (see [Stopping](LeaseActor#stopping)); `false`
+    /// leaves the lease, and the operations in flight, alone, like a crash.
     pub fn release_on_stop(mut self, release: bool) -> Self {
         self.release_on_stop = release;
         self
@@ -143,6 +201,29 @@ impl<L: Lease> LeaseActor<L> {
     /// The lease.
     pub fn lease(&self) -> &Arc<L> {
         &self.lease
+    }
+
+    /// The next operation's place in the queue.
+    fn next_turn(&mut self) -> Turn {
+        let (done, next) = oneshot::channel();
+        Turn {
+            previous: self.last_op.replace(next),
+            done,
+        }
+    }
+
+    /// Supersedes every acquire received so far.
+    fn supersede_acquires(&mut self) {
+        std::mem::replace(&mut self.supersede, watch::channel(false).0).send_replace(true);
+    }
+
+    /// The operations received and not yet ended, if any.
+    fn pending_ops(&mut self) -> Option<oneshot::Receiver<Infallible>> {
+        let mut last = self.last_op.take()?;
+        match last.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => Some(last),
+            _ => None,
+        }
     }
 }
 
@@ -154,16 +235,42 @@ impl<L: Lease> Actor for LeaseActor<L> {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        if self.release_on_stop && self.lease.check_alive() {
-            let lease = Arc::clone(&self.lease);
-            // The arbiter keeps running after this actor: release in the background. Every
-            // other handle of a shared lease sees the tenure end.
-            actix_rt::spawn(async move {
-                if let Err(error) = lease.release().await {
-                    tracing::warn!(error = &error as &dyn std::error::Error, lease = %lease.name(), "release on stop failed");
-                }
-            });
+        if !self.release_on_stop {
+            return;
         }
+        // An acquire in flight stops trying; a claim its attempt obtains is released by the
+        // lease (which holds back every later operation of this instance meanwhile).
+        self.supersede_acquires();
+        let pending = self.pending_ops();
+        if pending.is_none() && !self.lease.check_alive() {
+            return;
+        }
+        let lease = Arc::clone(&self.lease);
+        // The arbiter keeps running after this actor: release in the background, after the
+        // operations this actor received. Every other handle of a shared lease sees the tenure
+        // end.
+        actix_rt::spawn(async move {
+            if let Some(pending) = pending {
+                let bound = lease.settings().operation_timeout();
+                if tokio::time::timeout(bound, pending).await.is_err() {
+                    tracing::debug!(lease = %lease.name(), owner = %lease.owner(), "operations of a stopped lease actor still in flight after the operation timeout; releasing anyway");
+                }
+            }
+            if !lease.check_alive() {
+                return;
+            }
+            match lease.release().await {
+                Ok(true) => {
+                    tracing::debug!(lease = %lease.name(), owner = %lease.owner(), "released on stop")
+                }
+                Ok(false) => {
+                    tracing::warn!(lease = %lease.name(), owner = %lease.owner(), "release on stop: another owner holds the lease")
+                }
+                Err(error) => {
+                    tracing::warn!(error = &error as &dyn std::error::Error, lease = %lease.name(), owner = %lease.owner(), "release on stop failed; the record expires after its TTL")
+                }
+            }
+        });
     }
 }
 
@@ -172,7 +279,20 @@ impl<L: Lease> Handler<Acquire> for LeaseActor<L> {
 
     fn handle(&mut self, _: Acquire, _: &mut Self::Context) -> Self::Result {
         let lease = Arc::clone(&self.lease);
-        Box::pin(async move { lease.acquire().await })
+        let superseded_by = self.supersede.subscribe();
+        let turn = self.next_turn();
+        Box::pin(turn.run(async move {
+            // Checked first, and at every wake-up: once superseded, the acquire is dropped (not
+            // started if it was still waiting for its turn), and the lease finishes and releases
+            // an attempt in flight.
+            tokio::select! {
+                biased;
+                () = superseded(superseded_by) => Err(LeaseError::Superseded {
+                    operation: Operation::Acquire,
+                }),
+                acquired = lease.acquire() => acquired,
+            }
+        }))
     }
 }
 
@@ -180,8 +300,10 @@ impl<L: Lease> Handler<Release> for LeaseActor<L> {
     type Result = ResponseFuture<Result<bool, LeaseError>>;
 
     fn handle(&mut self, _: Release, _: &mut Self::Context) -> Self::Result {
+        self.supersede_acquires();
         let lease = Arc::clone(&self.lease);
-        Box::pin(async move { lease.release().await })
+        let turn = self.next_turn();
+        Box::pin(turn.run(async move { lease.release().await }))
     }
 }
 

@@ -252,6 +252,30 @@ enum Factory<A: Actor<Context = Context<A>>> {
 type LocalFactory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A;
 type SendFactory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A + Send + Sync;
 
+/// The capacity of a singleton's mailbox (actix's default).
+const MAILBOX_CAPACITY: usize = 16;
+
+/// Starts a singleton on the current arbiter, if its tenure is still alive: the guard is checked
+/// immediately before the factory runs. When it is not, neither the factory nor `started` runs;
+/// dropping the watcher tells the manager that the instance is gone, and the manager, seeing the
+/// tenure ended, competes again (or releases) as after any end of a tenure.
+fn start_guarded<A: Actor<Context = Context<A>>>(
+    rx: actix::dev::channel::AddressReceiver<A>,
+    watcher: Watcher,
+    info: SingletonInfo,
+    factory: &dyn Fn(&SingletonInfo, &mut Context<A>) -> A,
+) {
+    if !info.guard.check_alive() {
+        tracing::warn!(lease = %info.lease_name, owner = %info.owner, fencing_token = %info.fencing_token, "the tenure ended before the singleton's arbiter could start it; not starting it");
+        return;
+    }
+    let mut ctx = Context::with_receiver(rx);
+    // First item of the singleton's context: polled before its own timers.
+    ctx.spawn(watcher);
+    let singleton = factory(&info, &mut ctx);
+    actix_rt::spawn(ctx.into_future(singleton));
+}
+
 /// Runs a singleton actor on whichever node holds the lease.
 ///
 /// Start one manager on every node, each with a lease of the same name and its own owner identity.
@@ -260,7 +284,12 @@ type SendFactory<A> = dyn Fn(&SingletonInfo, &mut Context<A>) -> A + Send + Sync
 /// # The guarantee, exactly
 ///
 /// The singleton is started only under a tenure that is alive at that instant, and it receives
-/// that tenure's [`TenureGuard`] in its [`SingletonInfo`]. The guard's `check_alive()` turns
+/// that tenure's [`TenureGuard`] in its [`SingletonInfo`]. The guard is checked where the
+/// singleton runs, right before its factory: a singleton started
+/// [`on_arbiter`](ClusterSingletonManager::on_arbiter) whose arbiter was busy until after the
+/// tenure ended is not built at all (neither the factory nor `started` runs), and the manager
+/// competes again as after any end of a tenure (test
+/// `a_busy_arbiter_does_not_start_the_singleton_after_its_tenure_ended`). The guard's `check_alive()` turns
 /// `false` before any other node can acquire the lease (see [`Lease::check_alive`]); at that
 /// instant the singleton is *told*, but it is not frozen: a step it began after its last check
 /// can still run. So a singleton must gate every step with `info.guard.check_alive()` and fence
@@ -380,7 +409,8 @@ where
 
     /// A manager that starts the singleton on `arbiter` (for example a dedicated
     /// `actix_rt::Arbiter::new().handle()`), so that a singleton that blocks its thread cannot
-    /// delay its manager, the lease's renewals or other actors.
+    /// delay its manager, the lease's renewals or other actors. The factory runs on `arbiter`,
+    /// only if the tenure is still alive when the arbiter gets to it.
     pub fn on_arbiter(
         lease: Arc<L>,
         arbiter: actix_rt::ArbiterHandle,
@@ -497,23 +527,19 @@ where
                 instance,
             },
         };
-        let addr = match &self.factory {
+        // The singleton's context is built where it runs; the guard is checked there, right
+        // before the factory: an arbiter busy past the end of the tenure must not start it.
+        let (tx, rx) = actix::dev::channel::channel(MAILBOX_CAPACITY);
+        match &self.factory {
             Factory::Local(factory) => {
-                let factory = Rc::clone(factory);
-                A::create(move |sctx| {
-                    // First item of the singleton's context: polled before its own timers.
-                    sctx.spawn(watcher);
-                    factory(&info, sctx)
-                })
+                start_guarded(rx, watcher, info, &**factory);
             }
             Factory::Arbiter(arbiter, factory) => {
                 let factory = Arc::clone(factory);
-                A::start_in_arbiter(arbiter, move |sctx| {
-                    sctx.spawn(watcher);
-                    factory(&info, sctx)
-                })
+                arbiter.spawn_fn(move || start_guarded(rx, watcher, info, &*factory));
             }
-        };
+        }
+        let addr = Addr::new(tx);
         // The manager follows the tenure too: any end of it stops the singleton.
         let end_watch = EndWatch::start(&guard, ctx.address().downgrade().recipient());
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), fencing_token = %guard.token(), instance, "singleton started");
