@@ -110,15 +110,16 @@ impl KubernetesTenure {
 }
 
 impl KubernetesBackend {
-    /// The backend of lease `name` on the API server described by `k8s`.
+    /// The backend of lease `name` on the API server described by `k8s`, on the process's shared
+    /// session for `k8s` ([`KubernetesSession::shared`]).
     ///
     /// # Errors
     ///
-    /// See [`KubernetesLease::new`].
+    /// See [`KubernetesLease::new`](super::KubernetesLease::new).
     pub fn new(name: &str, k8s: &KubernetesSettings) -> Result<Self, KubernetesError> {
         Ok(Self::with_session(
             name,
-            &KubernetesSession::new(k8s.clone())?,
+            &KubernetesSession::shared(k8s.clone())?,
         ))
     }
 
@@ -520,11 +521,9 @@ impl LeaseBackend for KubernetesBackend {
     /// duplicate check) for one built with a ready client, whose server is not known.
     fn store_id(&self) -> Option<String> {
         match &self.client {
-            ClientSource::Session(session) => Some(format!(
-                "kubernetes:{}/{}",
-                session.cluster_url(),
-                self.namespace
-            )),
+            ClientSource::Session(session) => session
+                .cluster_url()
+                .map(|url| format!("kubernetes:{url}/{}", self.namespace)),
             ClientSource::Ready(_) => None,
         }
     }

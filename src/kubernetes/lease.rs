@@ -67,7 +67,8 @@ use super::KubernetesSession;
 ///
 /// # One watch per namespace
 ///
-/// All leases of a [`KubernetesSession`] in a namespace share one watch on the namespace's `Lease`
+/// All leases of a [`KubernetesSession`] in a namespace (so also all leases that
+/// [`KubernetesLease::new`] built with equal settings) share one watch on the namespace's `Lease`
 /// objects ([`kube::runtime::watcher()`], with its backoff and relist), dispatched by object name.
 /// It reports a takeover or a deletion to a holder without a request, and keeps a waiting
 /// contender's view current: while the watch is listed and running, an attempt decides from what
@@ -136,12 +137,27 @@ use super::KubernetesSession;
 ///
 /// # Many leases: one session
 ///
-/// Leases built from one [`KubernetesSession`] ([`KubernetesSession::lease`],
-/// [`KubernetesLease::with_session`]) share its kube client, and with it one HTTP/2 connection
-/// to the API server, one token and CA re-reading, and one watch per namespace;
-/// [`KubernetesLease::new`] builds a session of its own for each lease. Build one session per API server and credentials and all leases of
-/// the process from it (the [`LeaseProvider`](crate::LeaseProvider) does so for equal
-/// sections). See [`KubernetesSession`] for the connection count and its limits.
+/// Leases of one [`KubernetesSession`] share its kube client, and with it one HTTP/2 connection
+/// to the API server, one token and CA re-reading, and one watch per namespace. Which session a
+/// lease uses:
+///
+/// * [`KubernetesLease::new`]: the process's **shared** session for its [`KubernetesSettings`]
+///   ([`KubernetesSession::shared`]). Leases built with equal settings (every field: namespace,
+///   API URL, token or token file, CA file) share it, for as long as one of them lives: the
+///   process holds it weakly, it ends (its connection closed, its watches stopped) with the last
+///   lease that uses it, and a later `new` builds a fresh one. 200 leases built this way keep at
+///   most 2 connections and cost the heap of the session path
+///   (`two_hundred_plain_leases_share_one_session` in `tests/kubernetes_scale.rs`). The
+///   [`LeaseProvider`](crate::LeaseProvider) uses the same shared sessions.
+/// * [`KubernetesLease::with_session`] or [`KubernetesSession::lease`]: a session you built
+///   yourself with [`KubernetesSession::new`] (never shared with `new`'s leases), to choose which
+///   leases share a connection.
+/// * [`KubernetesLease::with_client`]: the client you pass, with a namespace watch of its own;
+///   [`KubernetesSession::from_client`] shares one client's watch among the leases built from it.
+///
+/// Sharing changes only what the leases send their requests through: each lease keeps its own
+/// tenure, fencing token and observed-time expiry clock, and every claim is still its own
+/// compare-and-swap. See [`KubernetesSession`] for the connection count and its limits.
 ///
 /// # Runtime
 ///
@@ -152,16 +168,18 @@ use super::KubernetesSession;
 pub type KubernetesLease = ManagedLease<KubernetesBackend>;
 
 impl ManagedLease<KubernetesBackend> {
-    /// A lease with `settings` on the API server described by `k8s`, with a
-    /// [`KubernetesSession`] of its own (its own client and connection): for more than a few
-    /// leases, build one session and use [`KubernetesLease::with_session`].
+    /// A lease with `settings` on the API server described by `k8s`, on the process's shared
+    /// session for `k8s` ([`KubernetesSession::shared`]): every lease built with equal `k8s`
+    /// while one of them lives shares one client, one connection and one namespace watch, so a
+    /// process may build hundreds of leases this way (see "Many leases: one session" above).
     ///
-    /// The settings are validated and the token and CA files read once now; nothing is sent to
-    /// the API server before the first `acquire`.
+    /// When no live session has these settings, the settings are validated and the token and CA
+    /// files read now, and a session is built; nothing is sent to the API server before the
+    /// first `acquire`.
     ///
     /// # Errors
     ///
-    /// See [`KubernetesSession::new`].
+    /// See [`KubernetesSession::shared`].
     pub fn new(settings: LeaseSettings, k8s: KubernetesSettings) -> Result<Self, KubernetesError> {
         let backend = KubernetesBackend::new(settings.name(), &k8s)?;
         Ok(ManagedLease::from_backend(settings, backend))
@@ -169,6 +187,12 @@ impl ManagedLease<KubernetesBackend> {
 
     /// A lease with `settings` using a ready `client` (for example built from a kubeconfig), with
     /// its objects in `namespace`.
+    ///
+    /// Such a lease has a namespace watch of its own: a [`kube::Client`] has no identity to
+    /// share by (clones of one client cannot be told from clients of other servers or
+    /// credentials). For many leases on one client, build one
+    /// [`KubernetesSession::from_client`] and the leases from it: they share one watch per
+    /// namespace.
     ///
     /// # Errors
     ///
