@@ -113,6 +113,33 @@ pub(super) struct SessionInner {
     hub: Arc<WatchHub>,
 }
 
+/// The shared sessions ([`KubernetesSession::shared`]) by settings, held weakly. One lock for
+/// looking up and building, so two callers with equal settings never build two sessions, and a
+/// session whose last user is going (its `Weak` no longer upgrades) is replaced, never revived.
+static SHARED: LazyLock<Mutex<HashMap<KubernetesSettings, Weak<SessionInner>>>> =
+    LazyLock::new(Mutex::default);
+
+impl Drop for SessionInner {
+    /// Removes the entry of an ended shared session, so that the process does not keep its
+    /// settings (a token among them) after it. Never waits for the lock: if it is taken, the
+    /// next [`KubernetesSession::shared`] forgets the entry.
+    fn drop(&mut self) {
+        let Some(settings) = &self.settings else {
+            return;
+        };
+        let Ok(mut sessions) = SHARED.try_lock() else {
+            return;
+        };
+        // Only an entry that no live session uses: equal settings may already have a new one.
+        if sessions
+            .get(settings)
+            .is_some_and(|w| w.strong_count() == 0)
+        {
+            sessions.remove(settings);
+        }
+    }
+}
+
 /// What a [`KubernetesSession`]'s HTTP stack counted so far (for cost checks and tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -182,13 +209,8 @@ impl KubernetesSession {
     /// As [`KubernetesSession::new`], when a new session is built; none when a live one is
     /// shared (its settings were validated and its files read when it was built).
     pub fn shared(settings: KubernetesSettings) -> Result<Self, KubernetesError> {
-        /// The shared sessions by settings, held weakly. One lock for looking up and building,
-        /// so two callers with equal settings never build two sessions, and a session whose last
-        /// user is going (its `Weak` no longer upgrades) is replaced, never revived.
-        static SHARED: LazyLock<Mutex<HashMap<KubernetesSettings, Weak<SessionInner>>>> =
-            LazyLock::new(Mutex::default);
         let mut sessions = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-        // Sessions that ended leave an entry behind (holding their settings); forget them. No
+        // Entries of sessions that ended and could not remove themselves; forget them. No
         // session is dropped under this lock: only the session returned is upgraded.
         sessions.retain(|_, weak| weak.strong_count() > 0);
         if let Some(inner) = sessions.get(&settings).and_then(Weak::upgrade) {
@@ -421,6 +443,16 @@ mod tests {
         assert!(
             ended.upgrade().is_none(),
             "the process keeps no shared session alive"
+        );
+        // Nor its settings (unless another test held the lock at that moment: then the entry is
+        // left to the next `shared`, and must be dead).
+        assert!(
+            SHARED
+                .lock()
+                .unwrap()
+                .get(&k8s)
+                .is_none_or(|w| w.strong_count() == 0),
+            "nor its settings"
         );
         let again = KubernetesBackend::new("a", &k8s).unwrap();
         // `ended` still holds the old allocation, so a new session cannot have its address.
