@@ -217,7 +217,7 @@ fn prometheus(text: &str, metric: &str, must: &[&str], by: &str) -> Counters {
 #[cfg(feature = "kubernetes")]
 mod kubernetes {
     use super::*;
-    use actix_coordination::{KubernetesLease, KubernetesSettings};
+    use actix_coordination::{KubernetesLease, KubernetesSession, KubernetesSettings};
     use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
     use kube::api::Api;
     use kube::config::{
@@ -312,7 +312,12 @@ mod kubernetes {
                 .with_api_url(&self.url)
                 .with_token(&self.token)
                 .with_ca_file(&self.ca);
-            KubernetesLease::new(settings, k8s).expect("valid kubernetes settings")
+            // A session of its own, as the trait asks: the owners stand for separate processes
+            // (leases built with `KubernetesLease::new` and equal settings would share one
+            // session, whose watch hands a release to the contender inside the process).
+            KubernetesSession::new(k8s)
+                .expect("valid kubernetes settings")
+                .lease(settings)
         }
 
         fn client_counters(&self, lease: &KubernetesLease) -> Counters {

@@ -24,7 +24,10 @@ use actix_coordination::{
     KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
-use common::k8s::{client, env, settings_at, unique, ApiserverProcess, RUN};
+use common::k8s::{
+    acquire_all_and_watch, client, env, established_connections_to, settings_at, through, unique,
+    ApiserverProcess, RUN,
+};
 use common::proxy::{FaultProxy, ProxyMode};
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -1513,67 +1516,6 @@ async fn connections_set_tcp_nodelay() {
         );
     }
     assert!(from_settings.release().await.unwrap());
-}
-
-/// Settings of leases that reach the API server through `proxy` with the test token.
-fn through(proxy: &FaultProxy) -> KubernetesSettings {
-    settings_at(format!("https://{}", proxy.addr()))
-}
-
-/// The established TCP connections to `peer` on this machine, from `/proc/self/net/tcp` and
-/// `/proc/self/net/tcp6` (the kernel's table: hex `address:port` columns, state `01` =
-/// ESTABLISHED). Only this test process connects to a proxy of its own, so these are its own
-/// client-side connections (the proxy's accepted legs have `peer` as their *local* address).
-fn established_connections_to(peer: SocketAddr) -> usize {
-    fn parse(column: &str) -> Option<SocketAddr> {
-        let (ip, port) = column.split_once(':')?;
-        let port = u16::from_str_radix(port, 16).ok()?;
-        // The kernel prints each 32-bit word of the address in host byte order.
-        let mut bytes = Vec::new();
-        for word in 0..ip.len() / 8 {
-            let word = u32::from_str_radix(&ip[word * 8..word * 8 + 8], 16).ok()?;
-            bytes.extend_from_slice(&word.to_ne_bytes());
-        }
-        let ip = match bytes.len() {
-            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-            16 => {
-                let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
-                v6.to_ipv4_mapped()
-                    .map(std::net::IpAddr::from)
-                    .unwrap_or(v6.into())
-            }
-            _ => return None,
-        };
-        Some(SocketAddr::new(ip, port))
-    }
-    let mut count = 0;
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let columns: Vec<&str> = line.split_whitespace().collect();
-            if columns.len() > 3 && columns[3] == "01" && parse(columns[2]) == Some(peer) {
-                count += 1;
-            }
-        }
-    }
-    count
-}
-
-/// Acquires every lease at once and waits until the namespace watch of each is listed.
-async fn acquire_all_and_watch(leases: &[KubernetesLease]) {
-    let acquired = futures_util::future::join_all(leases.iter().map(|l| l.acquire())).await;
-    for (lease, acquired) in leases.iter().zip(acquired) {
-        assert!(acquired.unwrap(), "{} was free", lease.name());
-    }
-    timeout(Duration::from_secs(30), async {
-        while leases.iter().any(|l| !l.backend().watching()) {
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("every lease watches its namespace");
 }
 
 /// The connection count of the README and of `KubernetesSession`: one session holding 200 leases

@@ -512,4 +512,28 @@ mod tests {
             .validate()
             .unwrap();
     }
+
+    #[test]
+    fn settings_and_owner_come_from_the_downward_api_variables() {
+        // The only test of this crate that touches these variables.
+        let saved: Vec<_> = [NAMESPACE_ENV_NAME, OWNER_ENV_NAME]
+            .iter()
+            .map(|v| (*v, std::env::var_os(v)))
+            .collect();
+        std::env::set_var(NAMESPACE_ENV_NAME, "from-env");
+        std::env::set_var(OWNER_ENV_NAME, "pod-7f9c8");
+        let settings = KubernetesSettings::from_env().unwrap();
+        let owner = KubernetesSettings::owner_from_env().unwrap();
+        for (var, value) in saved {
+            match value {
+                Some(value) => std::env::set_var(var, value),
+                None => std::env::remove_var(var),
+            }
+        }
+        assert_eq!(settings.namespace(), "from-env");
+        assert_eq!(owner, "pod-7f9c8");
+    }
+
+    const NAMESPACE_ENV_NAME: &str = "POD_NAMESPACE";
+    const OWNER_ENV_NAME: &str = "POD_NAME";
 }

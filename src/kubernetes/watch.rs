@@ -434,7 +434,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
             Event::InitApply(lease) => {
                 if let (Some(listed), Some(name)) = (listed.as_mut(), lease.metadata.name.clone()) {
                     if registry.objects.contains_key(&name) {
-                        listed.insert(name, View::Present(Arc::new(super::slim(lease))));
+                        listed.insert(name, View::Present(Arc::new(super::record::slim(lease))));
                     }
                 }
             }
@@ -458,7 +458,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
                         &mut registry,
                         &name,
                         epoch,
-                        View::Present(Arc::new(super::slim(lease))),
+                        View::Present(Arc::new(super::record::slim(lease))),
                         at,
                     );
                 }

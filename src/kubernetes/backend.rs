@@ -1,0 +1,688 @@
+//! [`KubernetesBackend`]: the [`LeaseBackend`] of one lease, its requests and its
+//! compare-and-swap rounds (the semantics are documented on [`KubernetesLease`](super::KubernetesLease)).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::Api;
+use kube::Client;
+use tokio::time::Instant;
+
+use super::observed::{Observed, State};
+use super::record::{
+    duration_secs, holder_of, now_micro, post_params, released, slim, transitions_of,
+};
+use super::watch::{Subscription, View, WatchHub};
+use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
+use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::lease::{FencingToken, LostReason};
+use crate::settings::LeaseSettings;
+
+/// Compare-and-swap rounds within one call before giving up with [`KubernetesError::Conflict`].
+const MAX_CAS_ATTEMPTS: u32 = 4;
+/// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
+const MAX_UNCONFIRMED: usize = 16;
+
+/// Counters of the requests a [`KubernetesBackend`] sent, for tests and cost checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KubernetesStats {
+    /// `get` requests.
+    pub gets: u64,
+    /// `create` requests.
+    pub creates: u64,
+    /// `update` requests (claims, renewals, releases).
+    pub updates: u64,
+    /// `create` and `update` requests the API server refused with `409 Conflict` (someone else
+    /// wrote first: a lost compare-and-swap race); counted in `creates` and `updates` too.
+    pub conflicts: u64,
+}
+
+impl KubernetesStats {
+    /// Every request but watches: what a lease costs per operation.
+    pub fn requests(&self) -> u64 {
+        self.gets + self.creates + self.updates
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    gets: AtomicU64,
+    creates: AtomicU64,
+    updates: AtomicU64,
+    conflicts: AtomicU64,
+}
+
+pub(super) enum ClientSource {
+    Ready(Client),
+    Session(KubernetesSession),
+}
+
+/// The [`LeaseBackend`] of one lease on a Kubernetes API server; see [`KubernetesLease`](super::KubernetesLease).
+///
+/// One backend serves one lease instance: it remembers what it observed of its object (the
+/// `resourceVersion` and when it first saw it), which is what expiry is judged by.
+pub struct KubernetesBackend {
+    pub(super) client: ClientSource,
+    pub(super) namespace: String,
+    pub(super) name: String,
+    pub(super) object: String,
+    pub(super) state: Mutex<State>,
+    pub(super) counters: Counters,
+    pub(super) hub: Arc<WatchHub>,
+    pub(super) subscription: OnceLock<Subscription>,
+}
+
+impl std::fmt::Debug for KubernetesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesBackend")
+            .field("namespace", &self.namespace)
+            .field("object", &self.object)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the backend remembers of a tenure it holds.
+#[derive(Debug, Clone)]
+pub struct KubernetesTenure {
+    /// The object as this backend last wrote (or adopted) it; its `resourceVersion` is what the
+    /// next write compares against.
+    lease: Arc<LeaseObject>,
+    transitions: i32,
+    /// Renewals sent since the last confirmed one (their answer was lost or not yet received):
+    /// the `renewTime` each wrote, and when the call started.
+    unconfirmed: Vec<(MicroTime, Instant)>,
+}
+
+impl KubernetesTenure {
+    /// The fencing token of the tenure (`leaseTransitions` after this owner's claim).
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.transitions as u64)
+    }
+
+    /// The `resourceVersion` of the object as last written by this tenure.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.lease.metadata.resource_version.as_deref()
+    }
+}
+
+impl KubernetesBackend {
+    /// The backend of lease `name` on the API server described by `k8s`, on the process's shared
+    /// session for `k8s` ([`KubernetesSession::shared`]).
+    ///
+    /// # Errors
+    ///
+    /// See [`KubernetesLease::new`](super::KubernetesLease::new).
+    pub fn new(name: &str, k8s: &KubernetesSettings) -> Result<Self, KubernetesError> {
+        Ok(Self::with_session(
+            name,
+            &KubernetesSession::shared(k8s.clone())?,
+        ))
+    }
+
+    /// The backend of lease `name` on `session`, with its object in the session's namespace.
+    pub fn with_session(name: &str, session: &KubernetesSession) -> Self {
+        Self::build(
+            name,
+            ClientSource::Session(session.clone()),
+            session.namespace().to_owned(),
+        )
+    }
+
+    /// The session of this backend (`None` for one built from a ready client).
+    pub fn session(&self) -> Option<&KubernetesSession> {
+        match &self.client {
+            ClientSource::Ready(_) => None,
+            ClientSource::Session(session) => Some(session),
+        }
+    }
+
+    /// The backend of lease `name` using `client`, with its object in `namespace`.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::InvalidSettings`] when `namespace` is not a valid namespace name.
+    pub fn with_client(
+        name: &str,
+        client: Client,
+        namespace: impl Into<String>,
+    ) -> Result<Self, KubernetesError> {
+        let namespace = namespace.into();
+        settings::check_namespace(&namespace)?;
+        Ok(Self::build(name, ClientSource::Ready(client), namespace))
+    }
+
+    pub(super) fn build(name: &str, client: ClientSource, namespace: String) -> Self {
+        let hub = match &client {
+            ClientSource::Ready(client) => Arc::new(WatchHub::new(client.clone(), None)),
+            ClientSource::Session(session) => Arc::clone(session.hub()),
+        };
+        Self {
+            hub,
+            subscription: OnceLock::new(),
+            client,
+            namespace,
+            name: name.to_owned(),
+            object: object_name(name),
+            state: Mutex::new(State::default()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The namespace of the object.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The name of the `Lease` object (the lease name, mapped if needed: see [`object_name`]).
+    pub fn object_name(&self) -> &str {
+        &self.object
+    }
+
+    /// How many requests this backend sent.
+    pub fn stats(&self) -> KubernetesStats {
+        KubernetesStats {
+            gets: self.counters.gets.load(Ordering::Relaxed),
+            creates: self.counters.creates.load(Ordering::Relaxed),
+            updates: self.counters.updates.load(Ordering::Relaxed),
+            conflicts: self.counters.conflicts.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn api(&self) -> Result<Api<LeaseObject>, KubernetesError> {
+        let client = match &self.client {
+            ClientSource::Ready(client) => client.clone(),
+            ClientSource::Session(session) => session.client(),
+        };
+        Ok(Api::namespaced(client, &self.namespace))
+    }
+
+    pub(super) fn error(&self, verb: &'static str, error: kube::Error) -> KubernetesError {
+        KubernetesError::from_kube(error, verb, &self.object, &self.namespace)
+    }
+
+    /// [`Self::error`] for a write, counting a refused compare-and-swap.
+    pub(super) fn write_error(&self, verb: &'static str, error: kube::Error) -> KubernetesError {
+        let error = self.error(verb, error);
+        if error.status_code() == Some(409) {
+            self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        error
+    }
+
+    pub(super) async fn get(
+        &self,
+        api: &Api<LeaseObject>,
+    ) -> Result<Option<LeaseObject>, KubernetesError> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let found = api
+            .get_opt(&self.object)
+            .await
+            .map_err(|e| self.error("get", e))?
+            .map(slim);
+        if let Some(lease) = &found {
+            self.check_owner_name(lease)?;
+            self.observe(lease);
+        }
+        Ok(found)
+    }
+
+    pub(super) async fn create(
+        &self,
+        api: &Api<LeaseObject>,
+        lease: &LeaseObject,
+    ) -> Result<Arc<LeaseObject>, KubernetesError> {
+        self.counters.creates.fetch_add(1, Ordering::Relaxed);
+        let created = api
+            .create(&post_params(), lease)
+            .await
+            .map_err(|e| self.write_error("create", e))?;
+        Ok(self.observe_shared(Arc::new(slim(created))))
+    }
+
+    pub(super) async fn update(
+        &self,
+        api: &Api<LeaseObject>,
+        lease: &LeaseObject,
+    ) -> Result<Arc<LeaseObject>, KubernetesError> {
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let updated = api
+            .replace(&self.object, &post_params(), lease)
+            .await
+            .map_err(|e| self.write_error("update", e))?;
+        Ok(self.observe_shared(Arc::new(slim(updated))))
+    }
+
+    /// Records a claim about to be sent (by its `acquireTime`, which only this instance writes),
+    /// until its answer arrives: if it never does, the store may hold it, and a `release` without
+    /// a tenure removes it ([`LeaseBackend::release_unanswered`]).
+    pub(super) fn claim_sent(&self, claim: &LeaseObject) -> Option<MicroTime> {
+        let acquired_at = claim.spec.as_ref()?.acquire_time.clone()?;
+        self.lock().unanswered.push(acquired_at.clone());
+        Some(acquired_at)
+    }
+
+    /// The claim `sent` got `result`: forgotten if the API server answered (whatever it said).
+    pub(super) fn answered<T>(
+        &self,
+        sent: Option<MicroTime>,
+        result: Result<T, KubernetesError>,
+    ) -> Result<T, KubernetesError> {
+        let answered = match &result {
+            Ok(_) => true,
+            Err(error) => error.status_code().is_some(),
+        };
+        if let (true, Some(sent)) = (answered, sent) {
+            self.lock().unanswered.retain(|t| *t != sent);
+        }
+        result
+    }
+
+    pub(super) fn acquired(&self, lease: Arc<LeaseObject>) -> AcquireAttempt<KubernetesTenure> {
+        let transitions = transitions_of(&lease);
+        {
+            let mut state = self.lock();
+            state.tenure_version = lease.metadata.resource_version.clone();
+            // Whatever an earlier claim left in the store, this tenure supersedes it.
+            state.unanswered.clear();
+        }
+        AcquireAttempt::Acquired {
+            token: FencingToken::new(transitions as u64),
+            tenure: KubernetesTenure {
+                lease,
+                transitions,
+                unconfirmed: Vec::new(),
+            },
+            valid_from: None,
+        }
+    }
+
+    pub(super) fn adopt(&self, tenure: &mut KubernetesTenure, lease: Arc<LeaseObject>) {
+        self.lock().tenure_version = lease.metadata.resource_version.clone();
+        tenure.lease = lease;
+    }
+
+    /// `future`, a request with `verb`, bounded by `limit` ([`KubernetesError::Timeout`]).
+    pub(super) async fn bounded<T>(
+        &self,
+        verb: &'static str,
+        limit: Duration,
+        future: impl std::future::Future<Output = Result<T, KubernetesError>>,
+    ) -> Result<T, KubernetesError> {
+        tokio::time::timeout(limit, future)
+            .await
+            .map_err(|_| KubernetesError::Timeout {
+                verb,
+                object: self.object.clone(),
+                timeout: limit,
+            })?
+    }
+
+    /// The object now, bounded by the operation timeout: `Ok(Ok(version))` to watch on from while
+    /// the tenure with `token` holds, `Ok(Err(reason))` when it is lost.
+    pub(super) async fn tenure_check(
+        &self,
+        api: &Api<LeaseObject>,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<Result<String, LostReason>, KubernetesError> {
+        let current = self
+            .bounded("get", settings.operation_timeout(), self.get(api))
+            .await?;
+        Ok(match current {
+            None => Err(LostReason::Deleted),
+            Some(current) => match Self::loss_in(&current, settings.owner(), token) {
+                Some(reason) => Err(reason),
+                None => Ok(current.metadata.resource_version.unwrap_or_default()),
+            },
+        })
+    }
+}
+
+impl KubernetesBackend {
+    async fn try_acquire_inner(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
+        let api = self.api()?;
+        let owner = settings.owner();
+        // While the namespace watch is synced, what it delivered is the object now (up to its
+        // delay): decide from it without a read. A claim on a stale view fails its
+        // compare-and-swap, and the next round reads.
+        let mut cached = self.current_view();
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = match cached.take() {
+                Some(View::Present(lease)) => Some((*lease).clone()),
+                Some(View::Absent { .. }) => None,
+                None => self.get(&api).await?,
+            };
+            let Some(current) = current else {
+                let claim = self.new_object(settings);
+                let sent = self.claim_sent(&claim);
+                match self.answered(sent, self.create(&api, &claim).await) {
+                    Ok(created) => return Ok(self.acquired(created)),
+                    Err(e) if e.status_code() == Some(409) => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            let holder = holder_of(&current).map(str::to_owned);
+            let free = match holder.as_deref() {
+                None => true,
+                Some(h) if h == owner => true,
+                Some(_) => {
+                    let observed = self.observed();
+                    observed.is_some_and(|o| {
+                        Some(&o.version) == current.metadata.resource_version.as_ref()
+                            && Instant::now() >= o.expires_at()
+                    })
+                }
+            };
+            if !free {
+                let expires_at = self.observed().map(|o| o.expires_at());
+                return Ok(AcquireAttempt::HeldByOther { holder, expires_at });
+            }
+            let claim = self.claimed(current, settings)?;
+            let sent = self.claim_sent(&claim);
+            match self.answered(sent, self.update(&api, &claim).await) {
+                Ok(updated) => return Ok(self.acquired(updated)),
+                // 409: someone wrote first; 404: deleted meanwhile. Read again and decide.
+                Err(e) if matches!(e.status_code(), Some(409) | Some(404)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
+    async fn renew_inner(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut KubernetesTenure,
+    ) -> Result<RenewOutcome, KubernetesError> {
+        let api = self.api()?;
+        let start = Instant::now();
+        let renew_time = now_micro();
+        let mut next = (*tenure.lease).clone();
+        let spec = next.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(renew_time.clone());
+        spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
+        if tenure.unconfirmed.len() >= MAX_UNCONFIRMED {
+            tenure.unconfirmed.remove(0);
+        }
+        // Remembered before sending: if the answer is lost (the call is cancelled by its timeout),
+        // a later renewal can still recognise this write in the object.
+        tenure.unconfirmed.push((renew_time, start));
+        match self.update(&api, &next).await {
+            Ok(updated) => {
+                self.adopt(tenure, updated);
+                tenure.unconfirmed.clear();
+                return Ok(RenewOutcome::Renewed { valid_from: None });
+            }
+            Err(e) if e.status_code() == Some(404) => {
+                return Ok(RenewOutcome::Lost(LostReason::Deleted))
+            }
+            Err(e) if e.status_code() == Some(409) => {
+                // This write did not land; find out why.
+                tenure.unconfirmed.pop();
+            }
+            Err(e) => return Err(e),
+        }
+        let Some(current) = self.get(&api).await? else {
+            return Ok(RenewOutcome::Lost(LostReason::Deleted));
+        };
+        let token = FencingToken::new(tenure.transitions as u64);
+        if let Some(reason) = Self::loss_in(&current, settings.owner(), token) {
+            return Ok(RenewOutcome::Lost(reason));
+        }
+        // Still our tenure. If the object carries the renewTime of an earlier renewal whose answer
+        // was lost, that renewal landed: its validity counts from the start of its call.
+        let landed = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .and_then(|t| tenure.unconfirmed.iter().find(|(sent, _)| sent == t))
+            .map(|(_, started)| *started);
+        self.adopt(tenure, Arc::new(current));
+        match landed {
+            Some(started) => {
+                tenure.unconfirmed.clear();
+                tracing::debug!(object = %self.object, "an earlier renewal whose answer was lost had landed");
+                Ok(RenewOutcome::Renewed {
+                    valid_from: Some(started),
+                })
+            }
+            // Someone else changed the object (an annotation, a label) without taking it: nothing
+            // of ours renewed it. Retry with the new resourceVersion.
+            None => Err(KubernetesError::Conflict {
+                object: self.object.clone(),
+                attempts: 1,
+            }),
+        }
+    }
+
+    async fn release_inner(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        let api = self.api()?;
+        let owner = settings.owner();
+        self.lock().tenure_version = None;
+        let mut next = released((*tenure.lease).clone());
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            match self.update(&api, &next).await {
+                Ok(_) => return Ok(ReleaseOutcome::Released),
+                Err(e) if e.status_code() == Some(404) => return Ok(ReleaseOutcome::Released),
+                Err(e) if e.status_code() == Some(409) => {}
+                Err(e) => return Err(e),
+            }
+            let Some(current) = self.get(&api).await? else {
+                return Ok(ReleaseOutcome::Released);
+            };
+            match holder_of(&current) {
+                None => return Ok(ReleaseOutcome::Released),
+                // Still this tenure (the conflict was one of our own renewals whose answer was
+                // lost, or an edit that did not take the lease): release it over that version.
+                // The same owner with other `leaseTransitions` is a newer tenure, started by
+                // another instance with this owner identity: not ours to clear.
+                Some(holder)
+                    if holder == owner && transitions_of(&current) == tenure.transitions =>
+                {
+                    next = released(current)
+                }
+                Some(holder) => {
+                    return Ok(ReleaseOutcome::HeldByOther {
+                        holder: Some(holder.to_owned()),
+                    })
+                }
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+}
+
+impl LeaseBackend for KubernetesBackend {
+    type Tenure = KubernetesTenure;
+    type Error = KubernetesError;
+
+    /// The API server and namespace, for a lease built from [`KubernetesSettings`]; `None` (no
+    /// duplicate check) for one built with a ready client, whose server is not known.
+    fn store_id(&self) -> Option<String> {
+        match &self.client {
+            ClientSource::Session(session) => session
+                .cluster_url()
+                .map(|url| format!("kubernetes:{url}/{}", self.namespace)),
+            ClientSource::Ready(_) => None,
+        }
+    }
+
+    // The calls are boxed: their futures (kube's request futures inside) are a few KB, and a
+    // task that awaits one (a lease's renewal task) would carry that size for its whole life.
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
+        Box::pin(self.try_acquire_inner(settings)).await
+    }
+
+    async fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut KubernetesTenure,
+    ) -> Result<RenewOutcome, KubernetesError> {
+        Box::pin(self.renew_inner(settings, tenure)).await
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(self.release_inner(settings, tenure)).await
+    }
+
+    /// Releases a claim of this instance whose answer never arrived, if the object still shows
+    /// it (this owner, and the claim's own `acquireTime`), with a compare-and-swap on what was
+    /// read; costs one read, and only after such a claim.
+    async fn release_unanswered(&self, settings: &LeaseSettings) -> Result<(), KubernetesError> {
+        let pending = self.lock().unanswered.clone();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let api = self.api()?;
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = self.get(&api).await?;
+            let ours = current.as_ref().is_some_and(|lease| {
+                holder_of(lease) == Some(settings.owner())
+                    && lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.acquire_time.as_ref())
+                        .is_some_and(|t| pending.contains(t))
+            });
+            let Some(current) = current.filter(|_| ours) else {
+                self.lock().unanswered.clear();
+                return Ok(());
+            };
+            match self.update(&api, &released(current)).await {
+                Ok(_) => {
+                    tracing::debug!(object = %self.object, "released a claim whose answer had been lost");
+                    self.lock().unanswered.clear();
+                    return Ok(());
+                }
+                Err(e) if e.status_code() == Some(404) => {
+                    self.lock().unanswered.clear();
+                    return Ok(());
+                }
+                Err(e) if e.status_code() == Some(409) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: self.object.clone(),
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
+    async fn watch_lost(
+        &self,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<LostReason, KubernetesError> {
+        let Some(subscription) = self.subscription() else {
+            return Err(KubernetesError::Runtime {
+                reason: "the lease's namespace watch needs a Tokio runtime".into(),
+            });
+        };
+        let mut changes = subscription.changes();
+        loop {
+            self.fold();
+            if let Some(view) = subscription.latest().view {
+                if let Some(reason) = Box::pin(self.judge(&view, settings, token)).await? {
+                    return Ok(reason);
+                }
+            }
+            if !changes.next().await {
+                return Err(KubernetesError::Runtime {
+                    reason: "the lease's namespace watch ended with its runtime".into(),
+                });
+            }
+        }
+    }
+
+    fn notifies_changes(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
+        let owner = settings.owner();
+        // When to give up waiting: `not_after`, or when the observed claim expires; `None` when
+        // the lease is free for this owner already.
+        let wake_at = |observed: &Observed| match observed.holder.as_deref() {
+            None => None,
+            Some(holder) if holder == owner => None,
+            Some(_) => Some(observed.expires_at().min(not_after)),
+        };
+        let retry_delay = settings.acquire_retry_delay();
+        let Some(subscription) = self.subscription() else {
+            tokio::time::sleep_until(not_after.min(Instant::now() + retry_delay)).await;
+            return;
+        };
+        let mut changes = subscription.changes();
+        // Without a synced watch, or a current view of the object, the caller's next attempt
+        // reads the object: no later than the retry delay after that was seen (the caller may
+        // have passed its whole deadline as `not_after`).
+        let mut unsynced_since: Option<Instant> = None;
+        loop {
+            self.fold();
+            if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
+                return;
+            }
+            let mut wake = match self.observed() {
+                None => not_after.min(Instant::now() + retry_delay),
+                Some(observed) => match wake_at(&observed) {
+                    None => return,
+                    Some(wake) => wake,
+                },
+            };
+            if subscription.status().synced && self.current_view().is_some() {
+                unsynced_since = None;
+            } else {
+                wake = wake.min(*unsynced_since.get_or_insert_with(Instant::now) + retry_delay);
+            }
+            if wake <= Instant::now() {
+                return;
+            }
+            tokio::select! {
+                running = changes.next() => if !running {
+                    tokio::time::sleep_until(wake.min(Instant::now() + retry_delay)).await;
+                    return;
+                },
+                () = tokio::time::sleep_until(wake) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl KubernetesBackend {
+    /// A backend whose client is never built (for tests that send nothing).
+    pub(super) fn with_client_for_tests(name: &str) -> Self {
+        let mut config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        config.default_namespace = "ns".into();
+        let session = KubernetesSession::from_config(&config).unwrap();
+        Self::with_session(name, &session)
+    }
+}

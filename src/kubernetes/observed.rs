@@ -1,0 +1,397 @@
+//! What a backend knows of its object: the version it last saw and when it first saw it (the
+//! observed-time expiry clock), and the fold of the namespace watch's deliveries into that
+//! knowledge (see the `watch` module for which view is current).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use tokio::time::Instant;
+
+use super::record::{duration_of, holder_of};
+use super::watch::{self, KubernetesWatchStats, Subscription, View};
+use super::{KubernetesBackend, KubernetesError};
+use crate::lease::{FencingToken, LostReason};
+use crate::settings::LeaseSettings;
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) observed: Option<Observed>,
+    /// What this instance knows of the object (from the namespace watch or its own requests), and
+    /// the epoch of the namespace watch it learned it in (0: the watch was not synced).
+    pub(super) known: Option<(View, u64)>,
+    /// The last delivery of the namespace watch folded in.
+    pub(super) folded: u64,
+    /// The `acquireTime` of claims sent whose answer never arrived.
+    pub(super) unanswered: Vec<MicroTime>,
+    /// The `resourceVersion` of this instance's latest write in the current tenure.
+    pub(super) tenure_version: Option<String>,
+}
+
+/// What the backend last saw of its object, and when it first saw that version.
+#[derive(Debug, Clone)]
+pub(super) struct Observed {
+    pub(super) version: String,
+    pub(super) first_seen: Instant,
+    pub(super) holder: Option<String>,
+    pub(super) duration: Duration,
+}
+
+impl Observed {
+    pub(super) fn expires_at(&self) -> Instant {
+        self.first_seen + self.duration
+    }
+}
+
+impl KubernetesBackend {
+    /// Records what a request returned of the object.
+    pub(super) fn observe(&self, lease: &LeaseObject) {
+        self.observe_shared(Arc::new(lease.clone()));
+    }
+
+    /// Records what a request returned of the object, keeping this copy (a tenure shares it).
+    pub(super) fn observe_shared(&self, lease: Arc<LeaseObject>) -> Arc<LeaseObject> {
+        let epoch = self.synced_epoch();
+        let now = Instant::now();
+        self.learn(View::Present(Arc::clone(&lease)), now, epoch);
+        if let Some(subscription) = self.subscription.get() {
+            subscription.publish(Arc::clone(&lease), now);
+        }
+        lease
+    }
+
+    /// Records what is known of the object, unless it is older than what is known already; the
+    /// expiry clock of a version starts when this instance first saw it (`at`).
+    pub(super) fn learn(&self, view: View, at: Instant, epoch: u64) {
+        let mut state = self.lock();
+        if let (Some(new), Some(known)) = (
+            view.version(),
+            state.known.as_ref().and_then(|(v, _)| v.version()),
+        ) {
+            if watch::older(new, known) {
+                return;
+            }
+        }
+        if let View::Present(lease) = &view {
+            if let Some(version) = lease.metadata.resource_version.as_deref() {
+                if state.observed.as_ref().is_none_or(|o| o.version != version) {
+                    state.observed = Some(Observed {
+                        version: version.to_owned(),
+                        first_seen: at,
+                        holder: holder_of(lease).map(str::to_owned),
+                        duration: duration_of(lease),
+                    });
+                }
+            }
+        }
+        state.known = Some((view, epoch));
+    }
+
+    pub(super) fn observed(&self) -> Option<Observed> {
+        self.lock().observed.clone()
+    }
+
+    /// The namespace watch subscription of this instance, made at first use.
+    pub(super) fn subscription(&self) -> Option<&Subscription> {
+        if let Some(subscription) = self.subscription.get() {
+            return Some(subscription);
+        }
+        match self.hub.subscribe(&self.namespace, &self.object) {
+            Ok(subscription) => Some(self.subscription.get_or_init(|| subscription)),
+            Err(error) => {
+                tracing::debug!(%error, object = %self.object, "cannot watch the namespace; reading the object before each attempt");
+                None
+            }
+        }
+    }
+
+    /// The epoch of the namespace watch if it is synced, else 0.
+    pub(super) fn synced_epoch(&self) -> u64 {
+        self.subscription
+            .get()
+            .map(Subscription::status)
+            .filter(|s| s.synced)
+            .map_or(0, |s| s.epoch)
+    }
+
+    /// Folds the namespace watch's latest delivery for the object into what this instance knows.
+    pub(super) fn fold(&self) {
+        let Some(subscription) = self.subscription() else {
+            return;
+        };
+        let snapshot = subscription.latest();
+        {
+            let mut state = self.lock();
+            if snapshot.seq <= state.folded {
+                return;
+            }
+            state.folded = snapshot.seq;
+        }
+        let Some(view) = snapshot.view else {
+            return;
+        };
+        if let View::Present(lease) = &view {
+            // Not this lease's object (a name collision): the next read reports it.
+            if self.check_owner_name(lease).is_err() {
+                return;
+            }
+        }
+        let status = subscription.status();
+        let epoch = if status.synced && status.epoch == snapshot.epoch {
+            snapshot.epoch
+        } else {
+            0
+        };
+        self.learn(view, snapshot.at, epoch);
+    }
+
+    /// What this instance knows of the object, if it is current: learned in the epoch of the
+    /// namespace watch that still runs, synced (see the `watch` module).
+    pub(super) fn current_view(&self) -> Option<View> {
+        self.fold();
+        let status = self.subscription.get()?.status();
+        if !status.synced {
+            return None;
+        }
+        match &self.lock().known {
+            Some((view, epoch)) if *epoch == status.epoch && *epoch > 0 => Some(view.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether `view`, a delivery of the namespace watch, shows the tenure with `token` lost. A
+    /// view that shows a loss but may be older than the tenure's last write (versions that are not
+    /// numbers, a listing) is confirmed by a read; one older than that write is ignored.
+    pub(super) async fn judge(
+        &self,
+        view: &View,
+        settings: &LeaseSettings,
+        token: FencingToken,
+    ) -> Result<Option<LostReason>, KubernetesError> {
+        let reason = match view {
+            View::Present(lease) => match Self::loss_in(lease, settings.owner(), token) {
+                None => return Ok(None),
+                Some(reason) => reason,
+            },
+            View::Absent { .. } => LostReason::Deleted,
+        };
+        let ours = self.lock().tenure_version.clone();
+        if let (Some(seen), Some(ours)) = (view.version(), ours.as_deref()) {
+            if watch::newer(seen, ours) {
+                return Ok(Some(reason));
+            }
+            if seen == ours || watch::older(seen, ours) {
+                return Ok(None);
+            }
+        }
+        let api = self.api()?;
+        Ok(self.tenure_check(&api, settings, token).await?.err())
+    }
+
+    /// Whether the namespace watch this lease learns from is listed and running; until it is, a
+    /// waiting attempt reads the object first.
+    pub fn watching(&self) -> bool {
+        self.synced_epoch() > 0
+    }
+
+    /// The requests of the namespace watch this lease uses (shared with every lease of its
+    /// session in the namespace).
+    pub fn watch_stats(&self) -> KubernetesWatchStats {
+        self.hub.counters.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::Client;
+
+    use super::*;
+    use crate::backend::LeaseBackend;
+    use crate::kubernetes::record::tests::object;
+    use crate::kubernetes::WATCH_FLOOR;
+
+    #[tokio::test]
+    async fn observation_clock_restarts_only_on_a_new_version() {
+        let backend = KubernetesBackend::with_client_for_tests("n");
+        let mut lease = object(Some("b"), Some(1));
+        lease.spec.as_mut().unwrap().lease_duration_seconds = Some(3);
+        backend.observe(&lease);
+        let first = backend.observed().unwrap();
+        assert_eq!(first.duration, Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backend.observe(&lease);
+        assert_eq!(
+            backend.observed().unwrap().first_seen,
+            first.first_seen,
+            "same version"
+        );
+        lease.metadata.resource_version = Some("8".into());
+        backend.observe(&lease);
+        assert!(
+            backend.observed().unwrap().first_seen > first.first_seen,
+            "new version"
+        );
+    }
+
+    /// How a fake API server answers watch requests.
+    #[derive(Clone, Copy)]
+    enum WatchAnswer {
+        /// The headers of a watch, then nothing on that connection (as a half-open one would).
+        Silent,
+        /// An empty watch stream, ended after this long (a proxy that cuts long responses).
+        EndAfter(Duration),
+    }
+
+    /// The body of a fake answer: `data`, then the end after `end` (never: `forever`).
+    struct FakeBody {
+        data: Option<bytes::Bytes>,
+        end: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+        forever: bool,
+    }
+
+    impl http_body::Body for FakeBody {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            use std::future::Future;
+            if let Some(data) = self.data.take() {
+                return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+            }
+            if self.forever {
+                return std::task::Poll::Pending;
+            }
+            match self.end.as_mut() {
+                None => std::task::Poll::Ready(None),
+                Some(sleep) => sleep.as_mut().poll(cx).map(|()| None),
+            }
+        }
+    }
+
+    /// A backend of lease `n` in namespace `ns` of a fake API server (a service, no sockets, so
+    /// that the paused clock rules everything): it answers a list of leases with lease `n` held
+    /// by `a` (token 1) at version 41, and a watch as `answer` says; it reports each request line
+    /// with the instant it arrived.
+    fn fake_backend(
+        answer: WatchAnswer,
+    ) -> (
+        KubernetesBackend,
+        tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let line = format!("{} {}", request.method(), request.uri());
+            let _ = tx.send((Instant::now(), line.clone()));
+            async move {
+                let body = if line.contains("watch=true") {
+                    FakeBody {
+                        data: None,
+                        forever: matches!(answer, WatchAnswer::Silent),
+                        end: match answer {
+                            WatchAnswer::Silent => None,
+                            WatchAnswer::EndAfter(after) => {
+                                Some(Box::pin(tokio::time::sleep(after)))
+                            }
+                        },
+                    }
+                } else {
+                    FakeBody {
+                        forever: false,
+                        end: None,
+                        data: Some(bytes::Bytes::from_static(br#"{"kind":"LeaseList","apiVersion":"coordination.k8s.io/v1","metadata":{"resourceVersion":"41"},"items":[{"metadata":{"name":"n","namespace":"ns","resourceVersion":"41"},"spec":{"holderIdentity":"a","leaseDurationSeconds":15,"leaseTransitions":1}}]}"#)),
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(http::Response::new(body))
+            }
+        });
+        let client = Client::new(service, "ns");
+        let backend = KubernetesBackend::with_client("n", client, "ns").unwrap();
+        (backend, rx)
+    }
+
+    /// The watch requests among `requests` received within `within`.
+    async fn watch_requests(
+        requests: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+        count: usize,
+        within: Duration,
+    ) -> Vec<(Instant, String)> {
+        let mut seen = Vec::new();
+        tokio::time::timeout(within, async {
+            while seen.len() < count {
+                let request = requests.recv().await.unwrap();
+                if request.1.contains("watch=true") {
+                    seen.push(request);
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{count} watch requests within {within:?}: {seen:?}"));
+        seen
+    }
+
+    /// The namespace watch on a connection that went half-open (headers, then nothing, and no
+    /// read timeout in the client) does not hang forever: it is replaced once the server should
+    /// have ended it, from the same version, and the tenure is still watched.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_watch_is_replaced_after_its_server_side_timeout() {
+        let (backend, mut requests) = fake_backend(WatchAnswer::Silent);
+        backend.lock().tenure_version = Some("41".into());
+        let settings = LeaseSettings::new("n", "a").unwrap();
+        let watch = backend.watch_lost(&settings, FencingToken::new(1));
+        let mut watch = std::pin::pin!(watch);
+        let server_timeout = Duration::from_secs(u64::from(watch::WATCH_TIMEOUT_SECS));
+        let seen = tokio::select! {
+            done = &mut watch => panic!("the watch ended: {done:?}"),
+            seen = watch_requests(&mut requests, 3, server_timeout * 3) => seen,
+        };
+        for (_, line) in &seen {
+            assert!(line.starts_with("GET "), "{line}");
+            assert!(line.contains("watch=true"), "{line}");
+            assert!(line.contains("resourceVersion=41"), "{line}");
+        }
+        for pair in seen.windows(2) {
+            let gap = pair[1].0 - pair[0].0;
+            assert!(
+                gap >= server_timeout,
+                "re-opened after {gap:?}, before the server could have ended it"
+            );
+            assert!(gap <= server_timeout + Duration::from_secs(6), "{gap:?}");
+        }
+        assert!(backend.watch_stats().watch_requests >= 3);
+        assert_eq!(backend.watch_stats().listings, 1, "no relist");
+    }
+
+    /// A watch stream that the server (or a proxy) ends every 100 ms is re-opened at most once
+    /// per floor delay, not in a tight loop; the watch stays synced meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_ended_early_is_reopened_after_the_floor_delay() {
+        let (backend, mut requests) =
+            fake_backend(WatchAnswer::EndAfter(Duration::from_millis(100)));
+        backend.lock().tenure_version = Some("41".into());
+        let settings = LeaseSettings::new("n", "a").unwrap();
+        let watch = backend.watch_lost(&settings, FencingToken::new(1));
+        let mut watch = std::pin::pin!(watch);
+        const REOPENS: usize = 10;
+        let seen = tokio::select! {
+            done = &mut watch => panic!("the watch ended: {done:?}"),
+            seen = watch_requests(&mut requests, REOPENS + 1, WATCH_FLOOR * (REOPENS as u32 + 5)) => seen,
+        };
+        for pair in seen.windows(2) {
+            let gap = pair[1].0 - pair[0].0;
+            assert!(
+                gap >= WATCH_FLOOR,
+                "re-opened {gap:?} after the previous one"
+            );
+        }
+        let stats = backend.watch_stats();
+        assert!(stats.floored >= REOPENS as u64, "{stats:?}");
+        assert_eq!(stats.listings, 1, "no relist: {stats:?}");
+        assert!(backend.watching(), "an early end is not a failure");
+    }
+}
