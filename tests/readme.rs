@@ -101,13 +101,14 @@ use actix_coordination::{KubernetesLease, KubernetesSettings, Lease, LeaseSettin
 let owner = KubernetesSettings::owner_from_env()?;                       // POD_NAME (or HOSTNAME)
 let settings = LeaseSettings::new("job-scheduler", owner)?;
 let lease = KubernetesLease::new(settings, KubernetesSettings::from_env()?)?; // POD_NAMESPACE
-// Many leases: one session, one connection (see below).
-//   let session = KubernetesSession::new(KubernetesSettings::from_env()?)?;
-//   let lease = session.lease(settings);
+// Leases built with equal settings share one session: one connection, one watch (see below).
 // Outside a cluster, from a kubeconfig:
 //   let config = kube::Config::infer().await?;
 //   let client = actix_coordination::kubernetes_client(&config)?;   // TCP_NODELAY, see below
 //   KubernetesLease::with_client(settings, client, "my-namespace")?
+//   // or, for many leases on that client: one watch for all of them
+//   let session = KubernetesSession::from_client(client, "my-namespace")?;
+//   let lease = session.lease(settings);
 // end of README block
 Ok(())
 }
