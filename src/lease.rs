@@ -169,6 +169,33 @@ impl Drop for LostSubscription {
 /// and get this trait from [`ManagedLease`](crate::ManagedLease). A type can also implement it
 /// directly: it publishes its tenures through a [`TenurePublisher`](crate::TenurePublisher) (the
 /// rules it must keep are there) and its `on_lost` handlers through a [`LostHandlers`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use actix_coordination::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let settings = |owner: &str| LeaseSettings::builder("orders", owner)
+///     .ttl(Duration::from_secs(10))
+///     .build();
+/// let a = InMemoryLease::new(settings("node-a")?, &store);
+/// let b = InMemoryLease::new(settings("node-b")?, &store);
+///
+/// assert!(a.acquire().await?);                       // a holds it
+/// assert!(!b.acquire().await?);                      // b does not: Ok(false), not an error
+/// let token = a.fencing_token().expect("held");      // pass it with every write
+/// assert!(a.check_alive());
+///
+/// a.release().await?;                                // hand over at once
+/// assert!(b.acquire().await?);
+/// assert!(b.fencing_token().unwrap() > token);       // a new tenure: a higher token
+/// # Ok(())
+/// # }
+/// ```
 pub trait Lease: Send + Sync + 'static {
     /// The validated settings of this lease.
     fn settings(&self) -> &LeaseSettings;

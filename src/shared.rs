@@ -52,6 +52,28 @@ impl<L: Lease> DynLease for L {
 /// handlers). This is what [`LeaseProvider`](crate::LeaseProvider) hands out.
 ///
 /// Dropping the last clone drops the lease, which stops its renewal without releasing it.
+///
+/// # Example
+///
+/// ```
+/// use actix_coordination::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let lease = SharedLease::new(InMemoryLease::new(LeaseSettings::new("cache", "node-a")?, &store));
+/// let for_the_worker = lease.clone();                // the same lease: one tenure, one renewal
+///
+/// assert!(lease.acquire().await?);
+/// assert!(for_the_worker.check_alive());
+/// let guard = for_the_worker.tenure().guard().expect("held");
+///
+/// for_the_worker.release().await?;                   // a release through any clone ends it
+/// assert!(!lease.check_alive());
+/// assert_eq!(guard.ended().await, TenureEnd::Released);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct SharedLease(Arc<dyn DynLease>);
 

@@ -274,6 +274,37 @@ impl TenureWatch {
 /// * [`token`](Self::token): its fencing token, for every write;
 /// * [`ended`](Self::ended): a future that resolves at the deadline or at the end, whichever
 ///   comes first.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use actix_coordination::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let lease = InMemoryLease::new(LeaseSettings::new("reports", "node-a")?, &store);
+/// assert!(lease.acquire().await?);
+/// let guard = lease.tenure().guard().expect("held");
+///
+/// // Gate every step on the guard and fence every write with its token.
+/// let mut written = Vec::new();
+/// for batch in 0..3 {
+///     if !guard.check_alive() {
+///         break;
+///     }
+///     written.push((batch, guard.token()));
+/// }
+/// assert_eq!(written.len(), 3);
+///
+/// // Every end of the tenure reaches the guard: here a release.
+/// lease.release().await?;
+/// assert!(!guard.check_alive());
+/// assert_eq!(guard.ended().await, TenureEnd::Released);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct TenureGuard {
     tenure: Tenure,
