@@ -11,7 +11,9 @@
 //! ```
 //!
 //! The TTL and renewal interval default to 6 s and 2 s (`SCALE_TTL_SECS`, `SCALE_RENEWAL_SECS`);
-//! the leases are held for `SCALE_HOLD_RENEWALS` renewal intervals (default 3). The real backends
+//! the leases are held for `SCALE_HOLD_RENEWALS` renewal intervals (default 3; 20 on etcd, whose
+//! keep-alives per renewal interval are counted on etcd's own `/metrics`
+//! (`grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}`) and checked: at most 1.2). The real backends
 //! read the test cluster's environment (`ACTIX_COORD_TEST_*`) and share one client (Kubernetes)
 //! or one session (etcd) between all leases, as one process would; the CPU of the API server and
 //! of etcd while holding is reported too when their pids are in that environment.
@@ -77,12 +79,17 @@ fn renewal() -> Duration {
     env_secs("SCALE_RENEWAL_SECS", 2)
 }
 
-fn hold_renewals() -> u32 {
+fn hold_renewals(backend: &str) -> u32 {
     std::env::var("SCALE_HOLD_RENEWALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        // etcd: a window long enough to count one keep-alive per interval to within 5 %.
+        .unwrap_or(if backend == "etcd" { 20 } else { 3 })
 }
+
+/// The most keep-alives per renewal interval etcd may receive for all leases of one session
+/// (README, "etcd"; `tests/etcd_keepalive.rs` checks the same bound for 200 leases).
+const MOST_KEEP_ALIVES_PER_INTERVAL: f64 = 1.2;
 
 fn settings(i: usize) -> LeaseSettings {
     let renewal = renewal();
@@ -261,6 +268,43 @@ impl Backend {
         }
     }
 
+    /// The keep-alive messages etcd received so far from every client, counted by etcd itself
+    /// (`grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}` on its `/metrics`, served
+    /// on the client URL); etcd only.
+    async fn keep_alives_received_by_etcd(&self) -> Option<u64> {
+        match self {
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let endpoint = cluster_var("ACTIX_COORD_TEST_ETCD_ENDPOINT");
+                let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+                let mut stream = tokio::net::TcpStream::connect(authority)
+                    .await
+                    .expect("connect to etcd for /metrics");
+                stream
+                    .write_all(
+                        format!("GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes(),
+                    )
+                    .await
+                    .expect("request /metrics");
+                let mut body = String::new();
+                stream
+                    .read_to_string(&mut body)
+                    .await
+                    .expect("read /metrics");
+                let total: f64 = body
+                    .lines()
+                    .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+                    .filter(|l| l.contains("grpc_method=\"LeaseKeepAlive\""))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+                    .sum();
+                Some(total as u64)
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// The API server's port (Kubernetes only).
     fn api_port(&self) -> Option<u16> {
         match self {
@@ -387,8 +431,9 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
     let server_cpu_start: Vec<Duration> = servers.iter().map(|(_, p)| proc_cpu_time(p)).collect();
     let cpu_start = cpu_time();
     let keep_alives_start = backend.keep_alives_sent();
+    let received_start = backend.keep_alives_received_by_etcd().await;
     let hold_start = Instant::now();
-    let hold = renew * hold_renewals();
+    let hold = renew * hold_renewals(&backend_name);
     let mut min_headroom = ttl;
     // Leases seen without a live deadline, summed over the samples.
     let mut expired = 0usize;
@@ -413,7 +458,14 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = cpu_time() - cpu_start;
+    let received_end = backend.keep_alives_received_by_etcd().await;
     let hold_elapsed = hold_start.elapsed();
+    let hold_intervals = hold_elapsed.as_secs_f64() / renew.as_secs_f64();
+    // etcd: the keep-alives etcd itself received per renewal interval, for all leases together.
+    let keep_alives_received = received_start
+        .zip(received_end)
+        .map(|(start, end)| end.saturating_sub(start));
+    let keep_alives_per_interval = keep_alives_received.map(|n| n as f64 / hold_intervals);
     // etcd: the session's keep-alives (one shared etcd lease for all leases of a TTL).
     let keep_alives_per_min = keep_alives_start.map(|start| {
         let sent = backend.keep_alives_sent().unwrap_or(start) - start;
@@ -477,7 +529,13 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         lost.load(Ordering::Relaxed)
     );
     if let Some(per_min) = keep_alives_per_min {
-        println!("keep-alives while holding: {per_min:.2} / min for all {count} leases");
+        println!("keep-alives while holding: {per_min:.2} / min for all {count} leases (sent by the session)");
+    }
+    if let (Some(received), Some(per_interval)) = (keep_alives_received, keep_alives_per_interval) {
+        println!(
+            "keep-alives etcd received: {received} in {hold_intervals:.1} renewal intervals, \
+             {per_interval:.2} per interval for all {count} leases"
+        );
     }
     println!("worst renewal lateness:  {worst_lateness:.2?} (min headroom {min_headroom:.2?}, on-time headroom {on_time_headroom:.2?})");
     let heap_per_lease = (heap_held - heap_before) as f64 / count as f64;
@@ -505,6 +563,9 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
         "lost": lost.load(Ordering::Relaxed),
         "worst_renewal_lateness_ms": worst_lateness.as_secs_f64() * 1e3,
         "keep_alives_per_min": keep_alives_per_min,
+        "keep_alives_received_by_etcd": keep_alives_received,
+        "keep_alives_per_interval": keep_alives_per_interval,
+        "hold_intervals": hold_intervals,
         "min_headroom_ms": min_headroom.as_secs_f64() * 1e3,
         "on_time_headroom_ms": on_time_headroom.as_secs_f64() * 1e3,
         "server_cpu_percent": servers
@@ -568,6 +629,14 @@ async fn run(backend_name: String, count: usize, report: &mut Report) {
                     heap_per_lease,
                     8192.0,
                     "bytes of client heap in use per held lease",
+                )
+            }),
+            keep_alives_per_interval.map(|per_interval| {
+                Check::at_most(
+                    "scale-keep-alives",
+                    per_interval,
+                    MOST_KEEP_ALIVES_PER_INTERVAL,
+                    "keep-alives per renewal interval received by etcd (all leases)",
                 )
             }),
             // The target interval of the Kubernetes scale run: no renewal late beyond 10 % of it.

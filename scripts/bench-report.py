@@ -429,12 +429,14 @@ def t_scale(d):
                 f"{v['cpu_us_per_lease_renewal']:.1f} µs",
                 server, f"**{v['lost']}**", ms(v["worst_renewal_lateness_ms"], 1),
                 num(v["keep_alives_per_min"]) if v.get("keep_alives_per_min") is not None else "–",
+                f"**{v['keep_alives_per_interval']:.2f}**" if v.get("keep_alives_per_interval") is not None else "–",
                 str(v["connections_established_max"]) if "connections_established_max" in v else "–",
             ])
     header = ["backend", "leases", "TTL / renewal", "acquire all", "memory per lease",
               "client CPU per lease-renewal", "server CPU", "lost", "worst renewal lateness",
-              "keep-alives / min (all leases)", "connections to the API server"]
-    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:", "---:", "---:"]
+              "keep-alives / min (all leases, sent)", "keep-alives per renewal interval (received by etcd)",
+              "connections to the API server"]
+    align = ["---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---:", "---:", "---:", "---:"]
     labels = {id(r): f"{BACKEND_NAME[r['backend']]} {r['variant']}" for r in used}
     return table(header, rows, align) + "\n\n" + sources(used, labels)
 

@@ -38,7 +38,10 @@ pub enum RenewOutcome {
     /// The lease is still ours and renewed.
     Renewed {
         /// When the renewed validity started, if earlier than the start of this call; `None`
-        /// means "the start of the call".
+        /// means "the start of the call". The deadline counts from it, and `ManagedLease` plans
+        /// the next renewal one renewal interval after it: a backend whose renewals share one
+        /// periodic request (etcd's shared keep-alive) names that request's send time, and every
+        /// lease then renews on that request's clock.
         valid_from: Option<Instant>,
     },
     /// The backend shows that the lease is not ours any more.

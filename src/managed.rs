@@ -40,8 +40,12 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 /// # One tenure, one renewal task
 ///
 /// A successful `acquire` starts a *tenure*: it publishes the fencing token and the deadline
-/// `start of the claim + ttl - clock_drift_margin`, and spawns one renewal task. The task renews every
-/// `renewal_interval`; each success moves the deadline to `start of that renewal + ttl - margin`.
+/// `start of the claim + ttl - clock_drift_margin`, and spawns one renewal task. The task renews
+/// `renewal_interval` after the instant the deadline counts from; each success moves the deadline to
+/// `start of that renewal + ttl - margin`. A backend may name an earlier instant the claim or
+/// renewal is valid from (`valid_from`: etcd's shared keep-alive, sent before the renewal started);
+/// the deadline then counts from it, and so does the next renewal, which thereby follows the
+/// backend's clock (all etcd leases of a session renew on its one keep-alive per interval).
 /// A renewal that times out is retried at once; one that fails with an error after a backoff (50 ms
 /// doubling, at most a quarter of the renewal interval); both until the deadline (the settings
 /// guarantee that one retry of a full operation timeout fits before it). The tenure ends in exactly
@@ -821,7 +825,15 @@ async fn renewal_loop<B: LeaseBackend>(
     let mut last_error: Option<String> = None;
     let watch = watch_loss(&shared, token);
     tokio::pin!(watch);
-    let mut next = start + interval;
+    // One interval after the instant the deadline counts from: the claim's start, or the earlier
+    // instant the backend named (etcd: when the shared keep-alive was sent).
+    let validity = settings.local_validity();
+    let mut next = shared
+        .tenure
+        .published(generation)
+        .and_then(|t| t.deadline().checked_sub(validity))
+        .map_or(start, |from| from.min(start))
+        + interval;
     loop {
         let Some(deadline) = shared.tenure.published(generation).map(|t| t.deadline()) else {
             return Some(tenure);
@@ -879,7 +891,16 @@ async fn renewal_loop<B: LeaseBackend>(
                 tracing::trace!("lease renewed");
                 last_error = None;
                 backoff = RENEW_BACKOFF_START;
-                next = start + interval;
+                // The next renewal one interval after the instant the (possibly unchanged)
+                // deadline counts from, which for a backend that names an earlier instant is its
+                // own clock (etcd: the next shared keep-alive); at least a quarter of an interval
+                // after this one started, whatever the backend answered.
+                let counts_from = shared
+                    .tenure
+                    .published(generation)
+                    .and_then(|t| t.deadline().checked_sub(validity))
+                    .unwrap_or(from);
+                next = (counts_from + interval).max(start + interval / 4);
             }
             Ok(Ok(RenewOutcome::Lost(reason))) => {
                 record("lost");

@@ -745,15 +745,16 @@ impl LeaseBackend for EtcdBackend {
 
     async fn renew(
         &self,
-        settings: &LeaseSettings,
+        _settings: &LeaseSettings,
         tenure: &mut EtcdTenure,
     ) -> Result<RenewOutcome, EtcdError> {
         // No I/O of its own while the tenure's watch is established: the shared etcd lease's
-        // keep-alive (sent after this call started, or shared with another lease that renewed a
-        // moment ago) extends this key too, and the watch proves the key is still ours.
+        // periodic keep-alive (the latest, or the one due now) extends this key too, and the
+        // watch proves the key is still ours. The renewal is valid from when that keep-alive was
+        // sent, and the next one is planned one interval later: when the next keep-alive is due.
         let grant = Arc::clone(tenure.registration.grant());
         let start = Instant::now();
-        let keep_alive = grant.fresh_keep_alive(start, settings.renewal_interval() / 2);
+        let keep_alive = grant.fresh_keep_alive(start);
         let freshness = if tenure.watch_ok.load(Ordering::Acquire) {
             keep_alive.await
         } else {

@@ -8,13 +8,17 @@
 //! the current one is lost or has little validity left) before the claim's transaction; the user
 //! stays registered for the whole tenure. Each grant has one task that keeps it alive:
 //!
-//! * keep-alives are driven by the users' renewals: a renewal asks for a keep-alive *sent after the
-//!   renewal started*, unless one sent within the last half renewal interval succeeded already
-//!   (so many leases renewing at about the same time share one). Holders therefore report exactly
-//!   the keep-alive that extended their key, and a process sends about one keep-alive per renewal
-//!   interval, however many leases it holds. One keep-alive stream carries them; a success
-//!   records the instant the request was *sent*, a failure is recorded and retried with a
-//!   backoff when the next renewal asks;
+//! * **one clock per grant**: the loop sends one keep-alive per renewal interval (the shortest of
+//!   its users'), one interval after the previous one was *sent*, and publishes when the next is
+//!   due. Renewals never ask for a keep-alive of their own: a renewal takes the latest successful
+//!   keep-alive unless one is in flight or due by the time the renewal started, and then waits
+//!   for it. The renewal reports the instant that keep-alive was *sent*, and the lease plans its
+//!   next renewal one interval after it (see [`ManagedLease`](crate::ManagedLease)), which is
+//!   when the loop sends the next one: every lease of the grant renews on the grant's clock, and
+//!   the process sends one keep-alive per renewal interval and TTL whatever the number of leases
+//!   and however late their runtime is. One keep-alive stream carries them; a failure is
+//!   recorded (renewals started before it wait for the retry, later ones report it) and retried
+//!   with a backoff;
 //! * a keep-alive answered with TTL 0, or no successful keep-alive for a whole TTL, marks the grant
 //!   lost: every user's watch fires and new claims use a new grant;
 //! * without users it lingers for one renewal interval (contenders retry soon, and reuse it), then
@@ -467,6 +471,9 @@ pub(super) struct GrantState {
     pub(super) lost: Option<String>,
     /// When the keep-alive in flight (sent, not answered yet) was sent.
     pub(super) in_flight: Option<Instant>,
+    /// When the loop sends the next keep-alive (one renewal interval after the latest one was
+    /// sent, or the retry after a failure).
+    pub(super) next_due: Instant,
 }
 
 /// The answer to a renewal's request for a fresh keep-alive.
@@ -494,8 +501,6 @@ pub(super) struct Grant {
     state: watch::Sender<GrantState>,
     users: Mutex<Users>,
     users_changed: Notify,
-    /// A renewal waits for a keep-alive.
-    demand: Notify,
 }
 
 impl Grant {
@@ -508,10 +513,11 @@ impl Grant {
                 failure: None,
                 lost: None,
                 in_flight: None,
+                // Unknown until the loop publishes its schedule: renewals wait for it.
+                next_due: sent,
             }),
             users: Mutex::new(Users::default()),
             users_changed: Notify::new(),
-            demand: Notify::new(),
         }
     }
 
@@ -560,58 +566,73 @@ impl Grant {
         });
     }
 
-    /// A keep-alive sent at `sent` is in flight.
+    /// A keep-alive sent at `sent` is in flight. Waiting renewals are not woken: they wait for
+    /// its outcome anyway (with many leases, one wake-up per keep-alive is enough).
     fn sending(&self, sent: Instant) {
-        self.state.send_modify(|state| state.in_flight = Some(sent));
+        self.state.send_if_modified(|state| {
+            state.in_flight = Some(sent);
+            false
+        });
     }
 
-    fn succeeded(&self, sent: Instant) {
+    /// The keep-alive sent at `sent` succeeded; the next one is due at `next_due`.
+    fn succeeded(&self, sent: Instant, next_due: Instant) {
         self.state.send_modify(|state| {
             state.last_ok = state.last_ok.max(sent);
             state.failure = None;
             state.in_flight = None;
+            state.next_due = next_due;
         });
     }
 
-    fn failed(&self, sent: Instant, error: String) {
+    /// The keep-alive sent at `sent` failed with `error`; it is retried at `retry_at`.
+    fn failed(&self, sent: Instant, error: String, retry_at: Instant) {
         tracing::debug!(%error, "keep-alive of a shared etcd lease failed");
         self.state.send_modify(|state| {
             state.failure = Some((sent, error));
             state.in_flight = None;
+            state.next_due = retry_at;
         });
     }
 
-    /// Waits for a keep-alive sent at or after `start`, or accepts one sent at most `tolerance`
-    /// before it (one that succeeded already, or the one in flight if it succeeds); asks the
-    /// keep-alive loop for one if needed. Renewals that start while a keep-alive is in flight
-    /// therefore share it instead of asking for the next one, so the keep-alives of a grant stay
-    /// at least `tolerance` apart.
+    /// The loop's next keep-alive is due at `next_due` (published only when it changed).
+    fn schedule(&self, next_due: Instant) {
+        self.state.send_if_modified(|state| {
+            let changed = state.next_due != next_due;
+            state.next_due = next_due;
+            changed
+        });
+    }
+
+    /// The keep-alive a renewal that started at `start` relies on: the latest successful one,
+    /// unless a keep-alive is in flight or due by `start` (then that one, once answered). A
+    /// renewal never asks for a keep-alive of its own: the loop sends one per renewal interval,
+    /// and leases plan their renewals one interval after the keep-alive they relied on, which is
+    /// when the loop sends the next. A failure of an attempt sent at or after `start` is
+    /// reported; one sent before it is not this renewal's: it waits for the retry.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the keep-alive still happens and serves the next renewal.
-    pub(super) async fn fresh_keep_alive(&self, start: Instant, tolerance: Duration) -> Freshness {
+    /// Cancel safe: it only observes.
+    pub(super) async fn fresh_keep_alive(&self, start: Instant) -> Freshness {
         let mut state = self.state.subscribe();
-        let mut asked = false;
         loop {
             {
                 let current = state.borrow_and_update();
                 if let Some(reason) = &current.lost {
                     return Freshness::Lost(reason.clone());
                 }
-                if current.last_ok + tolerance >= start {
-                    return Freshness::Renewed(current.last_ok);
-                }
-                if let Some((sent, error)) = &current.failure {
-                    if *sent >= start {
+                let pending = current.in_flight.is_some() || current.next_due <= start;
+                if !pending {
+                    match &current.failure {
+                        None => return Freshness::Renewed(current.last_ok),
                         // The attempt made for this renewal (or a later one) failed.
-                        return Freshness::Failed(error.clone());
+                        Some((sent, error)) if *sent >= start => {
+                            return Freshness::Failed(error.clone())
+                        }
+                        // An earlier attempt failed: wait for its retry.
+                        Some(_) => {}
                     }
-                }
-                let shared = current.in_flight.is_some_and(|s| s + tolerance >= start);
-                if !shared && !asked {
-                    self.demand.notify_one();
-                    asked = true;
                 }
             }
             // The sender lives in `self`: waiting cannot fail.
@@ -665,7 +686,6 @@ impl Drop for Registration {
 enum Wake {
     Expired,
     UsersChanged,
-    Demand,
     Unsolicited(Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>),
     Due,
 }
@@ -681,8 +701,10 @@ async fn keep_alive_loop(
 ) {
     let mut stream: Option<KeepAliveStream> = None;
     let mut backoff = KEEP_ALIVE_BACKOFF_START;
-    let mut retry_at = Instant::now();
-    let mut requested = false;
+    // When the latest keep-alive was sent (the grant request counts: etcd started the TTL when it
+    // received it), and when a failed one is retried.
+    let mut last_sent = grant.state().last_ok;
+    let mut retry_at: Option<Instant> = None;
     let mut idle_since: Option<Instant> = None;
     let mut linger = Duration::from_secs(1);
     loop {
@@ -695,7 +717,6 @@ async fn keep_alive_loop(
         let expires = state.last_ok + grant.ttl;
         let Some(timing) = timing else {
             // No users: linger a little for the next claim, then leave.
-            requested = false;
             let since = *idle_since.get_or_insert_with(Instant::now);
             tokio::select! {
                 _ = grant.users_changed.notified() => continue,
@@ -721,15 +742,17 @@ async fn keep_alive_loop(
         };
         idle_since = None;
         linger = timing.interval;
-        let due = requested.then_some(retry_at);
+        // The grant's clock: one keep-alive per renewal interval, counted from when the latest
+        // one was sent (the users plan their renewals from the same instant), or the retry.
+        let due = retry_at.unwrap_or(last_sent + timing.interval);
+        grant.schedule(due);
         let wake = {
             let unsolicited = stream.as_mut();
             tokio::select! {
                 biased;
                 _ = sleep_until(expires) => Wake::Expired,
                 _ = grant.users_changed.notified() => Wake::UsersChanged,
-                _ = sleep_until(due.unwrap_or(expires)), if due.is_some() => Wake::Due,
-                _ = grant.demand.notified() => Wake::Demand,
+                _ = sleep_until(due) => Wake::Due,
                 message = async { unsolicited.expect("guarded").1.message().await }, if unsolicited.is_some() => {
                     Wake::Unsolicited(message)
                 }
@@ -750,29 +773,31 @@ async fn keep_alive_loop(
                 continue;
             }
             Wake::UsersChanged => continue,
-            Wake::Demand => {
-                requested = true;
-                continue;
-            }
             Wake::Unsolicited(Ok(Some(response))) if response.ttl() <= 0 => {
                 grant.lose(ttl_zero(grant.id));
                 continue;
             }
             // A late answer: nothing to learn from it.
             Wake::Unsolicited(Ok(Some(_))) => continue,
-            Wake::Unsolicited(Ok(None)) => (
-                Instant::now(),
-                "the keep-alive stream was closed by etcd".to_owned(),
-            ),
+            // The stream ended between keep-alives: the next one opens a new stream (and finds
+            // out whether etcd answers); nothing was sent, so nothing failed.
+            Wake::Unsolicited(Ok(None)) => {
+                tracing::debug!("the keep-alive stream was closed by etcd; reopening it for the next keep-alive");
+                stream = None;
+                continue;
+            }
             Wake::Unsolicited(Err(error)) => {
-                (Instant::now(), format!("keep-alive stream broke: {error}"))
+                tracing::debug!(%error, "the keep-alive stream broke; reopening it for the next keep-alive");
+                stream = None;
+                continue;
             }
             Wake::Due => {
-                requested = false;
                 if let Some(session) = session.upgrade() {
                     session.keep_alives.fetch_add(1, Ordering::Relaxed);
                 }
                 let sent = Instant::now();
+                last_sent = sent;
+                retry_at = None;
                 grant.sending(sent);
                 match timeout(
                     timing.timeout,
@@ -782,7 +807,7 @@ async fn keep_alive_loop(
                 {
                     Ok(Ok(true)) => {
                         metrics::backend_request(ETCD_BACKEND, "lease_keep_alive", "ok");
-                        grant.succeeded(sent);
+                        grant.succeeded(sent, sent + timing.interval);
                         backoff = KEEP_ALIVE_BACKOFF_START;
                         continue;
                     }
@@ -807,8 +832,9 @@ async fn keep_alive_loop(
         };
         // Start over on a new stream: an answer on the old one could be mistaken for the next.
         stream = None;
-        grant.failed(sent, failure);
-        retry_at = Instant::now() + backoff;
+        let retry = Instant::now() + backoff;
+        retry_at = Some(retry);
+        grant.failed(sent, failure, retry);
         backoff = (backoff * 2).min((timing.interval / 4).max(KEEP_ALIVE_BACKOFF_START));
     }
 }
@@ -905,10 +931,10 @@ mod tests {
         assert!(grant.usable(t0));
         assert!(grant.usable(t0 + Duration::from_millis(4999)));
         assert!(!grant.usable(t0 + Duration::from_secs(5)));
-        grant.succeeded(t0 + Duration::from_secs(4));
+        grant.succeeded(t0 + Duration::from_secs(4), t0 + Duration::from_secs(7));
         assert!(grant.usable(t0 + Duration::from_secs(8)));
         // An older success never moves the instant back.
-        grant.succeeded(t0);
+        grant.succeeded(t0, t0 + Duration::from_secs(3));
         assert_eq!(grant.state().last_ok, t0 + Duration::from_secs(4));
         grant.lose("gone".into());
         assert!(!grant.usable(t0 + Duration::from_secs(4)));
@@ -942,108 +968,103 @@ mod tests {
         assert!(keep, "a dropped tenure's key stays attached");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn renewals_reuse_a_recent_keep_alive_or_wait_for_one_sent_after_they_started() {
-        let t0 = Instant::now();
-        let grant = Arc::new(Grant::new(7, Duration::from_secs(9), t0));
-        let tolerance = Duration::from_millis(1500);
+    /// Whether `renewal` is still waiting, after letting it run.
+    async fn waiting(renewal: &tokio::task::JoinHandle<Freshness>) -> bool {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        !renewal.is_finished()
+    }
 
-        // Recent enough (another lease's renewal a moment ago): no new keep-alive.
-        tokio::time::advance(Duration::from_secs(1)).await;
+    fn renewal(grant: &Arc<Grant>, start: Instant) -> tokio::task::JoinHandle<Freshness> {
+        let grant = Arc::clone(grant);
+        tokio::spawn(async move { grant.fresh_keep_alive(start).await })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_take_the_loops_latest_keep_alive_or_wait_for_the_one_due() {
+        let interval = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let grant = Arc::new(Grant::new(7, Duration::from_secs(3), t0));
+        // Before the loop published its schedule, a renewal waits for it.
+        let early = renewal(&grant, t0);
+        assert!(waiting(&early).await);
+        grant.schedule(t0 + interval);
+        assert_eq!(early.await.unwrap(), Freshness::Renewed(t0));
+
+        // Between two keep-alives: the latest one, at once, without asking for anything.
+        tokio::time::advance(Duration::from_millis(600)).await;
         assert_eq!(
-            grant.fresh_keep_alive(Instant::now(), tolerance).await,
+            grant.fresh_keep_alive(Instant::now()).await,
             Freshness::Renewed(t0)
         );
-        assert!(
-            timeout(Duration::from_millis(1), grant.demand.notified())
-                .await
-                .is_err(),
-            "no keep-alive requested"
-        );
 
-        // Too old: asks the loop, ignores outcomes of attempts sent before it started.
-        tokio::time::advance(Duration::from_secs(2)).await;
-        let start = Instant::now();
-        let renewal = tokio::spawn({
-            let grant = Arc::clone(&grant);
-            async move { grant.fresh_keep_alive(start, tolerance).await }
-        });
-        grant.demand.notified().await;
-        let too_old = start - tolerance - Duration::from_millis(1);
-        grant.failed(start - Duration::from_millis(1), "an older attempt".into());
-        grant.succeeded(too_old);
-        tokio::task::yield_now().await;
+        // A renewal that starts when the next keep-alive is due waits for it (however late the
+        // loop sends it), and relies on it.
+        tokio::time::advance(Duration::from_millis(400)).await;
+        let due = renewal(&grant, Instant::now());
         assert!(
-            !renewal.is_finished(),
-            "a failure from before it, a success from before its tolerance: no answer"
+            waiting(&due).await,
+            "the keep-alive due now is not sent yet"
         );
-        let sent = start + Duration::from_millis(5);
-        grant.succeeded(sent);
-        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(sent));
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let sent = Instant::now();
+        grant.sending(sent);
+        assert!(waiting(&due).await, "in flight");
+        tokio::time::advance(Duration::from_millis(5)).await;
+        grant.succeeded(sent, sent + interval);
+        assert_eq!(due.await.unwrap(), Freshness::Renewed(sent));
 
-        // A keep-alive in flight, sent within the tolerance before the renewal started, is
-        // shared: no new one is asked for, and its success answers the renewal.
-        tokio::time::advance(Duration::from_secs(3)).await;
+        // A renewal that starts while a keep-alive is in flight waits for its answer, even one
+        // sent before it started (a late runtime): one keep-alive serves every lease.
+        tokio::time::advance(interval).await;
         let in_flight = Instant::now();
         grant.sending(in_flight);
-        tokio::time::advance(Duration::from_millis(10)).await;
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let late = renewal(&grant, Instant::now());
+        assert!(waiting(&late).await);
+        grant.succeeded(in_flight, in_flight + interval);
+        assert_eq!(late.await.unwrap(), Freshness::Renewed(in_flight));
+
+        // The attempt made for a renewal (sent after it started) fails: reported as such.
+        tokio::time::advance(Duration::from_millis(800)).await;
         let start = Instant::now();
-        let renewal = tokio::spawn({
-            let grant = Arc::clone(&grant);
-            async move { grant.fresh_keep_alive(start, tolerance).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(
-            timeout(Duration::from_millis(1), grant.demand.notified())
-                .await
-                .is_err(),
-            "no keep-alive asked for while one sent just before is in flight"
+        let failing = renewal(&grant, start);
+        assert!(waiting(&failing).await);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let attempt = Instant::now();
+        grant.sending(attempt);
+        grant.failed(
+            attempt,
+            "connection reset".into(),
+            attempt + Duration::from_millis(100),
         );
-        grant.succeeded(in_flight);
-        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(in_flight));
-
-        // If the shared one fails, the renewal asks for its own.
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let in_flight = Instant::now();
-        grant.sending(in_flight);
-        let start = in_flight + Duration::from_millis(10);
-        tokio::time::advance(Duration::from_millis(10)).await;
-        let renewal = tokio::spawn({
-            let grant = Arc::clone(&grant);
-            async move { grant.fresh_keep_alive(start, tolerance).await }
-        });
-        tokio::task::yield_now().await;
-        grant.failed(in_flight, "reset".into());
-        grant.demand.notified().await;
-        let own = Instant::now();
-        grant.succeeded(own);
-        assert_eq!(renewal.await.unwrap(), Freshness::Renewed(own));
-
-        // A failure of the attempt made for it is reported as such.
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let start = Instant::now();
-        let renewal = tokio::spawn({
-            let grant = Arc::clone(&grant);
-            async move { grant.fresh_keep_alive(start, tolerance).await }
-        });
-        grant.demand.notified().await;
-        grant.failed(start, "connection reset".into());
         assert_eq!(
-            renewal.await.unwrap(),
+            failing.await.unwrap(),
             Freshness::Failed("connection reset".into())
         );
 
+        // A renewal that starts after that failure, before its retry, waits for the retry.
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let retried = renewal(&grant, Instant::now());
+        assert!(
+            waiting(&retried).await,
+            "an earlier failure is not this renewal's"
+        );
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let retry = Instant::now();
+        grant.sending(retry);
+        grant.succeeded(retry, retry + interval);
+        assert_eq!(retried.await.unwrap(), Freshness::Renewed(retry));
+
         // A lost grant answers at once, and wakes waiting renewals.
-        let start = Instant::now() + Duration::from_secs(1);
-        let renewal = tokio::spawn({
-            let grant = Arc::clone(&grant);
-            async move { grant.fresh_keep_alive(start, tolerance).await }
-        });
-        grant.demand.notified().await;
+        tokio::time::advance(interval).await;
+        let waiting_one = renewal(&grant, Instant::now());
+        assert!(waiting(&waiting_one).await);
         grant.lose("ttl 0".into());
-        assert_eq!(renewal.await.unwrap(), Freshness::Lost("ttl 0".into()));
+        assert_eq!(waiting_one.await.unwrap(), Freshness::Lost("ttl 0".into()));
         assert_eq!(
-            grant.fresh_keep_alive(Instant::now(), tolerance).await,
+            grant.fresh_keep_alive(Instant::now()).await,
             Freshness::Lost("ttl 0".into())
         );
     }

@@ -68,6 +68,39 @@ pub async fn admin_client(endpoint: &str) -> etcd_client::Client {
     .expect("admin etcd client")
 }
 
+/// The keep-alive messages etcd at `endpoint` received so far, on every lease keep-alive stream
+/// of every client: `grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}` from its
+/// `/metrics` (served on the client URL; plain HTTP/1.0, no client library needed).
+pub async fn keep_alives_received(endpoint: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(authority).await?;
+        stream
+            .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes())
+            .await?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await?;
+        Ok::<_, std::io::Error>(body)
+    };
+    let body = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .unwrap_or_else(|_| panic!("GET {endpoint}/metrics timed out"))
+        .unwrap_or_else(|e| panic!("GET {endpoint}/metrics: {e}"));
+    let total: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter(|l| l.contains("grpc_method=\"LeaseKeepAlive\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum();
+    assert!(
+        body.contains("grpc_server_msg_received_total"),
+        "etcd's /metrics has no grpc_server_msg_received_total: {}",
+        &body[..body.len().min(500)]
+    );
+    total as u64
+}
+
 /// Session settings for `endpoint` under `prefix`.
 pub fn etcd_settings(endpoint: &str, prefix: &str) -> EtcdSettings {
     EtcdSettings::builder([endpoint])
