@@ -1,53 +1,5 @@
-//! actix-web out of the box (feature `web`): the admin routes an operator needs, and a graceful
-//! shutdown that releases every lease before the process exits.
-//!
-//! # Admin routes
-//!
-//! [`AdminRoutes`] is a ready [`Scope`](actix_web::Scope) with `GET /healthz` (liveness),
-//! `GET /readyz` (readiness), `GET /leases` (the [`LeaseReport`](crate::LeaseReport)s as JSON)
-//! from a [`HealthCheck`], and `GET /metrics` when given a renderer (for example a Prometheus
-//! exporter's `render`, installed with the buckets of
-//! [`HISTOGRAM_BUCKETS`](crate::HISTOGRAM_BUCKETS)). Failing checks answer `503` with the reason.
-//!
-//! # Graceful shutdown
-//!
-//! A deploy stops a replica with SIGTERM. If the lease it holds is not released before the process
-//! exits, the record names it until the TTL passes, and the successor waits that long. actix-web
-//! handles SIGTERM itself by stopping the HTTP server, after which `main` returns and whatever was
-//! still releasing is dropped. [`GracefulShutdown`] owns the signals instead: on SIGTERM or SIGINT
-//! it shuts the managers down (each stops its singleton, then releases its lease), releases the
-//! other leases it was given, and only then stops the HTTP server. Awaiting
-//! [`GracefulShutdown::run`] from `main` therefore returns after every release has ended (or
-//! failed, logged with the lease it concerns), whatever order the runtime tears things down in
-//! afterwards. If the server stops on its own first (its own signal handling was left on, or
-//! something else stopped it), the same releases run before `run` returns.
-//!
-//! ```no_run
-//! use actix::prelude::*;
-//! use actix_coordination::prelude::*;
-//! use actix_coordination::{AdminRoutes, GracefulShutdown};
-//! use actix_web::{App, HttpServer};
-//!
-//! struct Job;
-//! impl Actor for Job { type Context = Context<Self>; }
-//!
-//! #[actix_web::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let store = InMemoryStore::new();
-//!     let health = HealthCheck::new();
-//!     let settings = LeaseSettings::new("jobs", "node-1")?;
-//!     let manager = ClusterSingletonManager::new(InMemoryLease::new(settings, &store), |_, _| Job)
-//!         .health(&health)
-//!         .start();
-//!     let admin = AdminRoutes::new(health);
-//!     let server = HttpServer::new(move || App::new().service(admin.scope("")))
-//!         .disable_signals() // GracefulShutdown owns SIGTERM and SIGINT
-//!         .bind("0.0.0.0:8080")?
-//!         .run();
-//!     GracefulShutdown::new().manager("jobs", manager).run(server).await?;
-//!     Ok(())
-//! }
-//! ```
+//! actix-web out of the box (feature `web`): [`AdminRoutes`], the admin routes an operator
+//! needs, and [`GracefulShutdown`], which releases every lease before the process exits.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -68,8 +20,11 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// The admin routes of a service: `/healthz`, `/readyz`, `/leases` and, given a renderer,
-/// `/metrics` (see the [module docs](self)).
+/// The admin routes of a service: a ready [`Scope`](actix_web::Scope) with `GET /healthz`
+/// (liveness), `GET /readyz` (readiness), `GET /leases` (the [`LeaseReport`](crate::LeaseReport)s
+/// as JSON) from a [`HealthCheck`], and `GET /metrics` when given a renderer (for example a
+/// Prometheus exporter's `render`, installed with the buckets of
+/// [`HISTOGRAM_BUCKETS`](crate::HISTOGRAM_BUCKETS)). Failing checks answer `503` with the reason.
 ///
 /// Cheap to clone: build it once and call [`scope`](AdminRoutes::scope) in the `HttpServer`
 /// factory (once per worker).
@@ -149,7 +104,45 @@ async fn leases(health: web::Data<HealthCheck>) -> HttpResponse {
 
 type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<bool, LeaseError>>>>>;
 
-/// What to stop, in order, when the service is told to terminate (see the [module docs](self)).
+/// What to stop, in order, when the service is told to terminate.
+///
+/// A deploy stops a replica with SIGTERM. If the lease it holds is not released before the process
+/// exits, the record names it until the TTL passes, and the successor waits that long. actix-web
+/// handles SIGTERM itself by stopping the HTTP server, after which `main` returns and whatever was
+/// still releasing is dropped. [`GracefulShutdown`] owns the signals instead: on SIGTERM or SIGINT
+/// it shuts the managers down (each stops its singleton, then releases its lease), releases the
+/// other leases it was given, and only then stops the HTTP server. Awaiting
+/// [`GracefulShutdown::run`] from `main` therefore returns after every release has ended (or
+/// failed, logged with the lease it concerns), whatever order the runtime tears things down in
+/// afterwards. If the server stops on its own first (its own signal handling was left on, or
+/// something else stopped it), the same releases run before `run` returns.
+///
+/// ```no_run
+/// use actix::prelude::*;
+/// use actix_coordination::prelude::*;
+/// use actix_coordination::{AdminRoutes, GracefulShutdown};
+/// use actix_web::{App, HttpServer};
+///
+/// struct Job;
+/// impl Actor for Job { type Context = Context<Self>; }
+///
+/// #[actix_web::main]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let store = InMemoryStore::new();
+///     let health = HealthCheck::new();
+///     let settings = LeaseSettings::new("jobs", "node-1")?;
+///     let manager = ClusterSingletonManager::new(InMemoryLease::new(settings, &store), |_, _| Job)
+///         .health(&health)
+///         .start();
+///     let admin = AdminRoutes::new(health);
+///     let server = HttpServer::new(move || App::new().service(admin.scope("")))
+///         .disable_signals() // GracefulShutdown owns SIGTERM and SIGINT
+///         .bind("0.0.0.0:8080")?
+///         .run();
+///     GracefulShutdown::new().manager("jobs", manager).run(server).await?;
+///     Ok(())
+/// }
+/// ```
 pub struct GracefulShutdown {
     steps: Vec<(String, Release)>,
     timeout: Duration,
