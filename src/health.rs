@@ -119,6 +119,11 @@ pub struct LeaseReport {
 /// [`HealthCheck::readiness_follows_eligibility`] when readiness means something else in your
 /// service.
 ///
+/// # Never panics
+///
+/// No check panics, whatever the settings (a stop timeout or a tolerance of `Duration::MAX`
+/// included): every computation with them saturates.
+///
 /// # Reports
 ///
 /// [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
@@ -429,9 +434,10 @@ impl SingletonHealth {
         let Some(since) = oldest else {
             return Ok(());
         };
-        let stopping_for = since.elapsed();
+        let stopping_for = Instant::now().saturating_duration_since(since);
         let terminated = !state.unstopped.is_empty();
-        if terminated || stopping_for > self.stop_timeout + tolerance {
+        // Saturating: a stop timeout of any length (plain data) never makes a check panic.
+        if terminated || stopping_for > self.stop_timeout.saturating_add(tolerance) {
             return Err(Unhealthy::SingletonNotStopped {
                 lease: self.lease.clone(),
                 stopping_for,

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    AcquireAttempt, ClusterSingletonManager, HealthCheck, InMemoryBackend, InMemoryError,
-    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, ManagedLease, NotReady,
-    ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo, SingletonSettings, SingletonState,
-    Unhealthy,
+    AcquireAttempt, ClusterSingletonManager, GetStatus, HealthCheck, InMemoryBackend,
+    InMemoryError, InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, ManagedLease,
+    NotReady, ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo, SingletonSettings,
+    SingletonState, Unhealthy,
 };
 use tokio::time::{sleep, Instant};
 
@@ -243,4 +243,49 @@ async fn liveness_fails_while_a_singleton_does_not_stop_and_readiness_follows_el
         })
     );
     arbiter.stop();
+}
+
+/// A singleton that refuses to stop when asked (its `stopping` says `Continue`).
+struct Stubborn;
+
+impl Actor for Stubborn {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        Running::Continue
+    }
+}
+
+/// Issue 27 item 5: a stop timeout of any length (plain data) never makes liveness panic: with
+/// `Duration::MAX`, a singleton that does not stop stays within its stop timeout.
+#[test]
+fn liveness_never_panics_on_a_very_long_stop_timeout() {
+    common::run_paused(async {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::new();
+        let manager = ClusterSingletonManager::new(
+            store.lease(LeaseSettings::new("patient", "a").unwrap()),
+            |_: &SingletonInfo, _| Stubborn,
+        )
+        .settings(SingletonSettings {
+            stop_timeout: Duration::MAX,
+            ..Default::default()
+        })
+        .health(&check)
+        .start();
+        wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
+        manager.send(SetEligible(false)).await.unwrap();
+        sleep(Duration::from_secs(3600)).await;
+        assert_eq!(
+            manager.send(GetStatus).await.unwrap().state,
+            SingletonState::Stopping,
+            "the singleton does not stop"
+        );
+        assert_eq!(
+            check.liveness(),
+            Ok(()),
+            "within its (endless) stop timeout"
+        );
+        assert!(format!("{check:?}").contains("liveness: Ok"));
+    });
 }
