@@ -472,7 +472,9 @@ where
     /// Reports to `check`: its liveness fails while a singleton this manager told to stop has not
     /// stopped within the stop timeout (plus the check's tolerance), its readiness follows the
     /// manager's eligibility, and the manager's lease is watched and listed like one added with
-    /// [`HealthCheck::add_lease`]. See [`HealthCheck`].
+    /// [`HealthCheck::add_lease`]. The registration lasts as long as the manager: once it has
+    /// shut down and is gone it leaves the check (a replacement registered with the same check
+    /// decides alone). See [`HealthCheck`].
     pub fn health(mut self, check: &HealthCheck) -> Self {
         self.health_checks.push(check.clone());
         self
@@ -546,6 +548,7 @@ where
             _gone: GoneGuard {
                 manager: ctx.address().downgrade().recipient(),
                 instance,
+                health: self.health.clone(),
             },
         };
         let addr = match &self.factory {
@@ -1069,10 +1072,20 @@ impl<A: Actor<Context = Context<A>>> ActorFuture<A> for Watcher {
 struct GoneGuard {
     manager: WeakRecipient<SingletonStopped>,
     instance: u64,
+    /// What the health checks read: kept registered while the singleton lives (health checks
+    /// hold it weakly), so that one the manager gave up on still fails liveness after the
+    /// manager is gone, and cleared of this instance when it is gone.
+    health: Option<Arc<SingletonHealth>>,
 }
 
 impl Drop for GoneGuard {
     fn drop(&mut self) {
+        if let Some(health) = &self.health {
+            health
+                .state()
+                .unstopped
+                .retain(|(instance, _)| *instance != self.instance);
+        }
         if let Some(manager) = self.manager.upgrade() {
             manager.do_send(SingletonStopped(self.instance));
         }
