@@ -524,6 +524,27 @@ mod tests {
         assert_eq!(check.leases().len(), 1);
     }
 
+    /// Issue 27 item 5: the longest tolerance and stop timeout saturate; no check panics.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_durations_never_make_a_check_panic() {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::with_tolerance(Duration::MAX);
+        let lease = lease(&store, "a");
+        check.add_lease(&lease);
+        assert!(lease.acquire().await.unwrap());
+        let singleton = Arc::new(SingletonHealth::new(&lease, Duration::MAX, true));
+        check.add_singleton(&singleton);
+        singleton.state().stopping_since = Some(Instant::now());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(check.liveness(), Ok(()));
+        assert_eq!(check.readiness(), Ok(()));
+        assert_eq!(check.leases().len(), 1);
+        assert!(format!("{check:?}").contains("liveness: Ok"));
+        // A registration the manager dropped leaves the check.
+        drop(singleton);
+        assert!(check.live_singletons().is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_singleton_that_does_not_stop_is_unhealthy_after_its_stop_timeout() {
         let store = InMemoryStore::new();
