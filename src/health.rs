@@ -119,6 +119,20 @@ pub struct LeaseReport {
 /// [`HealthCheck::readiness_follows_eligibility`] when readiness means something else in your
 /// service.
 ///
+/// A manager counts for as long as it exists: once it has shut down and is gone (its actor
+/// dropped), it leaves the check, like a dropped lease. So a manager replaced on a configuration
+/// reload (the old one shut down, a new one registered with the same check) leaves readiness to
+/// its replacement (test `readiness_follows_the_replacement_of_a_manager` in `tests/health.rs`).
+/// A check never has to be told to forget a manager. A singleton the manager terminated after
+/// its stop timeout keeps the registration while it is not gone, so liveness keeps failing until
+/// it is, even after its manager is gone (test
+/// `a_singleton_left_behind_by_a_manager_that_is_gone_fails_liveness_until_it_is_gone`).
+///
+/// # Never panics
+///
+/// No check panics, whatever the settings (a stop timeout or a tolerance of `Duration::MAX`
+/// included): every computation with them saturates.
+///
 /// # Reports
 ///
 /// [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
@@ -133,8 +147,9 @@ struct Inner {
     tolerance: Duration,
     readiness_follows_eligibility: bool,
     leases: Mutex<Vec<Handle>>,
-    /// Kept after their manager stopped: a manager that shut down is not ready.
-    singletons: Mutex<Vec<Arc<SingletonHealth>>>,
+    /// Held weakly: the manager owns its state, so a manager that is gone (shut down and dropped,
+    /// replaced on a configuration reload) leaves the check.
+    singletons: Mutex<Vec<Weak<SingletonHealth>>>,
 }
 
 impl fmt::Debug for HealthCheck {
@@ -225,9 +240,12 @@ impl HealthCheck {
     }
 
     /// Registers a singleton manager's state (see
-    /// [`ClusterSingletonManager::health`](crate::ClusterSingletonManager::health)).
+    /// [`ClusterSingletonManager::health`](crate::ClusterSingletonManager::health)), held weakly:
+    /// it leaves the check when the manager drops it.
     pub(crate) fn add_singleton(&self, singleton: &Arc<SingletonHealth>) {
-        lock(&self.inner.singletons).push(Arc::clone(singleton));
+        let mut singletons = lock(&self.inner.singletons);
+        singletons.retain(|s| s.strong_count() > 0);
+        singletons.push(Arc::downgrade(singleton));
     }
 
     /// `Ok(())` when the process is live; else the first problem found (see [`HealthCheck`]).
@@ -328,7 +346,10 @@ impl HealthCheck {
     }
 
     fn live_singletons(&self) -> Vec<Arc<SingletonHealth>> {
-        lock(&self.inner.singletons).clone()
+        lock(&self.inner.singletons)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 }
 
@@ -429,9 +450,10 @@ impl SingletonHealth {
         let Some(since) = oldest else {
             return Ok(());
         };
-        let stopping_for = since.elapsed();
+        let stopping_for = Instant::now().saturating_duration_since(since);
         let terminated = !state.unstopped.is_empty();
-        if terminated || stopping_for > self.stop_timeout + tolerance {
+        // Saturating: a stop timeout of any length (plain data) never makes a check panic.
+        if terminated || stopping_for > self.stop_timeout.saturating_add(tolerance) {
             return Err(Unhealthy::SingletonNotStopped {
                 lease: self.lease.clone(),
                 stopping_for,
@@ -500,6 +522,27 @@ mod tests {
         assert!(check.leases().iter().any(|r| r.name == "shared" && r.held));
         drop(shared);
         assert_eq!(check.leases().len(), 1);
+    }
+
+    /// Issue 27 item 5: the longest tolerance and stop timeout saturate; no check panics.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_durations_never_make_a_check_panic() {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::with_tolerance(Duration::MAX);
+        let lease = lease(&store, "a");
+        check.add_lease(&lease);
+        assert!(lease.acquire().await.unwrap());
+        let singleton = Arc::new(SingletonHealth::new(&lease, Duration::MAX, true));
+        check.add_singleton(&singleton);
+        singleton.state().stopping_since = Some(Instant::now());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(check.liveness(), Ok(()));
+        assert_eq!(check.readiness(), Ok(()));
+        assert_eq!(check.leases().len(), 1);
+        assert!(format!("{check:?}").contains("liveness: Ok"));
+        // A registration the manager dropped leaves the check.
+        drop(singleton);
+        assert!(check.live_singletons().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

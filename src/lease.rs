@@ -227,6 +227,7 @@ pub trait Lease: Send + Sync + 'static {
     /// ([`LeaseError::Timeout`], after that one call), the last attempt failed with a transient
     /// error, the backend refused (for example for lack of permission; not retried), or another
     /// instance of the same lease in this process holds it ([`LeaseError::DuplicateInstance`]).
+    /// Called outside a Tokio runtime: [`LeaseError::NoRuntime`], and nothing is attempted.
     ///
     /// # Cancel safety
     ///
@@ -251,7 +252,8 @@ pub trait Lease: Send + Sync + 'static {
     /// # Errors
     ///
     /// The last attempt's [`LeaseError`] when the deadline passes after a failed attempt, or at
-    /// once for errors that retrying cannot fix (permission denied).
+    /// once for errors that retrying cannot fix (permission denied). Called outside a Tokio
+    /// runtime: [`LeaseError::NoRuntime`] at once, and nothing is attempted.
     ///
     /// # Cancel safety
     ///
@@ -290,7 +292,8 @@ pub trait Lease: Send + Sync + 'static {
     /// (never `Ok(true)` while the record may still be held), unless an `acquire` reached the
     /// store meanwhile; once the TTL (plus the clock drift margin) has passed since the failure,
     /// `release` answers `Ok(true)`. The same holds for a claim that a dropped `acquire` made and
-    /// whose release in the background failed.
+    /// whose release in the background failed. Called outside a Tokio runtime:
+    /// [`LeaseError::NoRuntime`], and nothing changes (a tenure stays held and renewed).
     ///
     /// # Cancel safety
     ///

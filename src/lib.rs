@@ -69,7 +69,7 @@ pub use actors::{
     LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible, ShardAllocation,
     ShardCoordinator, ShardId, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
     SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, UnsubscribeLeaseLost,
-    DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
+    DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use health::{HealthCheck, LeaseReport, NotReady, Unhealthy, DEFAULT_HEALTH_TOLERANCE};

@@ -280,6 +280,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
     /// `acquire`: up to `acquire_retries` more attempts while another owner holds the lease or
     /// the backend answers a transient error; a timeout or a permanent error ends it at once.
     async fn acquire_inner(&self) -> Result<bool, LeaseError> {
+        current_runtime(Operation::Acquire)?;
         let settings = &self.shared.settings;
         let attempts = settings.acquire_retries().saturating_add(1);
         let mut last = Ok(false);
@@ -318,6 +319,8 @@ impl<B: LeaseBackend> ManagedLease<B> {
     }
 
     async fn acquire_within_inner(&self, timeout: Duration) -> Result<bool, LeaseError> {
+        // Before anything that needs the runtime's timer (the wait for the lock is bounded).
+        current_runtime(Operation::Acquire)?;
         let settings = &self.shared.settings;
         let deadline = crate::lease::deadline_after(timeout);
         let mut failing = false;
@@ -397,9 +400,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 });
             }
         }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
-            operation: Operation::Acquire,
-        })?;
+        let runtime = current_runtime(Operation::Acquire)?;
         let start = Instant::now();
         bump(&shared.counters.acquire_attempts);
         let call: BoxCall<AttemptOutcome<B>> = Box::pin({
@@ -510,6 +511,8 @@ impl<B: LeaseBackend> ManagedLease<B> {
     }
 
     async fn release_inner(&self) -> Result<bool, LeaseError> {
+        // Before anything changes: outside a runtime the tenure (if any) stays as it is.
+        let runtime = current_runtime(Operation::Release)?;
         let shared = &self.shared;
         let mut ops = Arc::clone(&shared.ops).lock_owned().await;
         let Some(renewal) = ops.renewal.take() else {
@@ -531,9 +534,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
         // End the tenure for every reader first: a tenure already past its deadline is lost
         // (and reported once), a live one released.
         shared.end_by_choice(renewal.generation, TenureEnd::Released);
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime {
-            operation: Operation::Release,
-        })?;
         // Stopping the renewal and telling the backend are polled right here, but never cut
         // short: if this future is dropped first, they are finished on a task of their own.
         let call = FinishOnDrop::new(&runtime, {
@@ -646,6 +646,12 @@ impl<B: LeaseBackend> Drop for InFlight<B> {
 
 /// Releases a claim nobody will use, holding the `ops` lock; a failure is reported by every
 /// `release` until the claim has surely expired.
+/// The runtime this operation runs on, or [`LeaseError::NoRuntime`] outside one (every
+/// operation needs its timer, and a tenure needs it for its renewal task).
+fn current_runtime(operation: Operation) -> Result<tokio::runtime::Handle, LeaseError> {
+    tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime { operation })
+}
+
 fn spawn_release_abandoned<B: LeaseBackend>(
     runtime: &tokio::runtime::Handle,
     shared: Arc<Shared<B>>,

@@ -181,7 +181,7 @@ pub const METRICS: &[MetricDescription] = &[
         name: COORDINATOR_REFUSED,
         kind: MetricKind::Counter,
         labels: &["lease", "reason"],
-        help: "requests a coordinator gate refused; reason: not_held, tenure_ended, stopped, queue_full, queue_timeout",
+        help: "requests a coordinator gate refused; reason: not_held, tenure_ended, stopped, no_regions, queue_full, queue_timeout, ack_timeout",
     },
 ];
 

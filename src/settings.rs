@@ -111,7 +111,8 @@ pub enum SettingsError {
     #[error("invalid `{field}`: {value:?} is longer than the maximum of {max:?}")]
     DurationTooLong {
         /// `ttl`, `renewal-interval`, `operation-timeout`, `acquire-retry-delay` or
-        /// `clock-drift-margin`.
+        /// `clock-drift-margin`; from [`SingletonSettings::validate`](crate::SingletonSettings::validate):
+        /// `retry-delay`, `max-error-backoff`, `restart-window`, `give-up-pause` or `stop-timeout`.
         field: &'static str,
         /// The duration given.
         value: Duration,

@@ -206,16 +206,25 @@ impl TenureWatch {
     /// a loss, a new tenure, and *at the deadline* of the current one. Renewals alone do not wake
     /// it. Returns the tenure alive afterwards (`None` after an end).
     ///
+    /// Once the lease is dropped (and its last tenure has ended), nothing changes any more, and
+    /// it stays pending; [`stream`](Self::stream) ends instead.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only observes.
     pub async fn changed(&mut self) -> Option<Tenure> {
         let before = self.current().map(|t| t.generation);
-        self.next_change(before).await
+        match self.next_change(before).await {
+            Some(after) => after,
+            None => std::future::pending().await,
+        }
     }
 
-    /// Waits until the generation of the live tenure differs from `before`.
-    async fn next_change(&mut self, before: Option<u64>) -> Option<Tenure> {
+    /// Waits until the generation of the live tenure differs from `before`, and returns the
+    /// tenure alive then. `None` once the publisher is gone (the lease was dropped) and nothing
+    /// is alive: nothing will change any more.
+    async fn next_change(&mut self, before: Option<u64>) -> Option<Option<Tenure>> {
+        let mut publisher_gone = false;
         loop {
             let (now_gen, deadline) = {
                 let state = self.rx.borrow_and_update();
@@ -223,7 +232,18 @@ impl TenureWatch {
                 (live.map(|t| t.generation), live.map(|t| t.deadline))
             };
             if now_gen != before {
-                return self.current();
+                return Some(self.current());
+            }
+            match (deadline, publisher_gone) {
+                // Gone and nothing alive: the source has ended.
+                (None, true) => return None,
+                // Gone with a tenure still published (nothing renews it): it ends at its
+                // deadline, by this reader's clock.
+                (Some(deadline), true) => {
+                    sleep_until_precise(deadline).await;
+                    continue;
+                }
+                (_, false) => {}
             }
             let sleep = async {
                 match deadline {
@@ -234,18 +254,15 @@ impl TenureWatch {
             tokio::select! {
                 biased;
                 () = sleep => {}
-                changed = self.rx.changed() => {
-                    if changed.is_err() && deadline.is_none() {
-                        // The lease is gone and nothing is held: nothing will change any more.
-                        return std::future::pending().await;
-                    }
-                }
+                changed = self.rx.changed() => publisher_gone = changed.is_err(),
             }
         }
     }
 
     /// The tenure alive now, then every change as [`changed`](Self::changed) sees it, as a
-    /// stream (for `ctx.add_stream` in an actor). It ends when the lease is dropped.
+    /// stream (for `ctx.add_stream` in an actor, whose `finished` then runs when it ends). It
+    /// ends once the lease is dropped: after its last item (`None`, the tenure ended, if one was
+    /// alive), so a subscriber never waits on a lease that no longer exists.
     pub fn stream(&self) -> impl Stream<Item = Option<Tenure>> + Send + Unpin + 'static {
         // The state is the generation last yielded (`None` before the first item), so that a
         // change between two polls is never missed.
@@ -254,12 +271,7 @@ impl TenureWatch {
             |(mut watch, last)| async move {
                 let next = match last {
                     None => watch.current(),
-                    Some(before) => {
-                        if watch.rx.has_changed().is_err() && watch.current().is_none() {
-                            return None;
-                        }
-                        watch.next_change(before).await
-                    }
+                    Some(before) => watch.next_change(before).await?,
                 };
                 Some((next, (watch, Some(next.map(|t| t.generation)))))
             },

@@ -443,8 +443,12 @@ fn requests_wait_while_the_coordinator_acquires() {
 fn tenure_end_rejects_pending_allocations_and_the_coordinator_competes_again() {
     run_paused(async {
         let store = InMemoryStore::new();
-        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
-        // The region acknowledges slowly: allocations stay pending.
+        // The region acknowledges slowly (within the acknowledgement timeout): allocations stay
+        // pending.
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1")))
+            .with_ack_timeout(TTL * 20)
+            .unwrap()
+            .start();
         let (r1, _hosted) = region(TTL * 10);
         assert_eq!(
             coordinator
@@ -790,5 +794,124 @@ fn the_lease_actor_hands_out_its_tenure_watch() {
         assert_eq!(ended.await.unwrap(), None);
         assert_eq!(guard.end(), Some(TenureEnd::Released));
         assert!(!actor.send(CheckAlive).await.unwrap());
+    });
+}
+
+/// A region that never acknowledges `HostShard` (its answer never comes: wedged).
+struct WedgedRegion(Rc<RefCell<Vec<HostShard>>>);
+
+impl Actor for WedgedRegion {
+    type Context = Context<Self>;
+}
+
+impl Handler<HostShard> for WedgedRegion {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, msg: HostShard, _: &mut Self::Context) -> Self::Result {
+        self.0.borrow_mut().push(msg);
+        Box::pin(std::future::pending())
+    }
+}
+
+/// Issue 27 item 9: an allocation waits for a wedged region's acknowledgement at most the
+/// coordinator's acknowledgement timeout (validated; default `DEFAULT_ACK_TIMEOUT`), then fails
+/// with `GateError::AckTimeout`; the shard stays with that region (no second `HostShard`
+/// elsewhere), and the coordinator keeps serving.
+#[test]
+fn an_allocation_waits_for_a_wedged_region_at_most_the_ack_timeout() {
+    use actix_coordination::{SettingsError, DEFAULT_ACK_TIMEOUT};
+
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let rejected = ShardCoordinator::new(store.lease(settings("coord", "x")))
+            .with_ack_timeout(Duration::ZERO)
+            .err();
+        assert_eq!(
+            rejected,
+            Some(SettingsError::Zero {
+                field: "ack-timeout"
+            })
+        );
+        let rejected = ShardCoordinator::new(store.lease(settings("coord", "x")))
+            .with_ack_timeout(LeaseSettings::MAX_DURATION + Duration::from_secs(1))
+            .err();
+        assert!(
+            matches!(
+                rejected,
+                Some(SettingsError::DurationTooLong {
+                    field: "ack-timeout",
+                    ..
+                })
+            ),
+            "{rejected:?}"
+        );
+
+        // The default bound.
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord", "c1"))).start();
+        let wedged_hosts = Rc::new(RefCell::new(Vec::new()));
+        let wedged = WedgedRegion(Rc::clone(&wedged_hosts)).start();
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(wedged.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(1)
+        );
+        let asked = Instant::now();
+        let answer = tokio::time::timeout(
+            DEFAULT_ACK_TIMEOUT * 3,
+            coordinator.send(AllocateShard("s1".into())),
+        )
+        .await
+        .expect("answered within the acknowledgement timeout")
+        .unwrap();
+        assert_eq!(
+            answer,
+            Err(GateError::AckTimeout {
+                timeout: DEFAULT_ACK_TIMEOUT
+            })
+        );
+        assert_eq!(asked.elapsed(), DEFAULT_ACK_TIMEOUT);
+        assert_eq!(wedged_hosts.borrow().len(), 1, "it was asked once");
+        // The coordinator serves on; the shard stays with the wedged region, a new one goes to
+        // the healthy region.
+        let (healthy, hosted) = region(Duration::ZERO);
+        assert_eq!(
+            coordinator
+                .send(RegisterRegion(healthy.clone().recipient()))
+                .await
+                .unwrap(),
+            Ok(2)
+        );
+        let s1 = coordinator
+            .send(AllocateShard("s1".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s1.region, wedged.clone().recipient(), "s1 is not moved");
+        let s2 = coordinator
+            .send(AllocateShard("s2".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s2.region, healthy.clone().recipient());
+        assert_eq!(hosted.borrow().len(), 1);
+        assert_eq!(wedged_hosts.borrow().len(), 1, "no second HostShard");
+        drop(coordinator);
+
+        // A configured bound.
+        let timeout = Duration::from_secs(2);
+        let coordinator = ShardCoordinator::new(store.lease(settings("coord2", "c1")))
+            .with_ack_timeout(timeout)
+            .unwrap()
+            .start();
+        coordinator
+            .send(RegisterRegion(wedged.recipient()))
+            .await
+            .unwrap()
+            .unwrap();
+        let asked = Instant::now();
+        let answer = coordinator.send(AllocateShard("s3".into())).await.unwrap();
+        assert_eq!(answer, Err(GateError::AckTimeout { timeout }));
+        assert_eq!(asked.elapsed(), timeout);
     });
 }

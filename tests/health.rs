@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    AcquireAttempt, ClusterSingletonManager, HealthCheck, InMemoryBackend, InMemoryError,
-    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, LostReason, ManagedLease,
-    NotReady, ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo, SingletonSettings,
-    SingletonState, Unhealthy,
+    AcquireAttempt, ClusterSingletonManager, GetStatus, HealthCheck, InMemoryBackend,
+    InMemoryError, InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, LostReason,
+    ManagedLease, NotReady, ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo,
+    SingletonSettings, SingletonState, Unhealthy,
 };
 use tokio::time::{sleep, Instant};
 
@@ -236,7 +236,17 @@ async fn liveness_fails_while_a_singleton_does_not_stop_and_readiness_follows_el
     manager.send(SetEligible(true)).await.unwrap();
     assert_eq!(check.readiness(), Ok(()));
     wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
-    // Shut down (the manager is gone): not ready any more.
+    // Shutting down: not ready at once (the singleton blocks its thread in `stopping`, so the
+    // manager is still waiting for it when it answers the status).
+    manager.do_send(actix_coordination::Shutdown);
+    let status = manager.send(actix_coordination::GetStatus).await.unwrap();
+    assert_eq!(status.state, SingletonState::Stopping);
+    assert_eq!(
+        check.readiness(),
+        Err(NotReady::ShuttingDown {
+            lease: "stuck".into()
+        })
+    );
     let answer = tokio::time::timeout(
         Duration::from_secs(10),
         manager.send(actix_coordination::Shutdown),
@@ -244,11 +254,178 @@ async fn liveness_fails_while_a_singleton_does_not_stop_and_readiness_follows_el
     .await
     .unwrap();
     assert!(answer.unwrap().unwrap());
-    assert_eq!(
-        check.readiness(),
-        Err(NotReady::ShuttingDown {
-            lease: "stuck".into()
+    // Shut down and gone: it leaves the check (nothing registered is left).
+    common::actors::wait_until(Duration::from_secs(5), || {
+        check.readiness().is_ok() && check.leases().is_empty()
+    })
+    .await;
+    arbiter.stop();
+}
+
+/// A singleton that does nothing.
+struct Idle;
+
+impl Actor for Idle {
+    type Context = Context<Self>;
+}
+
+/// A singleton that refuses to stop when asked (its `stopping` says `Continue`).
+struct Stubborn;
+
+impl Actor for Stubborn {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        Running::Continue
+    }
+}
+
+/// Issue 27 item 8: a manager replaced on a configuration reload (the old one shut down, a new
+/// one registered with the same check) leaves readiness to its replacement: a manager that is
+/// gone leaves the check.
+#[test]
+fn readiness_follows_the_replacement_of_a_manager() {
+    common::run_paused(async {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::new();
+        let manager = |store: &InMemoryStore| {
+            ClusterSingletonManager::new(
+                store.lease(LeaseSettings::new("reload", "a").unwrap()),
+                |_: &SingletonInfo, _| Idle,
+            )
+            .health(&check)
+            .start()
+        };
+        let old = manager(&store);
+        wait_for_state(&old, SingletonState::Running, Duration::from_secs(5)).await;
+        assert_eq!(check.readiness(), Ok(()));
+        assert!(old
+            .send(actix_coordination::Shutdown)
+            .await
+            .unwrap()
+            .unwrap());
+
+        let new = manager(&store);
+        wait_for_state(&new, SingletonState::Running, Duration::from_secs(30)).await;
+        common::actors::wait_until(Duration::from_secs(30), || check.readiness().is_ok()).await;
+        assert_eq!(check.liveness(), Ok(()));
+        let reports = check.leases();
+        assert_eq!(
+            reports.len(),
+            1,
+            "only the replacement's lease: {reports:?}"
+        );
+        assert!(reports[0].held);
+        // The replacement counts: ineligible, not ready.
+        new.send(SetEligible(false)).await.unwrap();
+        assert_eq!(
+            check.readiness(),
+            Err(NotReady::NotEligible {
+                lease: "reload".into()
+            })
+        );
+        drop(old);
+    });
+}
+
+/// Issue 27 item 5: a stop timeout of any length (plain data) never makes liveness panic: with
+/// `Duration::MAX`, a singleton that does not stop stays within its stop timeout.
+#[test]
+fn liveness_never_panics_on_a_very_long_stop_timeout() {
+    common::run_paused(async {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::new();
+        let manager = ClusterSingletonManager::new(
+            store.lease(LeaseSettings::new("patient", "a").unwrap()),
+            |_: &SingletonInfo, _| Stubborn,
+        )
+        .settings(SingletonSettings {
+            stop_timeout: Duration::MAX,
+            ..Default::default()
         })
+        .health(&check)
+        .start();
+        wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
+        manager.send(SetEligible(false)).await.unwrap();
+        sleep(Duration::from_secs(3600)).await;
+        assert_eq!(
+            manager.send(GetStatus).await.unwrap().state,
+            SingletonState::Stopping,
+            "the singleton does not stop"
+        );
+        assert_eq!(
+            check.liveness(),
+            Ok(()),
+            "within its (endless) stop timeout"
+        );
+        assert!(format!("{check:?}").contains("liveness: Ok"));
+    });
+}
+
+/// A singleton whose `stopping` blocks its thread until `release` is set (at most 60 s).
+struct Blocked {
+    release: Arc<AtomicBool>,
+}
+
+impl Actor for Blocked {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.release.load(Ordering::SeqCst) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Running::Stop
+    }
+}
+
+/// Issue 27 item 8, the other side of holding managers weakly: a singleton the manager gave up
+/// on (terminated after its stop timeout, its thread still blocked) keeps failing liveness after
+/// its manager has shut down and is gone, and leaves the check once it is gone too.
+#[actix_rt::test]
+async fn a_singleton_left_behind_by_a_manager_that_is_gone_fails_liveness_until_it_is_gone() {
+    let store = InMemoryStore::new();
+    let check = HealthCheck::with_tolerance(Duration::from_millis(100));
+    let release = Arc::new(AtomicBool::new(false));
+    let arbiter = actix_rt::Arbiter::new();
+    let manager = ClusterSingletonManager::on_arbiter(
+        Arc::new(store.lease(LeaseSettings::new("left-behind", "a").unwrap())),
+        arbiter.handle(),
+        {
+            let release = Arc::clone(&release);
+            move |_: &SingletonInfo, _| Blocked {
+                release: Arc::clone(&release),
+            }
+        },
+    )
+    .settings(SingletonSettings {
+        stop_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .health(&check)
+    .start();
+    wait_for_state(&manager, SingletonState::Running, Duration::from_secs(5)).await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        manager.send(actix_coordination::Shutdown),
+    )
+    .await
+    .unwrap();
+    assert!(answer.unwrap().unwrap(), "released after the stop timeout");
+    common::actors::wait_until(Duration::from_secs(5), || !manager.connected()).await;
+    // The manager is gone; its singleton still blocks its thread (it may still act).
+    assert!(
+        matches!(
+            check.liveness(),
+            Err(Unhealthy::SingletonNotStopped { ref lease, .. }) if lease == "left-behind"
+        ),
+        "{:?}",
+        check.liveness()
     );
+    release.store(true, Ordering::SeqCst);
+    common::actors::wait_until(Duration::from_secs(10), || {
+        check.liveness().is_ok() && check.readiness().is_ok() && check.leases().is_empty()
+    })
+    .await;
     arbiter.stop();
 }

@@ -404,3 +404,74 @@ async fn check_alive_ends_at_the_local_deadline_while_renewals_hang() {
         "{lost}"
     );
 }
+
+/// Polls `future` to completion on this thread, outside any Tokio runtime (what a caller without
+/// one does, e.g. `futures::executor::block_on` in a plain thread).
+fn block_on_without_runtime<F: std::future::Future>(future: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    assert!(
+        tokio::runtime::Handle::try_current().is_err(),
+        "no runtime here"
+    );
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// Issue 27 item 6: outside a Tokio runtime every operation answers `LeaseError::NoRuntime`
+/// (as documented) instead of panicking, and a `release` there changes nothing: the tenure
+/// acquired on a runtime stays held and renewed until a release on a runtime.
+#[test]
+fn outside_a_runtime_every_operation_answers_no_runtime_and_changes_nothing() {
+    use actix_coordination::{LeaseError, Operation};
+
+    let no_runtime = |result: Result<bool, LeaseError>, operation: Operation| match result {
+        Err(LeaseError::NoRuntime { operation: op }) => assert_eq!(op, operation),
+        other => panic!("expected NoRuntime for {operation}, got {other:?}"),
+    };
+    let f = InMemoryFixture::default();
+    let settings = f.settings("no-runtime", "a");
+    let a = f.store.lease(settings);
+    no_runtime(block_on_without_runtime(a.acquire()), Operation::Acquire);
+    no_runtime(
+        block_on_without_runtime(a.acquire_within(Duration::from_secs(1))),
+        Operation::Acquire,
+    );
+    no_runtime(block_on_without_runtime(a.release()), Operation::Release);
+    assert_eq!(f.store.holder("no-runtime"), None, "nothing was attempted");
+
+    // Held through a runtime (its renewal task runs there); a release without one changes
+    // nothing.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(runtime.block_on(a.acquire()).unwrap());
+    let token = a.fencing_token();
+    no_runtime(block_on_without_runtime(a.release()), Operation::Release);
+    no_runtime(
+        block_on_without_runtime(a.acquire_within(Duration::from_secs(1))),
+        Operation::Acquire,
+    );
+    assert!(a.check_alive(), "still held");
+    assert_eq!(a.fencing_token(), token);
+    assert_eq!(f.store.holder("no-runtime").as_deref(), Some("a"));
+    assert!(runtime.block_on(a.release()).unwrap());
+    assert!(!a.check_alive());
+    assert_eq!(f.store.holder("no-runtime"), None);
+}

@@ -805,3 +805,96 @@ fn a_busy_arbiter_does_not_start_the_singleton_after_its_tenure_ended() {
         arbiter.stop();
     });
 }
+
+/// A singleton that does nothing.
+struct Quiet;
+
+impl Actor for Quiet {
+    type Context = Context<Self>;
+}
+
+/// Issue 27 item 5: plain data never panics the manager. `try_settings` rejects a duration past
+/// one day with a typed error naming the field; given unvalidated through `settings`, a
+/// `retry_delay` of `Duration::MAX` used to overflow the jitter of the next round inside a
+/// message handler (here: rounds that find the lease busy with another acquire in flight),
+/// killing the manager: now that pause saturates and the manager keeps answering, and shuts
+/// down gracefully.
+#[test]
+fn plain_data_never_panics_the_manager_and_try_settings_rejects_it() {
+    use actix_coordination::SettingsError;
+
+    let endless = SingletonSettings {
+        retry_delay: Some(Duration::MAX),
+        ..Default::default()
+    };
+    assert!(matches!(
+        endless.validate(),
+        Err(SettingsError::DurationTooLong { field: "retry-delay", value, .. }) if value == Duration::MAX
+    ));
+    let stop = SingletonSettings {
+        stop_timeout: LeaseSettings::MAX_DURATION + Duration::from_secs(1),
+        ..Default::default()
+    };
+    let error = stop.validate().unwrap_err();
+    assert_eq!(error.field(), "stop-timeout");
+    assert_eq!(SingletonSettings::default().validate(), Ok(()));
+    let day = SingletonSettings {
+        retry_delay: Some(LeaseSettings::MAX_DURATION),
+        max_error_backoff: LeaseSettings::MAX_DURATION,
+        restart_window: LeaseSettings::MAX_DURATION,
+        give_up_pause: LeaseSettings::MAX_DURATION,
+        stop_timeout: LeaseSettings::MAX_DURATION,
+        handle_signals: false,
+        max_restarts: 1,
+    };
+    assert_eq!(day.validate(), Ok(()), "one day is accepted");
+
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let rejected =
+            ClusterSingletonManager::new(store.lease(settings("x")), |_: &SingletonInfo, _| Quiet)
+                .try_settings(endless.clone());
+        assert!(matches!(
+            rejected.err(),
+            Some(SettingsError::DurationTooLong {
+                field: "retry-delay",
+                ..
+            })
+        ));
+
+        let a = store.lease(settings("a"));
+        assert!(a.acquire().await.unwrap());
+        // Another acquire through the manager's lease hangs in flight for an operation timeout:
+        // meanwhile every round of the manager finds the lease busy and schedules the next one
+        // after the jitter of the retry delay (capped at 100 ms): dozens of jitters of
+        // `Duration::MAX`.
+        let b = Arc::new(store.lease(settings("b")));
+        store.pause("b");
+        let in_flight = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.acquire().await }
+        });
+        sleep(Duration::from_millis(1)).await;
+        let manager =
+            ClusterSingletonManager::from_arc(Arc::clone(&b), |_: &SingletonInfo, _| Quiet)
+                .settings(endless)
+                .start();
+        sleep(b.settings().operation_timeout() / 2).await;
+        store.heal("b");
+        assert!(
+            in_flight.await.unwrap().is_err(),
+            "the hung acquire timed out"
+        );
+        sleep(Duration::from_secs(1)).await;
+        let status = manager.send(GetStatus).await.expect("the manager is alive");
+        assert_eq!(status.state, SingletonState::Acquiring);
+        assert_eq!(status.started, 0);
+        assert_eq!(
+            b.observed_holder().as_deref(),
+            Some("a"),
+            "once the lease was free of the hung acquire, a round found it held by a"
+        );
+        assert!(manager.send(Shutdown).await.unwrap().unwrap());
+        assert_eq!(store.holder(LEASE).as_deref(), Some("a"));
+    });
+}

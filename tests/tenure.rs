@@ -697,3 +697,96 @@ fn a_lease_dropped_after_its_deadline_reports_the_loss() {
         }
     });
 }
+
+/// Issue 27 item 7: `TenureWatch::stream` ends once its lease is dropped: after the end of the
+/// tenure alive then (`None`), or at once when nothing was held.
+#[tokio::test(start_paused = true)]
+async fn a_tenure_stream_ends_once_its_lease_is_dropped() {
+    use futures_util::StreamExt;
+
+    let store = InMemoryStore::new();
+    let idle = store.lease(settings("idle"));
+    let mut stream = idle.tenure().stream();
+    assert_eq!(stream.next().await, Some(None), "nothing held");
+    drop(idle);
+    assert_eq!(
+        tokio::time::timeout(TTL, stream.next()).await,
+        Ok(None),
+        "ended with its lease"
+    );
+
+    let a = store.lease(settings("a"));
+    assert!(a.acquire().await.unwrap());
+    let mut stream = a.tenure().stream();
+    let held = stream.next().await.unwrap().expect("alive");
+    assert_eq!(Some(held.token()), a.fencing_token());
+    drop(a);
+    assert_eq!(
+        tokio::time::timeout(TTL, stream.next()).await,
+        Ok(Some(None)),
+        "the end of the tenure"
+    );
+    assert_eq!(
+        tokio::time::timeout(TTL, stream.next()).await,
+        Ok(None),
+        "then the end of the stream"
+    );
+}
+
+/// Follows a tenure with `ctx.add_stream`, recording what it sees and telling when the stream
+/// finished.
+struct TenureFollower {
+    seen: Arc<Mutex<Vec<Option<FencingToken>>>>,
+    finished: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Actor for TenureFollower {
+    type Context = Context<Self>;
+}
+
+impl StreamHandler<Option<actix_coordination::Tenure>> for TenureFollower {
+    fn handle(&mut self, tenure: Option<actix_coordination::Tenure>, _: &mut Self::Context) {
+        self.seen.lock().unwrap().push(tenure.map(|t| t.token()));
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        if let Some(finished) = self.finished.take() {
+            let _ = finished.send(());
+        }
+        ctx.stop();
+    }
+}
+
+/// Issue 27 item 7, as an actor sees it: an actor that added the tenure stream with
+/// `ctx.add_stream` gets `finished()` once the lease is dropped, after the end of the tenure.
+#[test]
+fn an_actor_following_a_tenure_stream_is_told_it_finished_when_the_lease_is_dropped() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        assert!(a.acquire().await.unwrap());
+        let token = a.fencing_token().expect("held");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (finished_tx, finished) = tokio::sync::oneshot::channel();
+        let stream = a.tenure().stream();
+        let follower = TenureFollower::create({
+            let seen = Arc::clone(&seen);
+            move |ctx| {
+                ctx.add_stream(stream);
+                TenureFollower {
+                    seen,
+                    finished: Some(finished_tx),
+                }
+            }
+        });
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(*seen.lock().unwrap(), vec![Some(token)]);
+        drop(a);
+        tokio::time::timeout(TTL, finished)
+            .await
+            .expect("finished() within a TTL")
+            .expect("told");
+        assert_eq!(*seen.lock().unwrap(), vec![Some(token), None]);
+        drop(follower);
+    });
+}

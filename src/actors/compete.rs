@@ -255,9 +255,16 @@ async fn run_round<L: Lease>(
     }
 }
 
-/// `delay` ± 20 %, so that nodes do not retry in lockstep.
+/// `delay` ± 20 %, so that nodes do not retry in lockstep; saturates at `Duration::MAX` (a delay
+/// that long means "never"), never panics.
 pub(crate) fn jitter(delay: Duration) -> Duration {
-    delay.mul_f64(0.8 + 0.4 * fastrand::f64())
+    scale(delay, 0.8 + 0.4 * fastrand::f64())
+}
+
+/// `delay × factor` (`factor >= 0`), saturating at `Duration::MAX` instead of panicking as
+/// `Duration::mul_f64` does.
+fn scale(delay: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(delay.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
 
 /// The pause after the `errors`-th error in a row (`errors >= 1`): `max(base, 100 ms)` after the
@@ -268,7 +275,7 @@ pub(crate) fn error_backoff(base: Duration, cap: Duration, errors: u32) -> Durat
     let cap = cap.max(MIN_ERROR_BACKOFF);
     let doublings = errors.saturating_sub(1).min(30);
     let nominal = base.saturating_mul(1u32 << doublings).min(cap);
-    nominal.mul_f64(0.8 + 0.2 * fastrand::f64())
+    scale(nominal, 0.8 + 0.2 * fastrand::f64()).min(nominal)
 }
 
 #[cfg(test)]
@@ -295,6 +302,18 @@ mod tests {
         assert!(error_backoff(Duration::ZERO, Duration::ZERO, 1) <= Duration::from_millis(100));
         let far = error_backoff(Duration::from_secs(1), Duration::MAX, u32::MAX);
         assert!(far >= Duration::from_secs(1 << 30).mul_f64(0.8));
+    }
+
+    #[test]
+    fn the_longest_durations_saturate_instead_of_panicking() {
+        for _ in 0..1000 {
+            assert!(jitter(Duration::MAX) >= Duration::MAX.mul_f64(0.79));
+            let pause = error_backoff(Duration::MAX, Duration::MAX, u32::MAX);
+            assert!(pause >= Duration::MAX.mul_f64(0.79));
+        }
+        assert_eq!(scale(Duration::MAX, 1.0), Duration::MAX);
+        assert_eq!(scale(Duration::MAX, 2.0), Duration::MAX);
+        assert_eq!(scale(Duration::from_secs(10), 0.5), Duration::from_secs(5));
     }
 
     #[test]

@@ -8,8 +8,11 @@ use actix::fut::{wrap_future, ActorFutureExt};
 use actix::prelude::*;
 
 use super::compete::{Competition, EndWatch, Next, RoundDone, TenureEnded};
-use super::gate::{CoordinatorGate, GateError, GateState, Responder, Submission};
+use super::gate::{
+    CoordinatorGate, GateError, GateState, Responder, Submission, DEFAULT_ACK_TIMEOUT,
+};
 use crate::lease::{FencingToken, Lease};
+use crate::settings::{LeaseSettings, SettingsError};
 use crate::tenure::{TenureEnd, TenureGuard};
 
 /// The default cap of the coordinator's backoff after acquire errors.
@@ -78,7 +81,14 @@ enum Answer {
 ///
 /// Requests that arrive while it has no tenure wait in a bounded queue (see
 /// [`with_queue_bound`](Self::with_queue_bound)). An allocation completes when the chosen region
-/// has acknowledged [`HostShard`]; until then it is *pending*. When the tenure ends (loss,
+/// has acknowledged [`HostShard`]; until then it is *pending*, for at most the acknowledgement
+/// timeout ([`with_ack_timeout`](Self::with_ack_timeout), default
+/// [`DEFAULT_ACK_TIMEOUT`](crate::DEFAULT_ACK_TIMEOUT), 10 s): a region that does not answer in
+/// time (a wedged region) fails it with [`GateError::AckTimeout`], and the shard stays allocated
+/// to that region (its `HostShard` may still be handled; allocating it elsewhere could host it
+/// twice) until the region is gone or the tenure ends. So every wait of the coordinator is
+/// bounded (test `an_allocation_waits_for_a_wedged_region_at_most_the_ack_timeout`). When the
+/// tenure ends (loss,
 /// deadline, a release through any handle of the lease), every pending allocation is rejected with
 /// [`GateError::TenureEnded`], the shard table is forgotten (another coordinator may have moved
 /// shards meanwhile; regions stay registered) and the coordinator competes again.
@@ -101,6 +111,7 @@ pub struct ShardCoordinator<L: Lease> {
     /// keep the coordinator alive).
     expiry: Option<tokio::task::JoinHandle<()>>,
     max_error_backoff: Duration,
+    ack_timeout: Duration,
 }
 
 /// Internal: refuse the queued requests that waited too long.
@@ -126,7 +137,33 @@ impl<L: Lease> ShardCoordinator<L> {
             end_watch: None,
             expiry: None,
             max_error_backoff: DEFAULT_MAX_ERROR_BACKOFF,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
         }
+    }
+
+    /// Bounds the wait of an allocation for its region's acknowledgement of [`HostShard`]
+    /// (default [`DEFAULT_ACK_TIMEOUT`](crate::DEFAULT_ACK_TIMEOUT), 10 s); past it the
+    /// allocation fails with [`GateError::AckTimeout`].
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError::Zero`] for a zero timeout (every allocation would fail) and
+    /// [`SettingsError::DurationTooLong`] beyond [`LeaseSettings::MAX_DURATION`] (one day), both
+    /// naming the field `ack-timeout`.
+    pub fn with_ack_timeout(mut self, timeout: Duration) -> Result<Self, SettingsError> {
+        const FIELD: &str = "ack-timeout";
+        if timeout.is_zero() {
+            return Err(SettingsError::Zero { field: FIELD });
+        }
+        if timeout > LeaseSettings::MAX_DURATION {
+            return Err(SettingsError::DurationTooLong {
+                field: FIELD,
+                value: timeout,
+                max: LeaseSettings::MAX_DURATION,
+            });
+        }
+        self.ack_timeout = timeout;
+        Ok(self)
     }
 
     /// Caps the exponential backoff after acquire errors (default 10 s; at least 100 ms).
@@ -230,15 +267,25 @@ impl<L: Lease> ShardCoordinator<L> {
                     shard: shard.clone(),
                     fencing_token: token,
                 };
-                let ack = region.send(host);
+                let timeout = self.ack_timeout;
+                let ack = region.send(host).timeout(timeout);
                 ctx.spawn(wrap_future::<_, Self>(ack).map(move |acked, act, _| {
                     // Rejected meanwhile (tenure ended)? Then it is answered already.
                     let Some(responder) = act.awaiting_ack.remove(&id) else {
                         return;
                     };
-                    if acked.is_err() {
-                        act.shards.remove(&shard);
-                        return responder.send(Err(GateError::Stopped));
+                    match acked {
+                        Ok(()) => {}
+                        // Wedged: the shard stays with the region, whose `HostShard` is still
+                        // on its way; only the wait ends.
+                        Err(MailboxError::Timeout) => {
+                            tracing::warn!(lease = %act.gate.lease().name(), %shard, ?timeout, "region did not acknowledge the shard in time");
+                            return responder.send(Err(GateError::AckTimeout { timeout }));
+                        }
+                        Err(MailboxError::Closed) => {
+                            act.shards.remove(&shard);
+                            return responder.send(Err(GateError::Stopped));
+                        }
                     }
                     let answer = act.gate.admit().map(|fencing_token| {
                         Answer::Allocated(ShardAllocation {

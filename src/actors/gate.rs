@@ -15,6 +15,9 @@ use crate::tenure::{TenureEnd, TenureGuard};
 pub const DEFAULT_MAX_QUEUED: usize = 1024;
 /// The default longest wait of a queued request.
 pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(30);
+/// The default longest wait of an allocation for its region's acknowledgement (see
+/// [`ShardCoordinator::with_ack_timeout`](crate::ShardCoordinator::with_ack_timeout)).
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a gated request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +47,15 @@ pub enum GateError {
     QueueTimeout {
         /// How long it waited.
         waited: Duration,
+    },
+    /// The region chosen for the shard did not acknowledge
+    /// [`HostShard`](crate::HostShard) within the coordinator's acknowledgement timeout. The
+    /// shard stays allocated to that region (its `HostShard` may still be handled; allocating it
+    /// elsewhere could host it twice) until the region is gone or the tenure ends.
+    #[error("the region did not acknowledge the shard within {timeout:?}")]
+    AckTimeout {
+        /// The acknowledgement timeout.
+        timeout: Duration,
     },
 }
 
@@ -128,6 +140,7 @@ impl GateError {
         "no_regions",
         "queue_full",
         "queue_timeout",
+        "ack_timeout",
     ];
 
     /// The `reason` label of a refusal.
@@ -139,6 +152,7 @@ impl GateError {
             GateError::NoRegions => "no_regions",
             GateError::QueueFull { .. } => "queue_full",
             GateError::QueueTimeout { .. } => "queue_timeout",
+            GateError::AckTimeout { .. } => "ack_timeout",
         }
     }
 }
@@ -303,5 +317,32 @@ impl<L: Lease, Req, Res> CoordinatorGate<L, Req, Res> {
         if matches!(self.state, GateState::Closed(_)) {
             self.state = GateState::Acquiring;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refusal reason is among the series recorded at registration.
+    #[test]
+    fn every_reason_is_registered() {
+        let errors = [
+            GateError::NotHeld,
+            GateError::TenureEnded(crate::TenureEnd::Released),
+            GateError::Stopped,
+            GateError::NoRegions,
+            GateError::QueueFull { capacity: 1 },
+            GateError::QueueTimeout {
+                waited: Duration::ZERO,
+            },
+            GateError::AckTimeout {
+                timeout: Duration::ZERO,
+            },
+        ];
+        for error in &errors {
+            assert!(GateError::REASONS.contains(&error.reason()), "{error:?}");
+        }
+        assert_eq!(GateError::REASONS.len(), errors.len());
     }
 }

@@ -12,8 +12,8 @@ pub use coordinator::{
     ShardId,
 };
 pub use gate::{
-    CoordinatorGate, GateError, GateState, Queued, Responder, Submission, DEFAULT_MAX_QUEUED,
-    DEFAULT_MAX_QUEUE_WAIT,
+    CoordinatorGate, GateError, GateState, Queued, Responder, Submission, DEFAULT_ACK_TIMEOUT,
+    DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use lease_actor::{
     Acquire, CheckAlive, GetFencingToken, GetTenure, LeaseActor, Release, SubscribeLeaseLost,

@@ -21,6 +21,7 @@ use super::compete::{Competition, EndWatch, Next, RoundDone, TenureEnded};
 use crate::health::{HealthCheck, SingletonHealth};
 use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
+use crate::settings::{LeaseSettings, SettingsError};
 use crate::tenure::{TenureEnd, TenureGuard};
 
 /// What a singleton learns when it is started.
@@ -58,6 +59,16 @@ pub struct SingletonInfo {
 /// `max(retry_delay, 100 ms)` apart, doubling after every further error, capped at
 /// `max_error_backoff` (each pause is 80–100 % of its nominal value, never more than the cap). The
 /// first answer from the backend (held elsewhere, or acquired) ends the backoff.
+///
+/// # Validation
+///
+/// [`validate`](Self::validate) rejects a duration longer than [`LeaseSettings::MAX_DURATION`]
+/// (one day: such a value is almost certainly a unit mistake) with
+/// [`SettingsError::DurationTooLong`] naming the field;
+/// [`ClusterSingletonManager::try_settings`] validates before it takes them. Settings given
+/// unvalidated to [`ClusterSingletonManager::settings`] never make the manager or a
+/// [`HealthCheck`] panic, however long: every computation with them saturates (a pause that long
+/// means "never"; test `plain_data_never_panics_the_manager_and_try_settings_rejects_it`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SingletonSettings {
     /// The pause between two acquire rounds while the lease is held elsewhere, ±20 % (default: the
@@ -97,6 +108,35 @@ impl Default for SingletonSettings {
             stop_timeout: Duration::from_secs(10),
             handle_signals: false,
         }
+    }
+}
+
+impl SingletonSettings {
+    /// Checks every duration against [`LeaseSettings::MAX_DURATION`] (one day).
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError::DurationTooLong`] for the first duration that is longer, naming it as in
+    /// configuration (`retry-delay`, `max-error-backoff`, `restart-window`, `give-up-pause`,
+    /// `stop-timeout`).
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let durations = [
+            ("retry-delay", self.retry_delay),
+            ("max-error-backoff", Some(self.max_error_backoff)),
+            ("restart-window", Some(self.restart_window)),
+            ("give-up-pause", Some(self.give_up_pause)),
+            ("stop-timeout", Some(self.stop_timeout)),
+        ];
+        for (field, value) in durations {
+            if let Some(value) = value.filter(|v| *v > LeaseSettings::MAX_DURATION) {
+                return Err(SettingsError::DurationTooLong {
+                    field,
+                    value,
+                    max: LeaseSettings::MAX_DURATION,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -442,16 +482,30 @@ where
         }
     }
 
-    /// Replaces the settings.
+    /// Replaces the settings, as they are: prefer [`try_settings`](Self::try_settings), which
+    /// validates them. Out-of-range values taken here are honoured with saturating arithmetic
+    /// (never a panic; see [`SingletonSettings`]), and the manager logs a warning when it starts.
     pub fn settings(mut self, settings: SingletonSettings) -> Self {
         self.settings = settings;
         self
     }
 
+    /// Replaces the settings once they are [validated](SingletonSettings::validate).
+    ///
+    /// # Errors
+    ///
+    /// The [`SettingsError`] of [`SingletonSettings::validate`]; the manager is dropped.
+    pub fn try_settings(self, settings: SingletonSettings) -> Result<Self, SettingsError> {
+        settings.validate()?;
+        Ok(self.settings(settings))
+    }
+
     /// Reports to `check`: its liveness fails while a singleton this manager told to stop has not
     /// stopped within the stop timeout (plus the check's tolerance), its readiness follows the
     /// manager's eligibility, and the manager's lease is watched and listed like one added with
-    /// [`HealthCheck::add_lease`]. See [`HealthCheck`].
+    /// [`HealthCheck::add_lease`]. The registration lasts as long as the manager: once it has
+    /// shut down and is gone it leaves the check (a replacement registered with the same check
+    /// decides alone). See [`HealthCheck`].
     pub fn health(mut self, check: &HealthCheck) -> Self {
         self.health_checks.push(check.clone());
         self
@@ -525,6 +579,7 @@ where
             _gone: GoneGuard {
                 manager: ctx.address().downgrade().recipient(),
                 instance,
+                health: self.health.clone(),
             },
         };
         // The singleton's context is built where it runs; the guard is checked there, right
@@ -712,6 +767,9 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        if let Err(error) = self.settings.validate() {
+            tracing::warn!(error = &error as &dyn std::error::Error, lease = %self.lease.name(), owner = %self.lease.owner(), "singleton settings out of range; honoured with saturating arithmetic");
+        }
         if !self.health_checks.is_empty() {
             let health = Arc::new(SingletonHealth::new(
                 &self.lease,
@@ -1041,10 +1099,20 @@ impl<A: Actor<Context = Context<A>>> ActorFuture<A> for Watcher {
 struct GoneGuard {
     manager: WeakRecipient<SingletonStopped>,
     instance: u64,
+    /// What the health checks read: kept registered while the singleton lives (health checks
+    /// hold it weakly), so that one the manager gave up on still fails liveness after the
+    /// manager is gone, and cleared of this instance when it is gone.
+    health: Option<Arc<SingletonHealth>>,
 }
 
 impl Drop for GoneGuard {
     fn drop(&mut self) {
+        if let Some(health) = &self.health {
+            health
+                .state()
+                .unstopped
+                .retain(|(instance, _)| *instance != self.instance);
+        }
         if let Some(manager) = self.manager.upgrade() {
             manager.do_send(SingletonStopped(self.instance));
         }
