@@ -14,7 +14,9 @@
 //! * `GET /healthz`: liveness from a [`HealthCheck`]: `200 ok`, or `503` with the reason when
 //!   this process acts as the holder of a tenure that nothing renews, or its job does not stop.
 //! * `GET /readyz`: readiness, following the manager's eligibility: `503` while shutting down.
-//! * `GET /metrics`: the Prometheus text exposition of every metric (feature `metrics`).
+//! * `GET /metrics`: the Prometheus text exposition of every metric (feature `metrics`), the
+//!   histograms with the crate's recommended buckets (`_bucket` series, which aggregate across
+//!   replicas).
 //! * `GET /leases`: JSON, one object per lease: `name`, `owner`, `holder` (as last seen), `held`,
 //!   `fencing_token`, `deadline_in_ms`.
 //! * `GET /singleton`: JSON: whether the job runs here, how many runs it made, the fencing token
@@ -38,10 +40,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_coordination::{
     describe_metrics, ClusterSingletonManager, CoordinationConfig, HealthCheck, Lease,
-    LeaseProvider, Shutdown, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
+    LeaseProvider, Shutdown, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND, METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// How often the job runs.
 const JOB_EVERY: Duration = Duration::from_millis(200);
@@ -204,8 +206,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
         format!("{e}\nusage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]")
     })?;
-    // The recorder first: leases emit to whatever recorder is installed when they act.
-    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    // The recorder first: leases emit to whatever recorder is installed when they act. Every
+    // histogram gets its recommended buckets (`MetricDescription::buckets`): without buckets the
+    // exporter renders summaries, whose quantiles cannot be aggregated across replicas.
+    let mut exporter = PrometheusBuilder::new();
+    for metric in METRICS {
+        if let Some(buckets) = metric.buckets() {
+            exporter =
+                exporter.set_buckets_for_metric(Matcher::Full(metric.name.into()), buckets)?;
+        }
+    }
+    let prometheus = exporter.install_recorder()?;
     describe_metrics();
     let provider = LeaseProvider::new(load_config(&args)?);
     System::new().block_on(serve(args, provider, prometheus))
