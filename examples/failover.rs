@@ -8,6 +8,9 @@
 //!    TTL has passed;
 //! 2. stops the next one gracefully: its singleton stops, the lease is released, and a waiting node
 //!    takes over within milliseconds;
+//! 3. ends: the nodes left shut down gracefully, one after the other: the frozen one first, then
+//!    each time the one running the singleton, which hands it to a node still waiting (so the
+//!    last node starts it just before its own turn to shut down);
 //!
 //! and prints a timeline of who ran the singleton, with the fencing token rising at every change.
 //!
@@ -100,13 +103,49 @@ async fn runner(managers: &[Manager]) -> Option<usize> {
     None
 }
 
-async fn wait_for_new_runner(managers: &[Manager], not: &[usize]) -> usize {
-    loop {
-        match runner(managers).await {
-            Some(i) if !not.contains(&i) => return i,
-            _ => sleep(Duration::from_millis(5)).await,
+/// The first node other than `not` that runs the singleton, waiting at most `within`.
+async fn wait_for_new_runner(
+    managers: &[Manager],
+    not: &[usize],
+    within: Duration,
+) -> Option<usize> {
+    tokio::time::timeout(within, async {
+        loop {
+            match runner(managers).await {
+                Some(i) if !not.contains(&i) => return i,
+                _ => sleep(Duration::from_millis(5)).await,
+            }
         }
+    })
+    .await
+    .ok()
+}
+
+/// Shuts a node down gracefully (its singleton stops, then its lease is released) and says how
+/// it went, in a sentence.
+async fn shut_down(manager: &Manager, running: bool) -> String {
+    match manager.send(Shutdown).await {
+        Ok(Ok(true)) if running => "its singleton stopped, and it released the lease".to_owned(),
+        Ok(Ok(true)) => "it held no lease".to_owned(),
+        Ok(Ok(false)) => "another node holds the lease".to_owned(),
+        Ok(Err(error)) => format!(
+            "releasing the lease failed ({}); the lease expires after its TTL",
+            chain(&error)
+        ),
+        Err(error) => format!("its manager was gone already ({})", chain(&error)),
     }
+}
+
+/// An error's message followed by its causes' messages.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn draw(timeline: &Timeline, end: Duration) {
@@ -158,7 +197,10 @@ async fn main() {
         })
         .collect();
 
-    let first = wait_for_new_runner(&managers, &[]).await;
+    let Some(first) = wait_for_new_runner(&managers, &[], TTL * 2).await else {
+        eprintln!("no node started the singleton");
+        std::process::exit(1);
+    };
     sleep(Duration::from_secs(2)).await;
     println!(
         "{:>6.2}s  -- node-{first} FREEZES (its calls hang: a pause or a partition) --",
@@ -166,7 +208,10 @@ async fn main() {
     );
     store.pause(&format!("node-{first}"));
     let frozen_at = Instant::now();
-    let second = wait_for_new_runner(&managers, &[first]).await;
+    let Some(second) = wait_for_new_runner(&managers, &[first], TTL * 2).await else {
+        eprintln!("\nno node took over from the frozen node-{first}");
+        std::process::exit(1);
+    };
     println!(
         "{:>6.2}s  -- node-{second} took over {:.2}s after the freeze (ttl {TTL:?}) --",
         t0.elapsed().as_secs_f64(),
@@ -179,21 +224,68 @@ async fn main() {
         t0.elapsed().as_secs_f64()
     );
     let stop_at = Instant::now();
-    let released = managers[second].send(Shutdown).await;
-    let third = wait_for_new_runner(&managers, &[first, second]).await;
+    let stopped = shut_down(&managers[second], true).await;
+    let Some(third) = wait_for_new_runner(&managers, &[first, second], TTL * 2).await else {
+        eprintln!("\nno node took over from node-{second} ({stopped})");
+        std::process::exit(1);
+    };
     println!(
-        "{:>6.2}s  -- node-{third} took over {:.1}ms after the graceful stop began (released: {released:?}) --",
+        "{:>6.2}s  -- node-{third} took over {:.1}ms after the graceful stop began (node-{second}: {stopped}) --",
         t0.elapsed().as_secs_f64(),
         stop_at.elapsed().as_secs_f64() * 1000.0
     );
 
     sleep(Duration::from_secs(2)).await;
     store.heal(&format!("node-{first}"));
-    for (i, m) in managers.iter().enumerate() {
-        if i != second {
-            let _ = m.send(Shutdown).await;
+    // The end of the demo: the nodes left shut down gracefully, one after the other. The frozen
+    // one, waiting again, goes first; then, each time, the one running the singleton, which hands
+    // it to a node still waiting: the last starts it just before its own turn comes.
+    println!(
+        "\n{:>6.2}s  -- THE DEMO ENDS: the {} nodes left shut down gracefully, one after the other: \
+         node-{first} first, then each time the one running the singleton, and a node still \
+         waiting takes it over --",
+        t0.elapsed().as_secs_f64(),
+        NODES - 1
+    );
+    let mut left: Vec<usize> = (0..NODES).filter(|&i| i != second).collect();
+    let mut node = first;
+    loop {
+        left.retain(|&i| i != node);
+        let running = runner(&managers).await == Some(node);
+        println!(
+            "{:>6.2}s  -- node-{node} shuts down --",
+            t0.elapsed().as_secs_f64()
+        );
+        let outcome = shut_down(&managers[node], running).await;
+        println!(
+            "{:>6.2}s  -- node-{node} is down: {outcome} --",
+            t0.elapsed().as_secs_f64()
+        );
+        if left.is_empty() {
+            break;
         }
+        let gone: Vec<usize> = (0..NODES).filter(|i| !left.contains(i)).collect();
+        let Some(next) = wait_for_new_runner(&managers, &gone, TTL * 2).await else {
+            eprintln!("\nnobody runs the singleton after node-{node} shut down");
+            std::process::exit(1);
+        };
+        if running {
+            println!(
+                "{:>6.2}s  -- node-{next} took over: it was still waiting{} --",
+                t0.elapsed().as_secs_f64(),
+                if left.len() == 1 {
+                    ", the last one; it shuts down next"
+                } else {
+                    ""
+                }
+            );
+        }
+        node = next;
     }
+    println!(
+        "{:>6.2}s  -- every node is down: the demo is over --",
+        t0.elapsed().as_secs_f64()
+    );
     draw(&timeline, t0.elapsed());
     let token = store.record(LEASE).map(|r| r.token.value()).unwrap_or(0);
     println!("\nlast fencing token: {token} (one per tenure; it never goes back)");

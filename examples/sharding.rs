@@ -59,6 +59,34 @@ async fn active(coordinators: &[Coordinator]) -> Option<usize> {
 
 #[actix_rt::main]
 async fn main() {
+    if let Err(error) = demo().await {
+        eprintln!("error: {}", chain(error.as_ref()));
+        std::process::exit(1);
+    }
+}
+
+/// An error's message followed by its causes' messages.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A gate's state, in words.
+fn describe(state: &GateState) -> String {
+    match state {
+        GateState::Acquiring => "competing for the lease".to_owned(),
+        GateState::Open(token) => format!("holding the lease (fencing token {token})"),
+        GateState::Closed(error) => format!("stopped ({})", chain(error)),
+    }
+}
+
+async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let store = InMemoryStore::new();
     let t0 = Instant::now();
     let lease = |owner: &str| {
@@ -106,16 +134,12 @@ async fn main() {
     for region in &regions[..2] {
         coordinators[first]
             .send(RegisterRegion(region.clone().recipient()))
-            .await
-            .unwrap()
-            .unwrap();
+            .await??;
     }
     for shard in ["orders", "users", "payments", "search"] {
         let home = coordinators[first]
             .send(AllocateShard(shard.into()))
-            .await
-            .unwrap()
-            .unwrap();
+            .await??;
         println!(
             "{:>5.2}s allocated {shard} (token {})",
             t0.elapsed().as_secs_f64(),
@@ -126,9 +150,7 @@ async fn main() {
     // Only the slow region is left with room: new allocations wait for its acknowledgement.
     coordinators[first]
         .send(RegisterRegion(regions[2].clone().recipient()))
-        .await
-        .unwrap()
-        .unwrap();
+        .await??;
     let pending: Vec<_> = ["reports", "audit"]
         .iter()
         .map(|s| coordinators[first].send(AllocateShard((*s).into())))
@@ -146,17 +168,28 @@ async fn main() {
                 "{:>5.2}s pending allocation rejected: tenure ended ({end})",
                 t0.elapsed().as_secs_f64()
             ),
-            other => println!(
-                "{:>5.2}s pending allocation: {other:?}",
-                t0.elapsed().as_secs_f64()
+            Ok(Err(error)) => println!(
+                "{:>5.2}s pending allocation rejected: {}",
+                t0.elapsed().as_secs_f64(),
+                chain(&error)
+            ),
+            Ok(Ok(home)) => println!(
+                "{:>5.2}s pending allocation answered anyway (fencing token {})",
+                t0.elapsed().as_secs_f64(),
+                home.fencing_token
+            ),
+            Err(error) => println!(
+                "{:>5.2}s pending allocation unanswered: {}",
+                t0.elapsed().as_secs_f64(),
+                chain(&error)
             ),
         }
     }
     sleep(Duration::from_millis(10)).await;
     println!(
-        "{:>5.2}s old coordinator competes again: {:?}",
+        "{:>5.2}s the old coordinator is {} again",
         t0.elapsed().as_secs_f64(),
-        coordinators[first].send(GetGateState).await.unwrap()
+        describe(&coordinators[first].send(GetGateState).await?)
     );
 
     let second = 1 - first;
@@ -171,16 +204,12 @@ async fn main() {
     for region in &regions[..2] {
         coordinators[second]
             .send(RegisterRegion(region.clone().recipient()))
-            .await
-            .unwrap()
-            .unwrap();
+            .await??;
     }
     for shard in ["reports", "audit"] {
         let home = coordinators[second]
             .send(AllocateShard(shard.into()))
-            .await
-            .unwrap()
-            .unwrap();
+            .await??;
         println!(
             "{:>5.2}s allocated {shard} (token {})",
             t0.elapsed().as_secs_f64(),
@@ -206,4 +235,6 @@ async fn main() {
             "still held"
         }
     );
+    println!("{:>5.2}s the demo is over", t0.elapsed().as_secs_f64());
+    Ok(())
 }

@@ -186,15 +186,34 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
     let system = System::new();
-    system.block_on(start())?;
-    // Runs until the manager stops the system after a graceful shutdown (SIGTERM / ctrl-c).
-    system.run()?;
-    Ok(())
+    let run = system.block_on(start()).and_then(|owner| {
+        // Runs until the manager stops the system after a graceful shutdown (SIGTERM / ctrl-c).
+        system.run()?;
+        println!("[{owner}] shut down");
+        Ok(())
+    });
+    if let Err(error) = run {
+        eprintln!("error: {}", chain(error.as_ref()));
+        std::process::exit(1);
+    }
 }
 
-async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// An error's message followed by its causes' messages.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Starts the node; answers its owner identity.
+async fn start() -> Result<String, Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -241,7 +260,7 @@ async fn start() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     })
     .start();
-    Ok(())
+    Ok(args.owner)
 }
 
 /// With `--events FILE`: one `renewal` line per successful claim or renewal of the lease, stamped

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! # in memory (one process; the default):
-//! cargo run --features metrics --example web_service -- --listen 127.0.0.1:8080
+//! cargo run --features metrics,web --example web_service -- --listen 127.0.0.1:8080
 //! # on etcd or Kubernetes, several processes (or pods) on one lease:
 //! cargo run --all-features --example web_service -- --config examples/etcd.toml --owner node-1 --listen 127.0.0.1:8081
 //! cargo run --all-features --example web_service -- --config examples/etcd.toml --owner node-2 --listen 127.0.0.1:8082
@@ -14,7 +14,9 @@
 //! * `GET /healthz`: liveness from a [`HealthCheck`]: `200 ok`, or `503` with the reason when
 //!   this process acts as the holder of a tenure that nothing renews, or its job does not stop.
 //! * `GET /readyz`: readiness, following the manager's eligibility: `503` while shutting down.
-//! * `GET /metrics`: the Prometheus text exposition of every metric (feature `metrics`).
+//! * `GET /metrics`: the Prometheus text exposition of every metric (feature `metrics`), the
+//!   histograms with the crate's recommended buckets (`_bucket` series, which aggregate across
+//!   replicas).
 //! * `GET /leases`: JSON, one object per lease: `name`, `owner`, `holder` (as last seen), `held`,
 //!   `fencing_token`, `deadline_in_ms`.
 //! * `GET /singleton`: JSON: whether the job runs here, how many runs it made, the fencing token
@@ -26,9 +28,12 @@
 //! `--listen ADDR` (default `0.0.0.0:8080`). `$POD_NAMESPACE`, when set, replaces the `namespace`
 //! of the configuration's `kubernetes` sections (the pod's own namespace from the downward API).
 //!
-//! On SIGTERM or ctrl-c the service shuts down in this order: the manager stops the job, waits for
-//! it, and releases the lease (another replica takes over within a round trip); only then does the
-//! HTTP server stop, and the process exits. `/leases` and `/readyz` keep answering meanwhile.
+//! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`).
+//! On SIGTERM or ctrl-c the crate's [`GracefulShutdown`] shuts down in this order: the manager
+//! stops the job, waits for it, and releases the lease (another replica takes over within a round
+//! trip); only then does the HTTP server stop, and the process exits. `/leases` and `/readyz` keep
+//! answering meanwhile. With the in-memory store (the default) the process warns that the store is
+//! its own: two processes never share it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,11 +42,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    describe_metrics, ClusterSingletonManager, CoordinationConfig, HealthCheck, Lease,
-    LeaseProvider, Shutdown, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
+    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GracefulShutdown,
+    HealthCheck, Lease, LeaseProvider, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
+    METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::error::Error as _;
 
 /// How often the job runs.
 const JOB_EVERY: Duration = Duration::from_millis(200);
@@ -144,39 +151,7 @@ fn load_config(args: &Args) -> Result<CoordinationConfig, Box<dyn std::error::Er
     Ok(config)
 }
 
-#[derive(Clone)]
-struct AppState {
-    health: HealthCheck,
-    prometheus: PrometheusHandle,
-    job: Arc<JobState>,
-}
-
-async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    match state.health.liveness() {
-        Ok(()) => HttpResponse::Ok().body("ok"),
-        Err(unhealthy) => HttpResponse::ServiceUnavailable().body(unhealthy.to_string()),
-    }
-}
-
-async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    match state.health.readiness() {
-        Ok(()) => HttpResponse::Ok().body("ok"),
-        Err(not_ready) => HttpResponse::ServiceUnavailable().body(not_ready.to_string()),
-    }
-}
-
-async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(state.prometheus.render())
-}
-
-async fn leases(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(state.health.leases())
-}
-
-async fn singleton(state: web::Data<AppState>) -> HttpResponse {
-    let job = &state.job;
+async fn singleton(job: web::Data<Arc<JobState>>) -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({
         "running": job.running.load(Ordering::SeqCst),
         "runs": job.runs.load(Ordering::SeqCst),
@@ -184,30 +159,57 @@ async fn singleton(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
-/// Resolves on SIGTERM or ctrl-c.
-async fn termination() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_ansi(false)
         .init();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The error and every cause, in words (not `Debug`).
+            let mut message = format!("error: {error}");
+            let mut source = error.source();
+            while let Some(cause) = source {
+                message.push_str(&format!("\n  caused by: {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]";
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]")
+        eprintln!("{USAGE}");
+        e
     })?;
-    // The recorder first: leases emit to whatever recorder is installed when they act.
-    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    // The recorder first: leases emit to whatever recorder is installed when they act. Every
+    // histogram gets its recommended buckets (`MetricDescription::buckets`): without buckets the
+    // exporter renders summaries, whose quantiles cannot be aggregated across replicas.
+    let mut exporter = PrometheusBuilder::new();
+    for metric in METRICS {
+        if let Some(buckets) = metric.buckets() {
+            exporter =
+                exporter.set_buckets_for_metric(Matcher::Full(metric.name.into()), buckets)?;
+        }
+    }
+    let prometheus = exporter.install_recorder()?;
     describe_metrics();
-    let provider = LeaseProvider::new(load_config(&args)?);
+    let config = load_config(&args)?;
+    if config
+        .leases
+        .get(&args.config_key)
+        .is_some_and(|lease| lease.backend == IN_MEMORY_BACKEND)
+    {
+        tracing::warn!("the lease store is in memory: it lives in this process only, and two processes never share it (each leads alone); give --config with an etcd or kubernetes section to run several instances");
+    }
+    let provider = LeaseProvider::new(config);
     System::new().block_on(serve(args, provider, prometheus))
 }
 
@@ -236,40 +238,25 @@ async fn serve(
     .health(&health)
     .start();
 
-    let state = AppState {
-        health,
-        prometheus,
-        job,
-    };
+    // The admin routes from the crate (feature `web`), and the job's own route.
+    let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
     let server = HttpServer::new(move || {
         App::new()
-            .app_data(web::Data::new(state.clone()))
-            .route("/healthz", web::get().to(healthz))
-            .route("/readyz", web::get().to(readyz))
-            .route("/metrics", web::get().to(metrics))
-            .route("/leases", web::get().to(leases))
+            .app_data(web::Data::new(Arc::clone(&job)))
+            .service(admin.scope(""))
             .route("/singleton", web::get().to(singleton))
     })
     .workers(1)
+    // GracefulShutdown owns SIGTERM and SIGINT: the job stops and the lease is released before
+    // the server stops.
     .disable_signals()
     .shutdown_timeout(5)
     .bind(&args.listen)?
     .run();
-    let http = server.handle();
-    let running = actix_rt::spawn(server);
     tracing::info!(listen = %args.listen, "http server listening");
-
-    termination().await;
-    tracing::info!("termination requested: stopping the job and releasing the lease");
-    match manager.send(Shutdown).await {
-        Ok(Ok(released)) => tracing::info!(released, "lease released"),
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "releasing the lease failed; it expires after its TTL")
-        }
-        Err(error) => tracing::warn!(%error, "the singleton manager was gone"),
-    }
-    http.stop(true).await;
-    let _ = running.await;
-    tracing::info!("http server stopped");
+    GracefulShutdown::new()
+        .manager(lease.name(), manager)
+        .run(server)
+        .await?;
     Ok(())
 }

@@ -84,7 +84,9 @@ pub use memory::{
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
-pub use metrics::{MetricDescription, MetricKind, HISTOGRAM_BUCKETS, METRICS};
+pub use metrics::{
+    MetricDescription, MetricKind, METRICS, RENEWAL_DURATION_BUCKETS, RENEWAL_MARGIN_BUCKETS,
+};
 pub use provider::{
     BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
     IN_MEMORY_BACKEND,

@@ -38,6 +38,36 @@ pub struct MetricDescription {
     pub help: &'static str,
 }
 
+impl MetricDescription {
+    /// The recommended bucket upper bounds (seconds) of a histogram, `None` for a counter or a
+    /// gauge: [`RENEWAL_DURATION_BUCKETS`] and [`RENEWAL_MARGIN_BUCKETS`]. An exporter without
+    /// buckets may render a histogram as a summary, whose quantiles cannot be aggregated across
+    /// replicas; configure these (the README's "Running in production" shows how for
+    /// `metrics-exporter-prometheus`).
+    pub fn buckets(&self) -> Option<&'static [f64]> {
+        match self.name {
+            RENEWAL_DURATION => Some(RENEWAL_DURATION_BUCKETS),
+            RENEWAL_MARGIN => Some(RENEWAL_MARGIN_BUCKETS),
+            _ => None,
+        }
+    }
+}
+
+/// Recommended buckets (upper bounds, seconds) of `actix_coordination_renewal_duration_seconds`:
+/// from a round trip on the same host (1 ms) to past the longest default operation timeout (5 s),
+/// so that a renewal that timed out lands in a bucket of its own.
+pub const RENEWAL_DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Recommended buckets (upper bounds, seconds) of `actix_coordination_renewal_margin_seconds`:
+/// fine near 0, where a renewal came nearly too late, and up to 2 minutes, past the normal
+/// margin of TTLs up to a few minutes (TTL − drift margin − renewal interval: about 19 s with
+/// the default TTL of 30 s).
+pub const RENEWAL_MARGIN_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+
 /// `1` while this process holds the lease, `0` otherwise.
 pub const LEASE_HELD: &str = "actix_coordination_lease_held";
 /// Acquire attempts (single backend calls) by outcome.
@@ -66,30 +96,6 @@ pub const SINGLETON_RESTARTS: &str = "actix_coordination_singleton_restarts_tota
 pub const COORDINATOR_ADMITTED: &str = "actix_coordination_coordinator_admitted_total";
 /// Requests a coordinator gate refused, by reason.
 pub const COORDINATOR_REFUSED: &str = "actix_coordination_coordinator_refused_total";
-
-/// The recommended histogram buckets, in seconds, by metric name: give them to the exporter
-/// (for Prometheus: `PrometheusBuilder::set_buckets_for_metric(Matcher::Full(name), buckets)`),
-/// so that the histograms render as `histogram` with `_bucket` series, which aggregate across
-/// replicas (without buckets the Prometheus exporter renders summaries, which do not).
-///
-/// * `renewal_duration_seconds`: from 1 ms (a renewal on a quiet loopback) to 10 s (the
-///   default operation timeout is 5 s);
-/// * `renewal_margin_seconds`: what was left of the deadline at a successful renewal, from 0 to
-///   the TTLs in use (the default TTL is 30 s; a margin that nears 0 precedes a loss).
-pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
-    (
-        RENEWAL_DURATION,
-        &[
-            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-        ],
-    ),
-    (
-        RENEWAL_MARGIN,
-        &[
-            0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0,
-        ],
-    ),
-];
 
 /// Every metric this crate emits with the feature `metrics`, through the
 /// [`metrics`](https://docs.rs/metrics) facade: the library only emits, the application installs
@@ -424,5 +430,30 @@ mod tests {
             assert!(LOSS_REASONS.contains(&reason_label(reason)), "{reason:?}");
         }
         assert_eq!(LOSS_REASONS.len(), reasons.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_histogram_and_only_histograms_have_rising_positive_buckets() {
+        for metric in METRICS {
+            match (metric.kind, metric.buckets()) {
+                (MetricKind::Histogram, Some(buckets)) => {
+                    assert!(!buckets.is_empty(), "{}", metric.name);
+                    assert!(buckets[0] > 0.0, "{}", metric.name);
+                    assert!(
+                        buckets.windows(2).all(|w| w[0] < w[1]),
+                        "{}: {buckets:?}",
+                        metric.name
+                    );
+                }
+                (MetricKind::Histogram, None) => panic!("{} has no buckets", metric.name),
+                (_, Some(_)) => panic!("{} is no histogram but has buckets", metric.name),
+                (_, None) => {}
+            }
+        }
     }
 }

@@ -24,7 +24,7 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// (liveness), `GET /readyz` (readiness), `GET /leases` (the [`LeaseReport`](crate::LeaseReport)s
 /// as JSON) from a [`HealthCheck`], and `GET /metrics` when given a renderer (for example a
 /// Prometheus exporter's `render`, installed with the buckets of
-/// [`HISTOGRAM_BUCKETS`](crate::HISTOGRAM_BUCKETS)). Failing checks answer `503` with the reason.
+/// [`MetricDescription::buckets`](crate::MetricDescription::buckets)). Failing checks answer `503` with the reason.
 ///
 /// Cheap to clone: build it once and call [`scope`](AdminRoutes::scope) in the `HttpServer`
 /// factory (once per worker).
@@ -244,7 +244,9 @@ impl GracefulShutdown {
         };
         for (name, release) in self.steps {
             match tokio::time::timeout(self.timeout, release()).await {
-                Ok(Ok(_)) => tracing::info!(lease = %name, "shutdown: released"),
+                Ok(Ok(released)) => {
+                    tracing::info!(lease = %name, released, "shutdown: lease released")
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(lease = %name, error = &error as &dyn std::error::Error, "shutdown: release failed; the lease stays held until its TTL passes")
                 }

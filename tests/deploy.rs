@@ -213,3 +213,73 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
         json!(["get", "list", "watch", "create", "update"])
     );
 }
+
+/// Whether `.dockerignore`'s `patterns` leave `path` (relative to the repository) out of the
+/// build context; the forms it uses: `name` or `name/` at the root (and everything under it),
+/// `**/name/` at any depth, `*.ext` for files at the root.
+fn docker_ignores(patterns: &[String], path: &str) -> bool {
+    let components: Vec<&str> = path.split('/').collect();
+    patterns.iter().any(|pattern| {
+        let pattern = pattern.trim_end_matches('/');
+        if let Some(name) = pattern.strip_prefix("**/") {
+            components.contains(&name)
+        } else if let Some(extension) = pattern.strip_prefix("*.") {
+            components.len() == 1 && path.ends_with(&format!(".{extension}"))
+        } else {
+            components[0] == pattern
+        }
+    })
+}
+
+/// `docker build -f deploy/Dockerfile .` sends neither build output nor history (`.dockerignore`),
+/// and still every file `cargo build --example web_service` needs: the manifest, the lock file,
+/// the library and every target the manifest declares (Cargo refuses a manifest whose declared
+/// tests or benches are missing).
+#[test]
+fn the_docker_build_context_has_the_sources_and_leaves_out_target_and_git() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let patterns: Vec<String> = std::fs::read_to_string(root.join(".dockerignore"))
+        .expect("a .dockerignore beside Cargo.toml")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    for left_out in [
+        "target",
+        "target/debug/deps",
+        ".git",
+        "docs/chaos",
+        ".ci/dependent/target",
+    ] {
+        assert!(
+            docker_ignores(&patterns, left_out),
+            "{left_out} is sent: {patterns:?}"
+        );
+    }
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let mut needed = vec![
+        "Cargo.toml".to_owned(),
+        "Cargo.lock".to_owned(),
+        "README.md".to_owned(),
+        "src/lib.rs".to_owned(),
+    ];
+    for (section, dir) in [
+        ("test", "tests"),
+        ("bench", "benches"),
+        ("example", "examples"),
+    ] {
+        for target in manifest[section].as_array().unwrap() {
+            needed.push(format!("{dir}/{}.rs", target["name"].as_str().unwrap()));
+        }
+    }
+    assert!(needed.contains(&"examples/web_service.rs".to_owned()));
+    for path in &needed {
+        assert!(root.join(path).exists(), "{path} is declared but missing");
+        assert!(
+            !docker_ignores(&patterns, path),
+            "{path} is left out: {patterns:?}"
+        );
+    }
+}

@@ -202,6 +202,50 @@ fn every_metric_is_asserted_and_documented_in_the_readme() {
     }
 }
 
+/// The README's recommended buckets (`| histogram | buckets | why |` rows in "Running in
+/// production") are those `MetricDescription::buckets` gives, for every histogram.
+#[test]
+fn the_readme_recommends_the_buckets_the_crate_gives() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## Running in production")
+        .nth(1)
+        .expect("a \"Running in production\" section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut rows = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        if let [name, buckets, _why] = cells[..] {
+            if let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) {
+                let buckets: Vec<f64> = buckets
+                    .split(',')
+                    .map(|b| {
+                        b.trim()
+                            .parse()
+                            .unwrap_or_else(|e| panic!("{name}: {b}: {e}"))
+                    })
+                    .collect();
+                rows.insert(name.to_owned(), buckets);
+            }
+        }
+    }
+    let histograms: BTreeMap<String, Vec<f64>> = METRICS
+        .iter()
+        .filter(|m| m.kind == MetricKind::Histogram)
+        .map(|m| (m.name.to_owned(), m.buckets().expect("buckets").to_vec()))
+        .collect();
+    assert!(!histograms.is_empty());
+    assert_eq!(rows, histograms, "the README's buckets");
+}
+
 fn in_memory_settings(name: &str, owner: &str) -> LeaseSettings {
     LeaseSettings::builder(name, owner)
         .ttl(Duration::from_secs(3))

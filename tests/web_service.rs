@@ -1,8 +1,8 @@
 //! `examples/web_service.rs` as real processes, called over HTTP: the routes answer what the
-//! README says (health, readiness, Prometheus metrics, leases, the job), SIGTERM releases the
-//! lease before the HTTP server stops, and two instances on one lease, on the real etcd and on the
-//! real kube-apiserver, have exactly one leader, which a SIGTERM moves to the other faster than
-//! the TTL (a release, not an expiry).
+//! README says (health, readiness, Prometheus metrics with bucketed histograms, leases, the job),
+//! SIGTERM releases the lease before the HTTP server stops, and two instances on one lease, on the
+//! real etcd and on the real kube-apiserver, have exactly one leader, which a SIGTERM moves to the
+//! other faster than the TTL (a release, not an expiry).
 
 mod common;
 
@@ -189,6 +189,27 @@ async fn until<T, F: std::future::Future<Output = T>>(
     }
 }
 
+/// The example's histograms and the buckets it configures for them.
+const HISTOGRAMS: [(&str, &[f64]); 2] = [
+    (
+        "actix_coordination_renewal_duration_seconds",
+        actix_coordination::RENEWAL_DURATION_BUCKETS,
+    ),
+    (
+        "actix_coordination_renewal_margin_seconds",
+        actix_coordination::RENEWAL_MARGIN_BUCKETS,
+    ),
+];
+
+/// The count of the `_bucket` series of histogram `name` for `lease` and upper bound `le`, from
+/// a Prometheus text exposition.
+fn bucket_count(text: &str, name: &str, lease: &str, le: &str) -> Option<u64> {
+    let series = format!("{name}_bucket{{lease=\"{lease}\",le=\"{le}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|count| count.trim().parse().ok())
+}
+
 /// The position of the first line containing `text` in `log`.
 fn line_of(log: &str, text: &str) -> usize {
     log.lines()
@@ -236,10 +257,19 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
     let held = format!("actix_coordination_lease_held{{lease=\"{lease}\"}} 1");
     let renewed =
         format!("actix_coordination_renewals_total{{lease=\"{lease}\",outcome=\"renewed\"}} ");
+    // A renewal has been recorded in both histograms (a `_count` series, whatever they render as).
+    let observed = |t: &str| {
+        HISTOGRAMS.iter().all(|(name, _)| {
+            let series = format!("{name}_count{{lease=\"{lease}\"}} ");
+            t.lines()
+                .filter_map(|l| l.strip_prefix(&series))
+                .any(|n| n.trim().parse::<u64>().is_ok_and(|n| n >= 1))
+        })
+    };
     let (status, text) = until(
         Duration::from_secs(10),
         || solo.get("/metrics"),
-        |(_, t)| t.contains(&renewed),
+        |(_, t)| t.contains(&renewed) && observed(t),
     )
     .await;
     assert_eq!(status, 200);
@@ -250,6 +280,33 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
         "actix_coordination_singleton_starts_total",
     ] {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}: {text}");
+    }
+    // The histograms render as Prometheus histograms (not summaries, which cannot be aggregated
+    // across replicas) with the crate's recommended buckets, each bucket a cumulative count.
+    for (name, buckets) in HISTOGRAMS {
+        assert!(
+            text.contains(&format!("\n# TYPE {name} histogram\n")),
+            "{name}: {text}"
+        );
+        assert!(
+            !text.contains(&format!("{name}{{lease=\"{lease}\",quantile=")),
+            "{text}"
+        );
+        let mut last = 0;
+        for le in buckets
+            .iter()
+            .map(f64::to_string)
+            .chain(["+Inf".to_owned()])
+        {
+            let count = bucket_count(&text, name, lease, &le)
+                .unwrap_or_else(|| panic!("{name}: no bucket le={le}: {text}"));
+            assert!(
+                count >= last,
+                "{name}: le={le} counts {count} < {last}: {text}"
+            );
+            last = count;
+        }
+        assert!(last >= 1, "{name}: no observation: {text}");
     }
 
     // SIGTERM: the job stops, the lease is released, and only then does the server stop.
