@@ -20,8 +20,13 @@
 //! actor whose last message was a release holds nothing at the end, and neither does the lease
 //! of an actor that stopped (another handle keeps it).
 //!
+//! A fourth check runs leases whose acquires come from runtimes that shut down at random points
+//! (real runtimes and the real clock, since a paused clock belongs to one runtime): no tenure
+//! outlives the runtime that renewed it, and each such end is reported exactly once (issue 27,
+//! item 2).
+//!
 //! `MODEL_CASES` sets the number of schedules (default 5,000), `MODEL_ACTOR_CASES` those of each
-//! actor check (default 500), and `MODEL_SEED` (64 hex digits) replays a run: the seed is printed
+//! actor check (default 500), `MODEL_RUNTIME_CASES` those of the runtime check (default 40), and `MODEL_SEED` (64 hex digits) replays a run: the seed is printed
 //! with every failure. Each check is shown to fail on a deliberately broken renewal (one that
 //! reports success when the store did not answer).
 
@@ -30,9 +35,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_coordination::{
-    AcquireAttempt, FencingToken, InMemoryBackend, InMemoryError, InMemoryFault, InMemoryStore,
-    InMemoryTenure, Lease, LeaseBackend, LeaseLost, LeaseSettings, LostReason, LostSubscription,
-    ManagedLease, ReleaseOutcome, RenewOutcome,
+    AcquireAttempt, FencingToken, InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease,
+    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseLost, LeaseSettings, LostReason,
+    LostSubscription, ManagedLease, ReleaseOutcome, RenewOutcome,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -1043,4 +1048,170 @@ fn the_check_catches_a_broken_renewal() {
         "{failure}"
     );
     println!("caught (MODEL_SEED={}):\n{failure}", hex(&seed));
+}
+
+/// Steps of the schedules where acquires run on runtimes that stop (issue 27, item 2): the
+/// runtime of an `acquire` runs the renewal task of the tenure it started; when it shuts down (an
+/// arbiter stopped, an actix-web worker restarted) that task goes with it. Real runtimes (each
+/// one worker thread) and the real clock, since a paused clock belongs to one runtime; the checks
+/// are about order and counts, which load cannot change.
+#[derive(Debug, Clone)]
+enum RuntimeOp {
+    /// Owner `.0` acquires from runtime `.1`.
+    Acquire(usize, usize),
+    /// Owner `.0` releases (from the runtime that never stops).
+    Release(usize),
+    /// Runtime `.0` shuts down, and a new one takes its place.
+    StopRuntime(usize),
+    /// This many milliseconds pass.
+    Wait(u64),
+}
+
+const RUNTIMES: usize = 2;
+const RUNTIME_TTL: Duration = Duration::from_millis(900);
+
+fn runtime_op() -> impl Strategy<Value = RuntimeOp> {
+    prop_oneof![
+        3 => (0..OWNERS, 0..RUNTIMES).prop_map(|(o, r)| RuntimeOp::Acquire(o, r)),
+        2 => (0..OWNERS).prop_map(RuntimeOp::Release),
+        2 => (0..RUNTIMES).prop_map(RuntimeOp::StopRuntime),
+        2 => (0u64..400).prop_map(RuntimeOp::Wait),
+    ]
+}
+
+fn one_worker() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs one schedule; `Err` with every violation found.
+fn run_with_runtimes(ops: &[RuntimeOp]) -> Result<(), TestCaseError> {
+    let store = InMemoryStore::new();
+    let history = Arc::new(Mutex::new(History::default()));
+    let leases: Vec<Arc<InMemoryLease>> = (0..OWNERS)
+        .map(|i| {
+            Arc::new(InMemoryLease::new(
+                LeaseSettings::builder(NAME, format!("owner-{i}"))
+                    .ttl(RUNTIME_TTL)
+                    .renewal_interval(Duration::from_millis(300))
+                    .operation_timeout(Duration::from_millis(250))
+                    .acquire_retries(0)
+                    .build()
+                    .unwrap(),
+                &store,
+            ))
+        })
+        .collect();
+    let _subscriptions: Vec<LostSubscription> = leases
+        .iter()
+        .map(|lease| {
+            let history = Arc::clone(&history);
+            lease.on_lost(move |lost: &LeaseLost| {
+                let token = lost.fencing_token.map_or(0, |t| t.value());
+                *history.lock().unwrap().lost.entry(token).or_default() += 1;
+            })
+        })
+        .collect();
+    let lasting = one_worker();
+    let mut runtimes: Vec<tokio::runtime::Runtime> = (0..RUNTIMES).map(|_| one_worker()).collect();
+    // Which runtime renews each owner's current tenure.
+    let mut renewed_on: Vec<Option<usize>> = vec![None; OWNERS];
+    for (step, op) in ops.iter().enumerate() {
+        let at = format!("step {step} ({op:?})");
+        match *op {
+            RuntimeOp::Acquire(i, r) => {
+                let before = leases[i].fencing_token();
+                if let Ok(true) = runtimes[r].block_on(leases[i].acquire()) {
+                    if let Some(token) = leases[i].fencing_token() {
+                        if before != Some(token) {
+                            let token = token.value();
+                            let mut h = history.lock().unwrap();
+                            if token <= h.max_token {
+                                let max = h.max_token;
+                                h.violations
+                                    .push(format!("{at}: token {token} after {max}"));
+                            }
+                            h.max_token = h.max_token.max(token);
+                            h.tenures.insert(token, (i, false));
+                            renewed_on[i] = Some(r);
+                        }
+                    }
+                }
+            }
+            RuntimeOp::Release(i) => {
+                if let Some(token) = leases[i].fencing_token() {
+                    if let Some(t) = history.lock().unwrap().tenures.get_mut(&token.value()) {
+                        t.1 = true;
+                    }
+                }
+                let _ = lasting.block_on(leases[i].release());
+            }
+            RuntimeOp::StopRuntime(r) => {
+                drop(std::mem::replace(&mut runtimes[r], one_worker()));
+                // Every tenure that runtime renewed has ended by now, and was reported.
+                for (i, lease) in leases.iter().enumerate() {
+                    if renewed_on[i] == Some(r) {
+                        if let Some(token) = lease.fencing_token() {
+                            history.lock().unwrap().violations.push(format!(
+                                "{at}: owner-{i}'s tenure {token} outlived the runtime that renewed it"
+                            ));
+                        }
+                        renewed_on[i] = None;
+                    }
+                }
+            }
+            RuntimeOp::Wait(ms) => std::thread::sleep(Duration::from_millis(ms)),
+        }
+        let alive: Vec<usize> = (0..OWNERS).filter(|i| leases[*i].check_alive()).collect();
+        if alive.len() > 1 {
+            history
+                .lock()
+                .unwrap()
+                .violations
+                .push(format!("{at}: owners alive at once: {alive:?}"));
+        }
+    }
+    // Settle: every runtime stops; every tenure ends, and each involuntary end was reported.
+    drop(runtimes);
+    drop(lasting);
+    let mut h = history.lock().unwrap();
+    for (i, lease) in leases.iter().enumerate() {
+        if let Some(token) = lease.fencing_token() {
+            h.violations
+                .push(format!("owner-{i}'s tenure {token} outlived every runtime"));
+        }
+    }
+    for (token, (owner, voluntary)) in h.tenures.clone() {
+        let lost = h.lost.get(&token).copied().unwrap_or(0);
+        let expected = usize::from(!voluntary);
+        if lost != expected {
+            h.violations.push(format!(
+                "tenure {token} of owner-{owner} ({}) ended with {lost} on_lost calls, not {expected}",
+                if voluntary { "released" } else { "lost" }
+            ));
+        }
+    }
+    if h.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(h.violations.join("\n")))
+    }
+}
+
+#[test]
+fn every_tenure_of_a_runtime_that_stops_ends_and_is_reported_once() {
+    let cases = std::env::var("MODEL_RUNTIME_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(40);
+    let seed = seed();
+    if let Err(failure) = run_schedules(runtime_op(), 12, cases, seed, run_with_runtimes) {
+        panic!(
+            "a tenure of a runtime that stopped was not reported once (replay with MODEL_SEED={}):\n{failure}",
+            hex(&seed)
+        );
+    }
 }
