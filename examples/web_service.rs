@@ -48,7 +48,6 @@ use actix_coordination::{
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::error::Error as _;
 
 /// How often the job runs.
 const JOB_EVERY: Duration = Duration::from_millis(200);
@@ -185,10 +184,7 @@ fn main() -> std::process::ExitCode {
 const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args().map_err(|e| {
-        eprintln!("{USAGE}");
-        e
-    })?;
+    let args = parse_args().inspect_err(|_| eprintln!("{USAGE}"))?;
     // The recorder first: leases emit to whatever recorder is installed when they act. Every
     // histogram gets its recommended buckets (`MetricDescription::buckets`): without buckets the
     // exporter renders summaries, whose quantiles cannot be aggregated across replicas.
@@ -243,7 +239,7 @@ async fn serve(
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(Arc::clone(&job)))
-            .service(admin.scope(""))
+            .configure(|cfg| admin.register(cfg))
             .route("/singleton", web::get().to(singleton))
     })
     .workers(1)

@@ -431,11 +431,6 @@ mod tests {
         }
         assert_eq!(LOSS_REASONS.len(), reasons.len());
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn every_histogram_and_only_histograms_have_rising_positive_buckets() {

@@ -26,8 +26,8 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// Prometheus exporter's `render`, installed with the buckets of
 /// [`MetricDescription::buckets`](crate::MetricDescription::buckets)). Failing checks answer `503` with the reason.
 ///
-/// Cheap to clone: build it once and call [`scope`](AdminRoutes::scope) in the `HttpServer`
-/// factory (once per worker).
+/// Cheap to clone: build it once and call [`register`](AdminRoutes::register) (or
+/// [`scope`](AdminRoutes::scope)) in the `HttpServer` factory (once per worker).
 #[derive(Clone)]
 pub struct AdminRoutes {
     health: HealthCheck,
@@ -59,16 +59,16 @@ impl AdminRoutes {
         self
     }
 
-    /// The routes under `path` (`""` for the root).
-    pub fn scope(&self, path: &str) -> Scope {
-        let mut scope = web::scope(path)
-            .app_data(web::Data::new(self.health.clone()))
+    /// Registers the routes at the root of an app or scope, beside the app's own:
+    /// `App::new().configure(|cfg| admin.register(cfg))`.
+    pub fn register(&self, cfg: &mut web::ServiceConfig) {
+        cfg.app_data(web::Data::new(self.health.clone()))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/leases", web::get().to(leases));
         if let Some(render) = &self.metrics {
             let render = Arc::clone(render);
-            scope = scope.route(
+            cfg.route(
                 "/metrics",
                 web::get().to(move || {
                     let body = render();
@@ -80,7 +80,13 @@ impl AdminRoutes {
                 }),
             );
         }
-        scope
+    }
+
+    /// The routes under the prefix `path` (for example `"/admin"`). A scope takes every request
+    /// under its prefix: for the routes at the root beside the app's own, use
+    /// [`register`](AdminRoutes::register).
+    pub fn scope(&self, path: &str) -> Scope {
+        web::scope(path).configure(|cfg| self.register(cfg))
     }
 }
 
@@ -135,7 +141,7 @@ type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<bool, Leas
 ///         .health(&health)
 ///         .start();
 ///     let admin = AdminRoutes::new(health);
-///     let server = HttpServer::new(move || App::new().service(admin.scope("")))
+///     let server = HttpServer::new(move || App::new().configure(|cfg| admin.register(cfg)))
 ///         .disable_signals() // GracefulShutdown owns SIGTERM and SIGINT
 ///         .bind("0.0.0.0:8080")?
 ///         .run();
@@ -321,9 +327,22 @@ mod tests {
         .await;
         assert_eq!(reports[0]["name"], "admin");
         assert_eq!(reports[0]["held"], true);
-        let without_metrics =
-            test::init_service(App::new().service(AdminRoutes::new(HealthCheck::new()).scope("")))
-                .await;
+        let admin = AdminRoutes::new(HealthCheck::new());
+        let without_metrics = test::init_service(
+            App::new()
+                .configure(|cfg| admin.register(cfg))
+                .route("/own", actix_web::web::get().to(|| async { "own" })),
+        )
+        .await;
+        let response = test::call_service(
+            &without_metrics,
+            test::TestRequest::get().uri("/own").to_request(),
+        )
+        .await;
+        assert!(
+            response.status().is_success(),
+            "the app's own routes beside"
+        );
         let response = test::call_service(
             &without_metrics,
             test::TestRequest::get().uri("/metrics").to_request(),

@@ -177,7 +177,15 @@ Ok(())
 #[rustfmt::skip]
 fn metrics() -> Result {
 // README block
-let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+let mut exporter = PrometheusBuilder::new();
+for metric in actix_coordination::METRICS {
+    if let Some(buckets) = metric.buckets() {                // the recommended buckets below
+        exporter = exporter.set_buckets_for_metric(Matcher::Full(metric.name.into()), buckets)?;
+    }
+}
+let prometheus = exporter.install_recorder()?;
 actix_coordination::describe_metrics();
 // ... serve prometheus.render() on /metrics
 // end of README block
@@ -199,7 +207,7 @@ let manager = ClusterSingletonManager::new(lease, |info: &SingletonInfo, _ctx| J
     .health(&health)
     .start();
 let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
-let server = HttpServer::new(move || App::new().service(admin.scope("")))
+let server = HttpServer::new(move || App::new().configure(|cfg| admin.register(cfg)))
     .disable_signals()                      // GracefulShutdown owns SIGTERM and SIGINT
     .bind("0.0.0.0:8080")?
     .run();
