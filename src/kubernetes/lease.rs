@@ -164,7 +164,11 @@ use super::KubernetesSession;
 /// The connections of a session (or of [`KubernetesLease::new`]'s own one) run on a thread of
 /// their own, not on the runtime of the caller. A client passed to
 /// [`KubernetesLease::with_client`] runs on the runtime it was built on: use such a lease from a
-/// runtime that outlives it (with actix, the system's).
+/// runtime that outlives it (with actix, the system's). The namespace watch of such a lease runs
+/// on the runtime that first used the lease; if that runtime shuts down, the lease no longer
+/// decides from what the watch delivered (a view is current only while its watch runs): its next
+/// attempt reads the object and starts a new watch on the runtime it runs on
+/// (`a_with_client_watch_whose_runtime_stopped_is_not_trusted` in `tests/kubernetes.rs`).
 pub type KubernetesLease = ManagedLease<KubernetesBackend>;
 
 impl ManagedLease<KubernetesBackend> {
