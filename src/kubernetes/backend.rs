@@ -609,7 +609,7 @@ impl LeaseBackend for KubernetesBackend {
         };
         let mut changes = subscription.changes();
         loop {
-            self.fold();
+            self.fold(&subscription);
             if let Some(view) = subscription.latest().view {
                 if let Some(reason) = Box::pin(self.judge(&view, settings, token)).await? {
                     return Ok(reason);
@@ -647,7 +647,7 @@ impl LeaseBackend for KubernetesBackend {
         // have passed its whole deadline as `not_after`).
         let mut unsynced_since: Option<Instant> = None;
         loop {
-            self.fold();
+            self.fold(&subscription);
             if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
                 return;
             }

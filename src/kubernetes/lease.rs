@@ -68,12 +68,14 @@ use super::KubernetesSession;
 /// # One watch per namespace
 ///
 /// All leases of a [`KubernetesSession`] in a namespace (so also all leases that
-/// [`KubernetesLease::new`] built with equal settings) share one watch on the namespace's `Lease`
-/// objects ([`kube::runtime::watcher()`], with its backoff and relist), dispatched by object name.
-/// It reports a takeover or a deletion to a holder without a request, and keeps a waiting
-/// contender's view current: while the watch is listed and running, an attempt decides from what
-/// it delivered, without a read, so a waiting contender sends no request at all, and a release
-/// wakes it within one round trip. The view may lag the store by the watch's delay; a claim on a
+/// [`KubernetesLease::new`] built with equal settings) that wait for their object or hold it
+/// share one watch on the namespace's `Lease` objects ([`kube::runtime::watcher()`], with its
+/// backoff and relist), dispatched by object name. A lease's first attempt does not start it (it
+/// reads the object): the watch's listing of the namespace would compete with the attempt's own
+/// requests, which the operation timeout bounds. It reports a takeover or a deletion to a holder
+/// without a request, and keeps a waiting contender's view current: while the watch is listed and
+/// running, an attempt decides from what it delivered, without a read, so a waiting contender
+/// sends no request at all, and a release wakes it within one round trip. The view may lag the store by the watch's delay; a claim on a
 /// stale view fails its compare-and-swap, and expiry is still judged from when this process first
 /// received a version. A watch response that ends early is re-opened no sooner than
 /// [`KUBERNETES_WATCH_FLOOR`](crate::KUBERNETES_WATCH_FLOOR) after the previous one.

@@ -130,11 +130,9 @@ impl KubernetesBackend {
             .map_or(0, |s| s.epoch)
     }
 
-    /// Folds the namespace watch's latest delivery for the object into what this instance knows.
-    pub(super) fn fold(&self) {
-        let Some(subscription) = self.subscription() else {
-            return;
-        };
+    /// Folds the latest delivery of `subscription`'s watch for the object into what this
+    /// instance knows.
+    pub(super) fn fold(&self, subscription: &Subscription) {
         let snapshot = subscription.latest();
         {
             let mut state = self.lock();
@@ -164,10 +162,13 @@ impl KubernetesBackend {
     }
 
     /// What this instance knows of the object, if it is current: learned in the epoch of the
-    /// namespace watch that still runs, synced (see the `watch` module).
+    /// namespace watch that still runs, synced (see the `watch` module). Never subscribes: an
+    /// attempt does not start a watch (its listing would compete with the attempt's own bounded
+    /// requests); waiting and holding do.
     pub(super) fn current_view(&self) -> Option<View> {
-        self.fold();
-        let status = self.subscribed()?.status();
+        let subscription = self.subscribed()?;
+        self.fold(&subscription);
+        let status = subscription.status();
         if !status.synced {
             return None;
         }
@@ -384,11 +385,12 @@ mod tests {
         assert_eq!(backend.watch_stats().listings, 1, "no relist");
     }
 
-    /// Waits (on the runtime this runs on) until the backend's namespace watch is listed.
+    /// Subscribes (on the runtime this runs on, when the backend's watch ended or there is
+    /// none) and waits until the backend's namespace watch is listed.
     async fn listed(backend: &KubernetesBackend) {
+        backend.subscription().expect("a runtime");
         tokio::time::timeout(Duration::from_secs(30), async {
             while !backend.watching() {
-                backend.fold();
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })

@@ -5,10 +5,13 @@
 //!
 //! # What a lease gets from it
 //!
-//! Each [`KubernetesBackend`](super::KubernetesBackend) subscribes to the name of its object and
-//! receives [`Snapshot`]s: the object as the watch last saw it (or that it is absent), and *when
-//! this process received it*. The backend folds them into what it observed (the observed-time
-//! expiry is judged from the instant a version was first received, exactly as with a read), so:
+//! Each [`KubernetesBackend`](super::KubernetesBackend) subscribes to the name of its object when
+//! it first waits for the object (a contender between attempts) or holds it, not at its first
+//! attempt: the watch's first listing (every `Lease` of the namespace) would compete with the
+//! attempt's own requests, which its operation timeout bounds. It then receives [`Snapshot`]s:
+//! the object as the watch last saw it (or that it is absent), and *when this process received
+//! it*. The backend folds them into what it observed (the observed-time expiry is judged from the
+//! instant a version was first received, exactly as with a read), so:
 //!
 //! * a contender that waits needs no request of its own: the holder's renewals restart its expiry
 //!   clock, a release or a deletion wakes it, and its next attempt decides from what it observed;
