@@ -182,10 +182,15 @@ async fn two_clients_race_for_fresh_leases() {
     const ROUNDS: usize = 100;
     let f = KubeFixture::new().await;
     let mut collisions = 0;
+    let race = |name: &str, owner: &str| {
+        common::contract::race_timing(settings(name, owner).to_builder())
+            .build()
+            .unwrap()
+    };
     for round in 0..ROUNDS {
         let name = unique("fresh");
-        let a = f.lease(no_retries(settings(&name, "a"))).await;
-        let b = f.lease(no_retries(settings(&name, "b"))).await;
+        let a = f.lease(race(&name, "a")).await;
+        let b = f.lease(race(&name, "b")).await;
         let (ra, rb) = tokio::join!(a.acquire(), b.acquire());
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         assert!(ra ^ rb, "round {round}: a {ra}, b {rb}");
@@ -196,14 +201,12 @@ async fn two_clients_race_for_fresh_leases() {
             spec(&read(&name).await).holder_identity.as_deref(),
             Some(winner.owner())
         );
-        // Fresh backends: their counters are this round's. The winner's one create landed; every
-        // write the loser sent was refused.
+        // Fresh backends: their counters are this round's. The winner's one create landed (its
+        // updates, if any, are renewals: token 1 shows that it claimed with the create, and a
+        // round may outlast a renewal interval on a loaded machine); every write the loser sent
+        // was refused.
         let (w, l) = (winner.backend().stats(), loser.backend().stats());
-        assert_eq!(
-            (w.creates, w.updates, w.conflicts),
-            (1, 0, 0),
-            "round {round}: {w:?}"
-        );
+        assert_eq!((w.creates, w.conflicts), (1, 0), "round {round}: {w:?}");
         assert_eq!(l.creates + l.updates, l.conflicts, "round {round}: {l:?}");
         assert!(l.creates <= 1 && l.updates == 0, "round {round}: {l:?}");
         if l.conflicts > 0 {
@@ -1620,6 +1623,97 @@ fn the_session_outlives_the_runtime_that_used_it_first() {
         assert!(second.release().await.unwrap());
     });
     assert_eq!(session.stats().connections, 1, "{:?}", session.stats());
+}
+
+/// The TTL of the stopped-runtime tests' leases: long, so that a contender that waits for the
+/// holder's claim to expire in its view fails the test's deadline (half of it).
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// A contender whose namespace watch ran on a runtime that stopped does not decide from the view
+/// that watch left behind (issue 27 item 10): contender `b`, built with `contender`, waits for the
+/// lease a moment on a runtime of its own while `a` holds, so that its namespace watch starts
+/// there and lists the namespace; that runtime then shuts down (its tasks, the watch among them,
+/// are dropped), and `a` releases. Used from this runtime, `b` takes the lease at once, long
+/// before `a`'s claim could have expired in its view, and watches the namespace again.
+async fn contender_whose_watch_runtime_stopped(
+    contender: impl Fn(LeaseSettings) -> KubernetesLease,
+) {
+    let f = KubeFixture::new().await;
+    let name = unique("stopped-watch");
+    let long = |owner: &str| {
+        LeaseSettings::builder(&name, owner)
+            .ttl(LONG_TTL)
+            .acquire_retries(0)
+            .build()
+            .unwrap()
+    };
+    let a = f.lease(long("a")).await;
+    assert!(a.acquire().await.unwrap());
+    let b = contender(long("b"));
+    let b = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let waited = b.acquire_within(Duration::from_secs(1)).await;
+            assert!(!waited.unwrap(), "a holds the lease");
+            timeout(LONG_TTL / 2, async {
+                while !b.backend().watching() {
+                    sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("b's namespace watch listed the namespace");
+        });
+        drop(runtime);
+        b
+    })
+    .await
+    .unwrap();
+    let listings = b.backend().watch_stats().listings;
+    assert!(a.release().await.unwrap());
+    let acquired = b
+        .acquire_within(LONG_TTL / 2)
+        .await
+        .expect("b's attempts work from this runtime");
+    assert!(
+        acquired,
+        "b still judged by the view of its stopped watch: a's claim, as if current"
+    );
+    timeout(LONG_TTL / 2, async {
+        while !b.backend().watching() {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("b watches the namespace again, from a runtime that runs");
+    assert!(
+        b.backend().watch_stats().listings > listings,
+        "a new watch listed the namespace"
+    );
+    assert!(b.release().await.unwrap());
+}
+
+/// [`contender_whose_watch_runtime_stopped`] for a lease built `with_client` (its watch runs on
+/// the runtime that first used it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_with_client_watch_whose_runtime_stopped_is_not_trusted() {
+    let client = client(&env().url, &env().token);
+    contender_whose_watch_runtime_stopped(|settings| {
+        KubernetesLease::with_client(settings, client.clone(), env().namespace.clone()).unwrap()
+    })
+    .await;
+}
+
+/// [`contender_whose_watch_runtime_stopped`] for a lease of a session on a ready client (its
+/// watches run on the runtime of the lease that first needs one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_session_watch_whose_runtime_stopped_is_not_trusted() {
+    let session =
+        KubernetesSession::from_client(client(&env().url, &env().token), env().namespace.clone())
+            .unwrap();
+    contender_whose_watch_runtime_stopped(|settings| session.lease(settings)).await;
 }
 
 /// The provider shares one session among leases whose `kubernetes` sections are equal (also

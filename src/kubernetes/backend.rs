@@ -2,7 +2,7 @@
 //! compare-and-swap rounds (the semantics are documented on [`KubernetesLease`](super::KubernetesLease)).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
@@ -72,7 +72,8 @@ pub struct KubernetesBackend {
     pub(super) state: Mutex<State>,
     pub(super) counters: Counters,
     pub(super) hub: Arc<WatchHub>,
-    pub(super) subscription: OnceLock<Subscription>,
+    /// The namespace watch subscription, made at first use and again when its watch ended.
+    pub(super) subscription: Mutex<Option<Arc<Subscription>>>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -162,7 +163,7 @@ impl KubernetesBackend {
         };
         Self {
             hub,
-            subscription: OnceLock::new(),
+            subscription: Mutex::new(None),
             client,
             namespace,
             name: name.to_owned(),
@@ -608,7 +609,7 @@ impl LeaseBackend for KubernetesBackend {
         };
         let mut changes = subscription.changes();
         loop {
-            self.fold();
+            self.fold(&subscription);
             if let Some(view) = subscription.latest().view {
                 if let Some(reason) = Box::pin(self.judge(&view, settings, token)).await? {
                     return Ok(reason);
@@ -646,7 +647,7 @@ impl LeaseBackend for KubernetesBackend {
         // have passed its whole deadline as `not_after`).
         let mut unsynced_since: Option<Instant> = None;
         loop {
-            self.fold();
+            self.fold(&subscription);
             if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
                 return;
             }
@@ -666,8 +667,10 @@ impl LeaseBackend for KubernetesBackend {
                 return;
             }
             tokio::select! {
+                // The watch ended with the runtime it ran on: what it delivered is not current
+                // any more. The caller's next attempt subscribes again (a new watch, on the
+                // runtime that runs now) and reads the object.
                 running = changes.next() => if !running {
-                    tokio::time::sleep_until(wake.min(Instant::now() + retry_delay)).await;
                     return;
                 },
                 () = tokio::time::sleep_until(wake) => return,

@@ -68,12 +68,14 @@ use super::KubernetesSession;
 /// # One watch per namespace
 ///
 /// All leases of a [`KubernetesSession`] in a namespace (so also all leases that
-/// [`KubernetesLease::new`] built with equal settings) share one watch on the namespace's `Lease`
-/// objects ([`kube::runtime::watcher()`], with its backoff and relist), dispatched by object name.
-/// It reports a takeover or a deletion to a holder without a request, and keeps a waiting
-/// contender's view current: while the watch is listed and running, an attempt decides from what
-/// it delivered, without a read, so a waiting contender sends no request at all, and a release
-/// wakes it within one round trip. The view may lag the store by the watch's delay; a claim on a
+/// [`KubernetesLease::new`] built with equal settings) that wait for their object or hold it
+/// share one watch on the namespace's `Lease` objects ([`kube::runtime::watcher()`], with its
+/// backoff and relist), dispatched by object name. A lease's first attempt does not start it (it
+/// reads the object): the watch's listing of the namespace would compete with the attempt's own
+/// requests, which the operation timeout bounds. It reports a takeover or a deletion to a holder
+/// without a request, and keeps a waiting contender's view current: while the watch is listed and
+/// running, an attempt decides from what it delivered, without a read, so a waiting contender
+/// sends no request at all, and a release wakes it within one round trip. The view may lag the store by the watch's delay; a claim on a
 /// stale view fails its compare-and-swap, and expiry is still judged from when this process first
 /// received a version. A watch response that ends early is re-opened no sooner than
 /// [`KUBERNETES_WATCH_FLOOR`](crate::KUBERNETES_WATCH_FLOOR) after the previous one.
@@ -164,7 +166,11 @@ use super::KubernetesSession;
 /// The connections of a session (or of [`KubernetesLease::new`]'s own one) run on a thread of
 /// their own, not on the runtime of the caller. A client passed to
 /// [`KubernetesLease::with_client`] runs on the runtime it was built on: use such a lease from a
-/// runtime that outlives it (with actix, the system's).
+/// runtime that outlives it (with actix, the system's). The namespace watch of such a lease runs
+/// on the runtime that first used the lease; if that runtime shuts down, the lease no longer
+/// decides from what the watch delivered (a view is current only while its watch runs): its next
+/// attempt reads the object and starts a new watch on the runtime it runs on
+/// (`a_with_client_watch_whose_runtime_stopped_is_not_trusted` in `tests/kubernetes.rs`).
 pub type KubernetesLease = ManagedLease<KubernetesBackend>;
 
 impl ManagedLease<KubernetesBackend> {

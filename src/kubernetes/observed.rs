@@ -21,8 +21,9 @@ pub(super) struct State {
     /// What this instance knows of the object (from the namespace watch or its own requests), and
     /// the epoch of the namespace watch it learned it in (0: the watch was not synced).
     pub(super) known: Option<(View, u64)>,
-    /// The last delivery of the namespace watch folded in.
-    pub(super) folded: u64,
+    /// The last delivery of the namespace watch folded in: the watch's id, and the delivery's
+    /// sequence number in it.
+    pub(super) folded: (u64, u64),
     /// The `acquireTime` of claims sent whose answer never arrived.
     pub(super) unanswered: Vec<MicroTime>,
     /// The `resourceVersion` of this instance's latest write in the current tenure.
@@ -55,7 +56,7 @@ impl KubernetesBackend {
         let epoch = self.synced_epoch();
         let now = Instant::now();
         self.learn(View::Present(Arc::clone(&lease)), now, epoch);
-        if let Some(subscription) = self.subscription.get() {
+        if let Some(subscription) = self.subscribed() {
             subscription.publish(Arc::clone(&lease), now);
         }
         lease
@@ -92,13 +93,23 @@ impl KubernetesBackend {
         self.lock().observed.clone()
     }
 
-    /// The namespace watch subscription of this instance, made at first use.
-    pub(super) fn subscription(&self) -> Option<&Subscription> {
-        if let Some(subscription) = self.subscription.get() {
-            return Some(subscription);
+    /// The namespace watch subscription of this instance: made at first use, and made again
+    /// when the watch it had ended (the runtime it ran on shut down), which starts a new watch
+    /// on the runtime this runs on. `None` when no subscription can be made (no runtime).
+    pub(super) fn subscription(&self) -> Option<Arc<Subscription>> {
+        let mut slot = watch::lock(&self.subscription);
+        if let Some(subscription) = slot.as_ref().filter(|s| !s.ended()) {
+            return Some(Arc::clone(subscription));
         }
         match self.hub.subscribe(&self.namespace, &self.object) {
-            Ok(subscription) => Some(self.subscription.get_or_init(|| subscription)),
+            Ok(subscription) => {
+                if slot.is_some() {
+                    tracing::debug!(object = %self.object, namespace = %self.namespace, "the lease's namespace watch ended with the runtime it ran on; watching the namespace again");
+                }
+                let subscription = Arc::new(subscription);
+                *slot = Some(Arc::clone(&subscription));
+                Some(subscription)
+            }
             Err(error) => {
                 tracing::debug!(%error, object = %self.object, "cannot watch the namespace; reading the object before each attempt");
                 None
@@ -106,27 +117,31 @@ impl KubernetesBackend {
         }
     }
 
-    /// The epoch of the namespace watch if it is synced, else 0.
+    /// The subscription this instance has, if any, without making one (it may have ended).
+    pub(super) fn subscribed(&self) -> Option<Arc<Subscription>> {
+        watch::lock(&self.subscription).clone()
+    }
+
+    /// The epoch of the namespace watch if it is synced, else 0 (also when it ended).
     pub(super) fn synced_epoch(&self) -> u64 {
-        self.subscription
-            .get()
-            .map(Subscription::status)
+        self.subscribed()
+            .map(|s| s.status())
             .filter(|s| s.synced)
             .map_or(0, |s| s.epoch)
     }
 
-    /// Folds the namespace watch's latest delivery for the object into what this instance knows.
-    pub(super) fn fold(&self) {
-        let Some(subscription) = self.subscription() else {
-            return;
-        };
+    /// Folds the latest delivery of `subscription`'s watch for the object into what this
+    /// instance knows.
+    pub(super) fn fold(&self, subscription: &Subscription) {
         let snapshot = subscription.latest();
         {
             let mut state = self.lock();
-            if snapshot.seq <= state.folded {
+            // Sequence numbers count per watch: after subscribing again, a new watch's first
+            // deliveries are folded whatever the old one's count reached.
+            if snapshot.watch == state.folded.0 && snapshot.seq <= state.folded.1 {
                 return;
             }
-            state.folded = snapshot.seq;
+            state.folded = (snapshot.watch, snapshot.seq);
         }
         let Some(view) = snapshot.view else {
             return;
@@ -147,10 +162,13 @@ impl KubernetesBackend {
     }
 
     /// What this instance knows of the object, if it is current: learned in the epoch of the
-    /// namespace watch that still runs, synced (see the `watch` module).
+    /// namespace watch that still runs, synced (see the `watch` module). Never subscribes: an
+    /// attempt does not start a watch (its listing would compete with the attempt's own bounded
+    /// requests); waiting and holding do.
     pub(super) fn current_view(&self) -> Option<View> {
-        self.fold();
-        let status = self.subscription.get()?.status();
+        let subscription = self.subscribed()?;
+        self.fold(&subscription);
+        let status = subscription.status();
         if !status.synced {
             return None;
         }
@@ -365,6 +383,51 @@ mod tests {
         }
         assert!(backend.watch_stats().watch_requests >= 3);
         assert_eq!(backend.watch_stats().listings, 1, "no relist");
+    }
+
+    /// Subscribes (on the runtime this runs on, when the backend's watch ended or there is
+    /// none) and waits until the backend's namespace watch is listed.
+    async fn listed(backend: &KubernetesBackend) {
+        backend.subscription().expect("a runtime");
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !backend.watching() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the namespace watch was listed");
+    }
+
+    /// A namespace watch whose runtime shut down is not current any more, from that moment on:
+    /// the lease's view of the object is no longer taken for the object now, and its next use
+    /// subscribes again, to a new watch on the runtime that uses it.
+    #[tokio::test]
+    async fn a_watch_whose_runtime_stopped_is_not_current() {
+        let (backend, _requests) = fake_backend(WatchAnswer::Silent);
+        // Used first on a runtime of its own (the fake client's requests run on this one).
+        let backend = tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(listed(&backend));
+            assert!(backend.current_view().is_some(), "listed: current");
+            drop(runtime);
+            backend
+        })
+        .await
+        .unwrap();
+        let backend = &backend;
+        assert!(!backend.watching(), "the watch ended with its runtime");
+        let ended = backend.subscribed().expect("the old subscription");
+        assert!(ended.ended());
+        // Judged without subscribing again: nothing the ended watch delivered is current.
+        assert_eq!(backend.synced_epoch(), 0);
+        listed(backend).await;
+        let again = backend.subscribed().unwrap();
+        assert!(!Arc::ptr_eq(&ended, &again), "a new subscription");
+        assert!(backend.current_view().is_some(), "the new watch's view");
+        assert_eq!(backend.watch_stats().listings, 2);
     }
 
     /// A watch stream that the server (or a proxy) ends every 100 ms is re-opened at most once

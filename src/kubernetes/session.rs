@@ -235,7 +235,10 @@ impl KubernetesSession {
     ///
     /// Unlike a session built from settings, it runs where `client` runs: on the runtime the
     /// client was built on, and its watches on the runtime of the lease that first needs one (use
-    /// it from a runtime that outlives its leases, with actix the system's). Its
+    /// it from a runtime that outlives its leases, with actix the system's). When the runtime a
+    /// watch runs on shuts down, its leases stop deciding from what it delivered and the next
+    /// one used starts a new watch where it runs
+    /// (`a_client_session_watch_whose_runtime_stopped_is_not_trusted`). Its
     /// [`stats`](Self::stats) count the watch's requests only (the HTTP stack is the client's),
     /// and its leases skip the duplicate-instance check (its server is not known), as
     /// `with_client` leases do.

@@ -5,10 +5,13 @@
 //!
 //! # What a lease gets from it
 //!
-//! Each [`KubernetesBackend`](super::KubernetesBackend) subscribes to the name of its object and
-//! receives [`Snapshot`]s: the object as the watch last saw it (or that it is absent), and *when
-//! this process received it*. The backend folds them into what it observed (the observed-time
-//! expiry is judged from the instant a version was first received, exactly as with a read), so:
+//! Each [`KubernetesBackend`](super::KubernetesBackend) subscribes to the name of its object when
+//! it first waits for the object (a contender between attempts) or holds it, not at its first
+//! attempt: the watch's first listing (every `Lease` of the namespace) would compete with the
+//! attempt's own requests, which its operation timeout bounds. It then receives [`Snapshot`]s:
+//! the object as the watch last saw it (or that it is absent), and *when this process received
+//! it*. The backend folds them into what it observed (the observed-time expiry is judged from the
+//! instant a version was first received, exactly as with a read), so:
 //!
 //! * a contender that waits needs no request of its own: the holder's renewals restart its expiry
 //!   clock, a release or a deletion wakes it, and its next attempt decides from what it observed;
@@ -23,6 +26,14 @@
 //! an attempt skip its read; otherwise it reads the object first. A stale view can never grant a
 //! claim: every claim is a compare-and-swap on the `resourceVersion` it judged, and the expiry of a
 //! version counts from when this process first saw it, after it was written.
+//!
+//! A view is current only while the watch's task runs. The task runs on the runtime of its hub (a
+//! session's own threads) or, for a ready client, of the lease that first needed the watch; when
+//! that runtime shuts down, the task is dropped, and with it a guard that marks the watch *ended*
+//! (not synced, for good): nothing it delivered is current any more, its subscribers' waits end,
+//! and the next use of a lease subscribes again, starting a new watch on the runtime it runs on.
+//! Epochs are numbered across all watches of the process, so a view of an ended watch never
+//! passes for one of its successor.
 //!
 //! # Cost and bounds
 //!
@@ -61,6 +72,13 @@ pub const WATCH_FLOOR: Duration = Duration::from_secs(1);
 /// goes on from where it was).
 pub(super) const WATCH_TIMEOUT_SECS: u32 = 290;
 
+/// The last epoch started by any namespace watch of the process (epochs are never reused, so a
+/// view learned from one watch never passes for a view of another).
+static EPOCHS: AtomicU64 = AtomicU64::new(0);
+
+/// The last id given to a namespace watch of the process.
+static WATCH_IDS: AtomicU64 = AtomicU64::new(0);
+
 /// What the watch last saw of one object.
 #[derive(Debug, Clone)]
 pub(super) enum View {
@@ -84,6 +102,9 @@ impl View {
 /// One delivery of the watch to the subscribers of an object name.
 #[derive(Debug, Clone)]
 pub(super) struct Snapshot {
+    /// The id of the namespace watch that delivered it, unique in the process: a lease that
+    /// subscribed again tells the new watch's deliveries from the old one's by it.
+    pub(super) watch: u64,
     /// Grows with every delivery of this namespace watch; 0 before the first.
     pub(super) seq: u64,
     /// The epoch of the watch the view belongs to.
@@ -97,10 +118,15 @@ pub(super) struct Snapshot {
 /// The health of a namespace watch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Status {
-    /// Complete listings so far; the current epoch (0: not listed yet).
+    /// The epoch of the watch's latest complete listing (0: not listed yet); unique in the
+    /// process.
     pub(super) epoch: u64,
-    /// Listed, and the last watch request was answered (no failure since).
+    /// Listed, and the last watch request was answered (no failure since); never again once the
+    /// watch ended.
     pub(super) synced: bool,
+    /// The watch's task is gone (its runtime shut down, or it was aborted): nothing it delivered
+    /// is current, and it delivers nothing more.
+    pub(super) ended: bool,
 }
 
 /// Requests of the namespace watches of one client.
@@ -175,7 +201,7 @@ impl WatchHub {
             let mut watches = lock(&self.watches);
             watches.retain(|_, w| w.strong_count() > 0);
             match watches.get(namespace).and_then(Weak::upgrade) {
-                Some(watch) if !watch.task.is_finished() => watch,
+                Some(watch) if !watch.ended() => watch,
                 _ => {
                     let watch = Arc::new(self.start(namespace)?);
                     watches.insert(namespace.to_owned(), Arc::downgrade(&watch));
@@ -190,6 +216,7 @@ impl WatchHub {
                 .entry(object.to_owned())
                 .or_insert_with(|| Entry {
                     sender: watch::channel(Snapshot {
+                        watch: watch.state.id,
                         seq: 0,
                         epoch: 0,
                         view: None,
@@ -215,7 +242,9 @@ impl WatchHub {
                 reason: "the lease's namespace watch needs a Tokio runtime".into(),
             })?,
         };
+        let id = WATCH_IDS.fetch_add(1, Ordering::Relaxed) + 1;
         let state = Arc::new(WatchState {
+            id,
             registry: Mutex::default(),
             status: watch::channel(Status::default()).0,
         });
@@ -228,7 +257,8 @@ impl WatchHub {
             }),
         };
         let namespace = namespace.to_owned();
-        let task = runtime.spawn(run(Arc::clone(&state), floor, namespace.clone()));
+        let guard = EndWithTask(Arc::clone(&state));
+        let task = runtime.spawn(run(guard, floor, namespace.clone()));
         Ok(NamespaceWatch {
             namespace,
             state,
@@ -244,6 +274,13 @@ pub(super) struct NamespaceWatch {
     task: tokio::task::AbortHandle,
 }
 
+impl NamespaceWatch {
+    /// Whether the watch's task is gone (see [`Status::ended`]).
+    fn ended(&self) -> bool {
+        self.state.status.borrow().ended || self.task.is_finished()
+    }
+}
+
 impl Drop for NamespaceWatch {
     fn drop(&mut self) {
         tracing::debug!(namespace = %self.namespace, "no lease watches the namespace any more; ending its watch");
@@ -252,8 +289,24 @@ impl Drop for NamespaceWatch {
 }
 
 struct WatchState {
+    /// Unique in the process (see [`Snapshot::watch`]).
+    id: u64,
     registry: Mutex<Registry>,
     status: watch::Sender<Status>,
+}
+
+/// Owned by the task of a namespace watch: when the task goes, however (its runtime shut down
+/// and dropped it, it was aborted, it ended), the watch is marked ended, so that no subscriber
+/// takes what it delivered for current any more and every wait on it ends.
+struct EndWithTask(Arc<WatchState>);
+
+impl Drop for EndWithTask {
+    fn drop(&mut self) {
+        self.0.status.send_modify(|status| {
+            status.synced = false;
+            status.ended = true;
+        });
+    }
 }
 
 #[derive(Default)]
@@ -286,6 +339,7 @@ impl WatchState {
             }
             registry.seq += 1;
             entry.sender.send_replace(Snapshot {
+                watch: self.id,
                 seq: registry.seq,
                 epoch,
                 view: Some(view),
@@ -298,7 +352,7 @@ impl WatchState {
     /// where it was, with nothing missed.
     fn established(&self) {
         self.status.send_if_modified(|status| {
-            let resumed = status.epoch > 0 && !status.synced;
+            let resumed = status.epoch > 0 && !status.synced && !status.ended;
             if resumed {
                 status.synced = true;
             }
@@ -346,6 +400,11 @@ impl Subscription {
         *self.status.borrow()
     }
 
+    /// Whether the watch's task is gone (see [`Status::ended`]): a lease then subscribes again.
+    pub(super) fn ended(&self) -> bool {
+        self.watch.ended()
+    }
+
     /// Receivers that resolve on the next delivery or change of health after this call.
     pub(super) fn changes(&self) -> Changes {
         let mut snapshots = self.snapshots.clone();
@@ -378,18 +437,23 @@ pub(super) struct Changes {
 
 impl Changes {
     /// Resolves on the next delivery for the object or change of the watch's health; `false`
-    /// when the watch ended (its runtime shut down).
+    /// (at once, if it had already) when the watch ended (its runtime shut down).
     pub(super) async fn next(&mut self) -> bool {
-        tokio::select! {
+        if self.status.borrow().ended {
+            return false;
+        }
+        let changed = tokio::select! {
             changed = self.snapshots.changed() => changed.is_ok(),
             changed = self.status.changed() => changed.is_ok(),
-        }
+        };
+        changed && !self.status.borrow().ended
     }
 }
 
 /// The namespace watch: `kube::runtime::watcher` with its default backoff, its events dispatched
-/// by object name.
-async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
+/// by object name. `guard` marks the watch ended when this future is dropped or ends.
+async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
+    let state = &guard.0;
     let counters = Arc::clone(&floor.shared.counters);
     // Built here, on the runtime the watch runs on: the client's request buffer lives there.
     let client = Client::new(floor, namespace.clone());
@@ -439,7 +503,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
                 }
             }
             Event::InitDone => {
-                epoch += 1;
+                epoch = EPOCHS.fetch_add(1, Ordering::Relaxed) + 1;
                 // A subscribed object missing from the listing may have been created after the
                 // listing's snapshot: nothing is delivered for it, so what its leases knew is
                 // not current any more, and their next attempt reads it.
@@ -449,6 +513,7 @@ async fn run(state: Arc<WatchState>, floor: Floor, namespace: String) {
                 state.status.send_replace(Status {
                     epoch,
                     synced: true,
+                    ended: false,
                 });
                 tracing::debug!(%namespace, epoch, "lease watch listed the namespace");
             }
@@ -538,7 +603,7 @@ fn is_watch(uri: &http::Uri) -> bool {
         .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"))
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
