@@ -16,7 +16,7 @@ use actix_coordination::{KubernetesLease, KubernetesSession, Lease, LeaseSetting
 use common::k8s::{
     acquire_all_and_watch, client, env, established_connections_to, through, unique,
 };
-use common::proxy::{FaultProxy, ProxyMode};
+use common::proxy::FaultProxy;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Counts the bytes allocated and not yet freed, by every thread of the process.
@@ -352,86 +352,4 @@ async fn leases_of_a_client_session_share_one_watch() {
         before,
         "the watches end with their leases"
     );
-}
-
-/// Requests given up one after another (answers slower than the operation timeout) retire
-/// connection after connection, and still the session never has more than 2 connections open
-/// (counted in the kernel's table, sampled every 50 ms), its namespace watch's among them; once the
-/// answers are quick again, every lease renews again. Before the connection limit, each retired
-/// connection stayed open until its requests were done, the watch's for as long as the watch
-/// (minutes): two retirements in a row, as a loaded machine makes them, meant three connections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retired_lanes_never_make_a_third_connection() {
-    let _serial = SERIAL.lock().await;
-    let proxy = FaultProxy::start(env().upstream).await;
-    let session = KubernetesSession::new(through(&proxy)).unwrap();
-    let base = unique("scale-retired");
-    let leases: Vec<KubernetesLease> = (0..20)
-        .map(|i| {
-            let settings = LeaseSettings::builder(format!("{base}-{i}"), "a")
-                .ttl(Duration::from_secs(40))
-                .renewal_interval(Duration::from_secs(1))
-                // Room for 20 claims at once on a loaded machine, far below the slow answers'.
-                .operation_timeout(Duration::from_secs(3))
-                .build()
-                .unwrap();
-            session.lease(settings)
-        })
-        .collect();
-    acquire_and_watch(&leases).await;
-    let before = session.stats();
-
-    // Answers 10 s late: every renewal is given up, each retiring its connection.
-    proxy.set_mode(ProxyMode::SlowAnswers(Duration::from_secs(10)));
-    let mut most = 0;
-    let retired_enough = timeout(Duration::from_secs(60), async {
-        loop {
-            most = most.max(established_connections_to(proxy.addr()));
-            if session.stats().connections >= before.connections + 3 {
-                break;
-            }
-            sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    // A few more samples while connections keep being replaced.
-    for _ in 0..40 {
-        most = most.max(established_connections_to(proxy.addr()));
-        sleep(Duration::from_millis(50)).await;
-    }
-    let during = session.stats();
-    assert!(
-        retired_enough.is_ok(),
-        "given-up requests replaced fewer than 3 connections within 60 s: {before:?} -> {during:?}"
-    );
-    assert!(
-        most <= 2,
-        "{most} connections open at once while given-up requests retired them: {during:?}"
-    );
-
-    // Quick answers again: the session recovers (no connection slot was leaked).
-    proxy.set_mode(ProxyMode::Pass);
-    let healed: Vec<u64> = leases.iter().map(|l| l.backend().stats().updates).collect();
-    timeout(Duration::from_secs(60), async {
-        while leases
-            .iter()
-            .zip(&healed)
-            .any(|(l, &at)| l.backend().stats().updates <= at)
-        {
-            most = most.max(established_connections_to(proxy.addr()));
-            sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "leases did not renew after the answers were quick again: {:?}",
-            session.stats()
-        )
-    });
-    assert!(
-        most <= 2,
-        "{most} connections open at once while recovering"
-    );
-    release_all(leases).await;
 }

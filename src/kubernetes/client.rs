@@ -18,17 +18,15 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::task::AtomicWaker;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt;
 use kube::Client;
 use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{BoxError, ServiceBuilder};
 
 use super::KubernetesError;
@@ -86,11 +84,10 @@ pub(super) fn session_client(
     stack(config, lanes).map_err(|source| KubernetesError::BuildClient { source })
 }
 
-type HttpsConnector = Limited<hyper_rustls::HttpsConnector<Counting<HttpConnector>>>;
+type HttpsConnector = hyper_rustls::HttpsConnector<Counting<HttpConnector>>;
 type HyperClient = hyper_util::client::legacy::Client<HttpsConnector, kube::client::Body>;
 
-/// A `TCP_NODELAY` connector with rustls offering `h2` and `http/1.1`, counting its connections
-/// and keeping at most [`MAX_CONNECTIONS`] HTTP/2 connections open at once ([`Limited`]).
+/// A `TCP_NODELAY` connector with rustls offering `h2` and `http/1.1`, counting its connections.
 fn connector(
     config: &kube::Config,
     counters: Arc<HttpCounters>,
@@ -106,15 +103,11 @@ fn connector(
     // kube's own connector builder enables HTTP/1.1 only; build it from kube's TLS configuration
     // (the CA, re-read about once a minute when it is a file) with both protocols instead.
     let tls = config.rustls_client_config()?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_all_versions()
-        .wrap_connector(http);
-    Ok(Limited {
-        inner: https,
-        open: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-    })
+        .wrap_connector(http))
 }
 
 /// hyper's client (one connection pool) on `connector`, with HTTP/2 keep-alive pings.
@@ -188,10 +181,9 @@ where
 /// opens another connection per 200 (`a_connection_carries_at_most_200_requests`).
 pub(super) const STREAMS_PER_CONNECTION: usize = 200;
 
-/// The HTTP/2 connections one client keeps open at most, counting ones retired after a failure
-/// (which close once their requests are done, and meanwhile hold a new one back, [`Limited`]):
-/// with more than `2 × STREAMS_PER_CONNECTION` requests in flight, a request waits for a stream
-/// on the least busy one.
+/// The connections one client keeps open at most (besides ones retired after a failure, which
+/// close once their requests are done): with more than `2 × STREAMS_PER_CONNECTION` requests in
+/// flight, a request waits for a stream on the least busy one.
 pub(super) const MAX_CONNECTIONS: usize = 2;
 
 /// The HTTP service under kube's layers: requests go to the first *lane* (a hyper client, with
@@ -205,14 +197,10 @@ pub(super) const MAX_CONNECTIONS: usize = 2;
 /// body is read by the caller, from the connection task through a channel.
 ///
 /// A request that fails, or that its caller gives up before the answer (an operation timeout;
-/// not a watch, whose caller may simply have lost interest), retires its lane: later requests go to
-/// a new lane, on a new connection, and the old one closes once its last request is done. That is
-/// what HTTP/1.1 did for a connection whose answer was lost; on a shared HTTP/2 connection, a lost
-/// answer usually means the connection is bad, and its half-read state must not be reused
-/// (`backend_steps_handle_lost_answers_and_conflicts`). The open watches of a retired lane end
-/// (their streams finish, and the namespace watch goes on from where it was, on the new lane):
-/// they would otherwise keep the retired connection open for as long as the server keeps a watch
-/// request, and with it one of the client's two connections ([`Limited`]).
+/// not a watch, whose caller may simply have lost interest), retires its lane: later requests go to a new lane, on a new connection, and the old one closes
+/// once its last request is done. That is what HTTP/1.1 did for a connection whose answer was
+/// lost; on a shared HTTP/2 connection, a lost answer usually means the connection is bad, and
+/// its half-read state must not be reused (`backend_steps_handle_lost_answers_and_conflicts`).
 ///
 /// Until a lane's first answer, its requests go out one at a time: hyper learns that a server
 /// speaks HTTP/2 only once a connection is up, so 200 leases acquiring at once would otherwise
@@ -239,43 +227,6 @@ struct Lane {
     cold: tokio::sync::Mutex<()>,
     /// A request failed or was given up: no new request goes to this lane.
     retired: std::sync::atomic::AtomicBool,
-    /// The wakers of the open watches on this lane, woken when it is retired (they end).
-    watches: std::sync::Mutex<Vec<Weak<AtomicWaker>>>,
-}
-
-impl Lane {
-    fn new(connector: HttpsConnector) -> Self {
-        Self {
-            client: hyper_client(connector),
-            in_flight: AtomicUsize::new(0),
-            warm: std::sync::atomic::AtomicBool::new(false),
-            cold: tokio::sync::Mutex::new(()),
-            retired: std::sync::atomic::AtomicBool::new(false),
-            watches: std::sync::Mutex::default(),
-        }
-    }
-
-    /// No new request goes to this lane, and its open watches end.
-    fn retire(&self) {
-        self.retired.store(true, Ordering::Release);
-        let watches = std::mem::take(&mut *self.watches.lock().unwrap_or_else(|p| p.into_inner()));
-        for waker in watches.iter().filter_map(Weak::upgrade) {
-            waker.wake();
-        }
-    }
-
-    fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
-    }
-
-    /// A waker for a watch on this lane, woken when the lane is retired.
-    fn watch_waker(&self) -> Arc<AtomicWaker> {
-        let waker = Arc::new(AtomicWaker::new());
-        let mut watches = self.watches.lock().unwrap_or_else(|p| p.into_inner());
-        watches.retain(|w| w.strong_count() > 0);
-        watches.push(Arc::downgrade(&waker));
-        waker
-    }
 }
 
 /// Retires its lane when dropped before [`Unanswered::answered`].
@@ -290,7 +241,7 @@ impl Unanswered<'_> {
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if let Some(lane) = self.0 {
-            lane.retire();
+            lane.retired.store(true, Ordering::Release);
         }
     }
 }
@@ -323,7 +274,7 @@ impl Lanes {
     /// The first lane with room, counting the request on it.
     fn pick(&self) -> InFlight {
         let mut lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        lanes.retain(|l| !l.is_retired());
+        lanes.retain(|l| !l.retired.load(Ordering::Acquire));
         let lane = match lanes
             .iter()
             .find(|l| l.in_flight.load(Ordering::Acquire) < STREAMS_PER_CONNECTION)
@@ -338,7 +289,13 @@ impl Lanes {
                     .expect("MAX_CONNECTIONS > 0"),
             ),
             None => {
-                let lane = Arc::new(Lane::new(self.shared.connector.clone()));
+                let lane = Arc::new(Lane {
+                    client: hyper_client(self.shared.connector.clone()),
+                    in_flight: AtomicUsize::new(0),
+                    warm: std::sync::atomic::AtomicBool::new(false),
+                    cold: tokio::sync::Mutex::new(()),
+                    retired: std::sync::atomic::AtomicBool::new(false),
+                });
                 lanes.push(Arc::clone(&lane));
                 lane
             }
@@ -394,7 +351,7 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
             let response = match sent {
                 Ok(response) => response,
                 Err(error) => {
-                    lane.retire();
+                    lane.retired.store(true, Ordering::Release);
                     metrics::backend_request(super::KUBERNETES_BACKEND, verb, "error");
                     return Err(error);
                 }
@@ -414,110 +371,11 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
                 &shared.counters.http1_responses
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            let retired = is_watch.then(|| lane.watch_waker());
             Ok(response.map(|inner| Tracked {
                 inner,
-                retired,
-                in_flight,
+                _in_flight: in_flight,
             }))
         })
-    }
-}
-
-/// The connector of a client, holding it to [`MAX_CONNECTIONS`] open HTTP/2 connections: a
-/// connection takes one of `open`'s permits before it connects and gives it back when its socket
-/// is closed, so a new connection waits (within its request's operation timeout) while two are
-/// open. A lane that was retired after a lost answer keeps its connection until its requests are
-/// done; without the permits, two lanes retired in a row under load (renewals that timed out on a
-/// slow machine) made three connections (`retired_lanes_never_make_a_third_connection`). A
-/// connection that turned out HTTP/1.1 (a server or proxy that refused `h2`) gives its permit back
-/// at once: HTTP/1.1 needs a connection per request in flight, and its open watches would
-/// otherwise hold the permits for good.
-#[derive(Clone)]
-struct Limited<C> {
-    inner: C,
-    open: Arc<Semaphore>,
-}
-
-impl<C> tower::Service<http::Uri> for Limited<C>
-where
-    C: tower::Service<http::Uri, Error = BoxError>,
-    C::Future: Send + 'static,
-    C::Response: Connection + 'static,
-{
-    type Response = Permitted<C::Response>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let connecting = self.inner.call(uri);
-        let open = Arc::clone(&self.open);
-        Box::pin(async move {
-            // The inner future connects only when polled: after the permit.
-            let permit = open.acquire_owned().await.map_err(BoxError::from)?;
-            let inner = connecting.await?;
-            let permit = inner.connected().is_negotiated_h2().then_some(permit);
-            Ok(Permitted {
-                inner,
-                _permit: permit,
-            })
-        })
-    }
-}
-
-/// A connection holding its permit of [`Limited`] until it is dropped (its socket closed).
-struct Permitted<T> {
-    inner: T,
-    _permit: Option<OwnedSemaphorePermit>,
-}
-
-impl<T: Connection> Connection for Permitted<T> {
-    fn connected(&self) -> Connected {
-        self.inner.connected()
-    }
-}
-
-impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Permitted<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Permitted<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 }
 
@@ -543,13 +401,10 @@ fn verb(method: &http::Method, uri: &http::Uri, is_watch: bool) -> &'static str 
     }
 }
 
-/// A response body that keeps its request counted on its lane until it is dropped; the body of a
-/// watch ends when its lane is retired.
+/// A response body that keeps its request counted on its lane until it is dropped.
 pub(super) struct Tracked {
     inner: hyper::body::Incoming,
-    /// A watch's: woken when the lane is retired.
-    retired: Option<Arc<AtomicWaker>>,
-    in_flight: InFlight,
+    _in_flight: InFlight,
 }
 
 impl http_body::Body for Tracked {
@@ -560,13 +415,6 @@ impl http_body::Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        if let Some(retired) = &self.retired {
-            retired.register(cx.waker());
-            if self.in_flight.0.is_retired() {
-                // The watch ends here; the namespace watch opens the next one on a live lane.
-                return Poll::Ready(None);
-            }
-        }
         Pin::new(&mut self.inner).poll_frame(cx)
     }
 
@@ -631,7 +479,7 @@ mod tests {
         first.pop();
         let again = lanes.pick();
         assert!(Arc::ptr_eq(&again.0, &first[0].0), "room on the first lane");
-        first[0].0.retire();
+        first[0].0.retired.store(true, Ordering::Release);
         drop(again);
         let after = lanes.pick();
         assert!(
@@ -658,56 +506,5 @@ mod tests {
         );
         assert!(held.iter().any(|f| Arc::ptr_eq(&f.0, &extra.0)));
         assert!(extra.0.in_flight.load(Ordering::Acquire) > STREAMS_PER_CONNECTION);
-    }
-
-    /// A connection for [`Limited`]'s tests: nothing to read or write, HTTP/2 or not.
-    struct Fake(bool);
-
-    impl Connection for Fake {
-        fn connected(&self) -> Connected {
-            let connected = Connected::new();
-            if self.0 {
-                connected.negotiated_h2()
-            } else {
-                connected
-            }
-        }
-    }
-
-    /// Two HTTP/2 connections open, a third waits until one of them is closed; an HTTP/1.1
-    /// connection holds no permit (it needs a connection per request in flight).
-    #[tokio::test(start_paused = true)]
-    async fn a_third_http2_connection_waits_until_one_closes() {
-        use tower::Service;
-        let h2 = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let negotiated = Arc::clone(&h2);
-        let mut limited = Limited {
-            inner: tower::service_fn(move |_: http::Uri| {
-                let h2 = negotiated.load(Ordering::Relaxed);
-                async move { Ok::<_, BoxError>(Fake(h2)) }
-            }),
-            open: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-        };
-        let uri = || http::Uri::from_static("https://127.0.0.1:1");
-        let first = limited.call(uri()).await.unwrap();
-        let _second = limited.call(uri()).await.unwrap();
-        let mut third = limited.call(uri());
-        let waited = tokio::time::timeout(Duration::from_secs(60), &mut third).await;
-        assert!(waited.is_err(), "a third connection while two are open");
-        drop(first);
-        let third = tokio::time::timeout(Duration::from_secs(1), third)
-            .await
-            .expect("once one of them closed")
-            .unwrap();
-
-        h2.store(false, Ordering::Relaxed);
-        drop(third);
-        let http1: Vec<_> = futures_util::future::join_all((0..4).map(|_| limited.call(uri())))
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        assert_eq!(http1.len(), 4);
-        assert_eq!(limited.open.available_permits(), 1, "HTTP/1.1 holds none");
     }
 }

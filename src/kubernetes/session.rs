@@ -37,8 +37,7 @@ use crate::settings::LeaseSettings;
 ///   API server speaks over TLS, so all requests and watches of the session are streams of one TCP
 ///   connection (with `TCP_NODELAY`, kept alive with HTTP/2 pings): a session holding 200 leases
 ///   keeps at most 2 connections to the API server
-///   (`one_session_keeps_two_connections_for_200_leases`), also while requests given up after
-///   their timeout replace connections (`retired_lanes_never_make_a_third_connection`), and
+///   (`one_session_keeps_two_connections_for_200_leases`), and
 ///   [`KubernetesSessionStats::http2_responses`] shows the protocol in use
 ///   (`http2_is_negotiated_with_the_real_apiserver`).
 /// * **One token and CA re-reading.** A token file is re-read about once a minute and the CA file
@@ -63,9 +62,7 @@ use crate::settings::LeaseSettings;
 /// its whole life) on one connection and opens another for the next 200 (`a_connection_carries_at_most_200_requests` in
 /// `src/kubernetes/client.rs`). A request that fails or is given up (an operation timeout) moves
 /// later requests to a new connection, as HTTP/1.1 did: on a shared connection a lost answer
-/// usually means the connection is bad. The old connection closes once its requests are done (its
-/// open watches end, and go on from where they were on the new one); until then it counts
-/// towards the 2, and a third connection waits for it to close.
+/// usually means the connection is bad.
 ///
 /// # Shared sessions
 ///
