@@ -12,7 +12,8 @@
 # DIR defaults to <repo>/target/test-cluster. It must not contain whitespace.
 #
 # `up` starts six processes, all on 127.0.0.1 with ports chosen outside the kernel's ephemeral
-# range (so outgoing connections cannot steal them):
+# range (so outgoing connections cannot steal them), from 10000 to 19999 (the tests' own servers
+# take theirs from 20000 up):
 #   - etcd "kube"   (DIR/etcd, DIR/etcd.log, DIR/etcd.pid): storage of the apiserver;
 #   - kube-apiserver (DIR/apiserver.log, DIR/apiserver.pid): TLS (self-signed, DIR/certs/apiserver.crt),
 #     static bearer tokens (DIR/tokens.csv), RBAC; namespace actix-coordination-test with the Role of
@@ -504,7 +505,7 @@ stop_pids() {
     fi
 }
 
-# N free TCP ports on 127.0.0.1, below the ephemeral range when possible.
+# N free TCP ports on 127.0.0.1, from 10000 to 19999 (below the ephemeral range) when possible.
 free_ports() {
     python3 - "$1" <<'PY'
 import random, socket, sys
@@ -513,8 +514,10 @@ try:
     lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
 except OSError:
     lo, hi = 32768, 60999
+# 10000-19999: the tests' own servers take ports from 20000 up (tests/common/mod.rs,
+# free_loopback_ports), so neither takes a port of the other while its server is down.
 if lo - 10000 >= 1000:
-    cands = list(range(10000, lo))
+    cands = list(range(10000, min(lo, 20000)))
 elif 65535 - hi >= 1000:
     cands = list(range(hi + 1, 65536))
 else:

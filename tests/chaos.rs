@@ -440,6 +440,32 @@ fn network_namespaces_are_removed_after_a_failed_run_and_a_killed_one() {
     assert!(!claim.exists());
 }
 
+/// The ports of a private server stay reserved while it is down (between a kill and a restart):
+/// no later pick of this process returns them, and another process cannot take their locks. An
+/// etcd member of `chaos_etcd_cluster` restarted on a port that `chaos_etcd`'s etcd (or another
+/// test process's server) had picked meanwhile exited at once ("address already in use").
+#[test]
+fn ports_of_a_server_that_is_down_are_not_handed_out_again() {
+    let down: [u16; 2] = common::free_loopback_ports();
+    for _ in 0..20 {
+        let [port] = common::free_loopback_ports();
+        assert!(!down.contains(&port), "{port} handed out twice");
+    }
+    for port in down {
+        // Free to bind (nothing listens), and reserved all the same.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .open(
+                std::env::temp_dir()
+                    .join("actix-coord-test-ports")
+                    .join(port.to_string()),
+            )
+            .expect("a reservation file per port");
+        assert!(lock.try_lock().is_err(), "{port} is not reserved");
+    }
+}
+
 /// A page of a long run's timeline starts in the middle of the run: its axis counts seconds from
 /// the run's first instant (not from the page's edge), and a tenure that began on an earlier page
 /// (or before the run's first instant) is drawn from the page's left edge, with the times of its

@@ -1536,33 +1536,43 @@ async fn one_session_keeps_two_connections_for_200_leases() {
     let base = unique("many");
     let leases: Vec<KubernetesLease> = (0..LEASES)
         .map(|i| {
-            // A longer TTL than the suite's: 200 renewals per interval on a loaded 2-core machine.
+            // A longer TTL and operation timeout than the suite's: 200 claims at once, then 200
+            // renewals per interval, on a loaded 2-core machine (the default timeout here, the
+            // 1 s interval, failed the claims at load 13).
             let settings = LeaseSettings::builder(format!("{base}-{i}"), "a")
                 .ttl(Duration::from_secs(15))
                 .renewal_interval(Duration::from_secs(1))
+                .operation_timeout(Duration::from_secs(4))
                 .build()
                 .unwrap();
             session.lease(settings)
         })
         .collect();
     acquire_all_and_watch(&leases).await;
-    // A few rounds of renewals (1 s apart) on top of the open watches.
+    // Two rounds of renewals of every lease on top of the open watches (however long a loaded
+    // machine takes for them), and at least 3 s of samples.
     let mut most = 0;
-    for _ in 0..6 {
-        sleep(Duration::from_millis(500)).await;
-        most = most.max(established_connections_to(proxy.addr()));
-    }
+    let sampled = Instant::now();
+    let renewed = timeout(Duration::from_secs(60), async {
+        while sampled.elapsed() < Duration::from_secs(3)
+            || leases.iter().any(|l| l.backend().stats().updates < 2)
+        {
+            most = most.max(established_connections_to(proxy.addr()));
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     let stats = session.stats();
-    assert!(
-        leases.iter().all(|l| l.backend().stats().updates >= 2),
-        "renewals went on"
-    );
+    assert!(renewed.is_ok(), "renewals went on: {stats:?}");
     assert!(most >= 1, "the count sees the session's connection");
     assert!(
         most <= 2,
         "{most} connections for {LEASES} leases of one session: {stats:?}"
     );
-    assert!(stats.connections <= 2, "{stats:?}");
+    // Not `stats.connections`: it counts the connections opened so far, and on a loaded machine
+    // a renewal given up after its timeout retires its connection for a new one (the promise is
+    // about the connections open at once, the kernel's count above).
+    assert!(stats.connections >= 1, "{stats:?}");
     assert_eq!(stats.http1_responses, 0, "{stats:?}");
     // One watch for all. The API server may end it when a burst of events (200 claims at once)
     // outruns the client for a moment; it goes on from where it was (no second listing), at most

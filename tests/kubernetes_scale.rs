@@ -188,10 +188,14 @@ async fn two_hundred_plain_leases_share_one_session() {
     acquire_and_watch(&leases).await;
     let plain_connections = most_connections_during_renewals(&proxy).await;
     let plain = (settled_live().await - before) / LEASES as isize;
-    assert!(
-        leases.iter().all(|l| l.backend().stats().updates >= 1),
-        "renewals went on"
-    );
+    // However long a loaded machine takes for a round of renewals.
+    timeout(Duration::from_secs(60), async {
+        while leases.iter().any(|l| l.backend().stats().updates < 1) {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("renewals went on");
     let shared = leases[0].backend().session().unwrap().clone();
     let stats = shared.stats();
     println!(

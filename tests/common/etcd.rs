@@ -223,7 +223,10 @@ pub struct EtcdProcess {
 }
 
 impl EtcdProcess {
-    /// Starts etcd and waits until it answers (within 30 s).
+    /// Starts etcd and waits until it answers (within 30 s). Its ports are reserved for the
+    /// process ([`free_loopback_ports`](super::free_loopback_ports)); should a process that does
+    /// not reserve its ports take one first anyway (etcd exits: "address already in use"), it
+    /// starts again on other ports, twice at most.
     pub async fn start(test: &str) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let bin = etcd_bin();
@@ -244,8 +247,20 @@ impl EtcdProcess {
             initial_cluster: format!("test=http://127.0.0.1:{peer_port}"),
             child: None,
         };
-        etcd.spawn();
-        etcd.wait_ready(Duration::from_secs(30)).await;
+        for attempt in 1.. {
+            etcd.spawn();
+            match etcd.ready_or_exited(Duration::from_secs(30)).await {
+                Ok(()) => break,
+                Err(exited) if attempt < 3 && exited.contains("address already in use") => {
+                    let [client_port, peer_port] = super::free_loopback_ports();
+                    etcd.client_port = client_port;
+                    etcd.peer_port = peer_port;
+                    etcd.initial_cluster = format!("test=http://127.0.0.1:{peer_port}");
+                    let _ = std::fs::remove_dir_all(etcd.dir.join("data"));
+                }
+                Err(exited) => panic!("{exited}"),
+            }
+        }
         etcd
     }
 
@@ -401,13 +416,23 @@ impl EtcdProcess {
     }
 
     async fn wait_ready(&mut self, within: Duration) {
+        if let Err(exited) = self.ready_or_exited(within).await {
+            panic!("{exited}");
+        }
+    }
+
+    /// Waits until etcd answers; `Err` (with its log) if it exits first. Panics if it neither
+    /// answers nor exits `within`.
+    async fn ready_or_exited(&mut self, within: Duration) -> Result<(), String> {
         let give_up = Instant::now() + within;
         loop {
             if let Some(status) = super::exit_status(&mut self.child) {
-                panic!(
-                    "etcd exited with {status} before it was ready; log: {}",
+                self.child = None;
+                return Err(format!(
+                    "etcd at {} exited with {status} before it was ready; log: {}",
+                    self.endpoint(),
                     self.log_tail()
-                );
+                ));
             }
             let ready = async {
                 let mut client = etcd_client::Client::connect([self.endpoint()], None)
@@ -421,7 +446,7 @@ impl EtcdProcess {
                 .flatten()
                 .is_some()
             {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < give_up,

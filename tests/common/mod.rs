@@ -117,8 +117,21 @@ pub fn exit_status(child: &mut Option<std::process::Child>) -> Option<std::proce
 }
 
 /// `N` distinct free loopback ports below the kernel's ephemeral range, so that outgoing
-/// connections cannot take them while a test's server is down (between a kill and a restart).
+/// connections cannot take them while a test's server is down (between a kill and a restart), and
+/// from 20000 up, above the ports of `scripts/test-cluster.sh` (10000–19999), whose members the
+/// etcd cluster tests kill and restart.
+///
+/// Each port is **reserved** for the rest of the process: no later call, in this process or in
+/// another test process on the machine, hands it out again, even while its server is down. A
+/// port that was merely free when probed was not enough: `chaos_etcd_cluster` kills members and
+/// restarts them on the same ports 1–3 s later, and a private server of another test (running
+/// alongside, as `chaos_etcd` does, or in another process) that took such a port made the member
+/// exit at once ("bind: address already in use": "etcd exited ... before it was ready"). The
+/// reservation is an exclusive lock on a file per port under the temporary directory, held open
+/// by this process (the kernel drops it when the process ends, however it ends).
 pub fn free_loopback_ports<const N: usize>() -> [u16; N] {
+    use std::sync::Mutex;
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
@@ -129,22 +142,40 @@ pub fn free_loopback_ports<const N: usize>() -> [u16; N] {
         .unwrap()
         .subsec_nanos() as u64
         ^ u64::from(std::process::id()).wrapping_mul(7919);
+    let locks = std::env::temp_dir().join("actix-coord-test-ports");
+    std::fs::create_dir_all(&locks).expect("port reservation directory");
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
     let mut ports = [0; N];
     let mut found = 0;
+    // Step 1 (not 7, which divides the usual span of 12768 and left six ports in seven unvisited).
     for i in 0..span {
         if found == N {
             break;
         }
-        let port = 20000 + ((seed + i * 7) % span) as u16;
-        if port >= low || ports[..found].contains(&port) {
+        let port = 20000 + ((seed + i) % span) as u16;
+        if port >= low {
+            continue;
+        }
+        // Reserved by this process or another one (a second lock from this process fails too:
+        // the locks belong to open files, not to processes).
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(locks.join(port.to_string()))
+        else {
+            continue;
+        };
+        if file.try_lock().is_err() {
             continue;
         }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            held.push(file);
             ports[found] = port;
             found += 1;
         }
     }
-    assert!(found == N, "no {N} free loopback ports below {low}");
+    assert!(found == N, "no {N} free loopback ports from 20000 to {low}");
     ports
 }
 
