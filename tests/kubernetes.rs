@@ -730,7 +730,11 @@ async fn invalid_names_map_to_distinct_valid_objects() {
     ];
     let mut leases = Vec::new();
     for name in &names {
-        let lease = f.lease(settings(name, "a")).await;
+        // About names, not timing: an operation timeout a loaded machine meets.
+        let settings = common::contract::race_timing(LeaseSettings::builder(name, "a"))
+            .build()
+            .unwrap();
+        let lease = f.lease(settings).await;
         assert!(lease.acquire().await.unwrap(), "{name}");
         leases.push(lease);
     }
