@@ -534,20 +534,7 @@ impl TenureCell {
     /// Ends tenure `generation` with `end`; returns it if it was the current one (`None`: it had
     /// ended already).
     pub(crate) fn end(&self, generation: u64, end: TenureEnd) -> Option<Tenure> {
-        let mut ended = None;
-        self.tx.send_if_modified(|state| match &state.current {
-            Some(c) if c.tenure.generation == generation => {
-                let _ = c.end.set(end.clone());
-                ended = Some(c.tenure);
-                state.current = None;
-                true
-            }
-            _ => false,
-        });
-        if ended.is_some() {
-            metrics::held(&self.label, -1.0);
-        }
-        ended
+        self.end_with(generation, |_| end).map(|(tenure, _)| tenure)
     }
 
     /// Ends tenure `generation` by the owner's own act (`end`: released, dropped) if it is still
@@ -560,17 +547,30 @@ impl TenureCell {
         end: TenureEnd,
         lost: LostReason,
     ) -> Option<(Tenure, bool)> {
+        self.end_with(generation, |tenure| {
+            if tenure.is_alive() {
+                end
+            } else {
+                TenureEnd::Lost(lost)
+            }
+        })
+        .map(|(tenure, end)| (tenure, matches!(end, TenureEnd::Lost(_))))
+    }
+
+    /// Ends tenure `generation`, if it is the current one, with the end `decide` gives for it,
+    /// decided inside the update; returns the tenure and its end.
+    fn end_with(
+        &self,
+        generation: u64,
+        decide: impl FnOnce(&Tenure) -> TenureEnd,
+    ) -> Option<(Tenure, TenureEnd)> {
+        let mut decide = Some(decide);
         let mut ended = None;
         self.tx.send_if_modified(|state| match &state.current {
             Some(c) if c.tenure.generation == generation => {
-                let dead = !c.tenure.is_alive();
-                let end = if dead {
-                    TenureEnd::Lost(lost.clone())
-                } else {
-                    end.clone()
-                };
-                let _ = c.end.set(end);
-                ended = Some((c.tenure, dead));
+                let end = (decide.take().expect("decided once"))(&c.tenure);
+                let _ = c.end.set(end.clone());
+                ended = Some((c.tenure, end));
                 state.current = None;
                 true
             }
