@@ -912,9 +912,13 @@ async fn release_after_a_lost_claim_answer_releases_the_claim() {
     let a = f.lease(no_retries(settings(&name, "a"))).await;
     let b = f.lease(no_retries(settings(&name, "b"))).await;
     // The object exists and is free, and a's namespace watch knows it: a's next attempt claims
-    // without reading first.
+    // without reading first. (A lease starts its watch when it waits or holds; a tenure released
+    // at once may end before its watch starts, so a waits once behind b.)
     assert!(a.acquire().await.unwrap());
     assert!(a.release().await.unwrap());
+    assert!(b.acquire().await.unwrap());
+    assert!(!a.acquire_within(Duration::from_millis(300)).await.unwrap());
+    assert!(b.release().await.unwrap());
     timeout(Duration::from_secs(10), async {
         while !(a.backend().watching() && spec(&read(&name).await).holder_identity.is_none()) {
             sleep(Duration::from_millis(5)).await;
