@@ -21,7 +21,8 @@ use crate::settings::LeaseSettings;
 /// How many times one acquire attempt starts over at once (a lost etcd lease, a racing change).
 const CLAIM_ROUNDS: usize = 3;
 /// Attempts of a release that finds the cluster unavailable, and the first pause between them.
-const RELEASE_ATTEMPTS: u32 = 3;
+/// The longest pause between two attempts of a release to an unavailable cluster.
+const RELEASE_RETRY_MAX: Duration = Duration::from_millis(200);
 const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
 /// First delay before retrying a failed removal of a claim; doubles up to a quarter of the TTL.
 const REMOVAL_BACKOFF_START: Duration = Duration::from_millis(100);
@@ -799,25 +800,26 @@ impl LeaseBackend for EtcdBackend {
             .and_then([TxnOp::delete(self.key.clone(), None)])
             .or_else([TxnOp::get(self.key.clone(), None)]);
         // With several endpoints, a request may go to a member that is down (connection refused)
-        // while the others answer: retry an unavailable cluster a few times (the compare makes a
-        // repeated delete harmless), within the caller's operation timeout. An error in the end
-        // leaves the tenure unsettled: its key is removed one TTL later, as after a crash.
+        // while the others answer, several times in a row: retry an unavailable cluster until
+        // the caller's operation timeout ends the call (`ManagedLease` bounds every release by
+        // it; the compare makes a repeated delete harmless). Three attempts were not enough on a
+        // loaded machine with a member down (`fencing_tokens_rise_across_leader_changes`). An
+        // error in the end leaves the tenure unsettled: its key is removed one TTL later, as
+        // after a crash.
         let mut pause = RELEASE_RETRY_START;
-        let mut attempts = 1;
+        let mut attempts = 1u32;
         let response = loop {
             match observe_txn(kv.txn(txn.clone()).await) {
                 Ok(response) => break response,
                 Err(error) => {
                     let error = EtcdError::from_client("release", tenure.lease_id(), error);
-                    if attempts >= RELEASE_ATTEMPTS
-                        || !matches!(error, EtcdError::Unavailable { .. })
-                    {
+                    if !matches!(error, EtcdError::Unavailable { .. }) {
                         return Err(error);
                     }
                     tracing::debug!(%error, attempt = attempts, "release failed; retrying");
                     attempts += 1;
                     sleep(pause).await;
-                    pause *= 2;
+                    pause = (pause * 2).min(RELEASE_RETRY_MAX);
                 }
             }
         };
