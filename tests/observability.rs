@@ -147,13 +147,8 @@ const ASSERTED: &[&str] = &[
     "actix_coordination_coordinator_refused_total",
 ];
 
-#[test]
-fn every_metric_is_asserted_and_documented_in_the_readme() {
-    let listed: BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
-    let asserted: BTreeSet<&str> = ASSERTED.iter().copied().collect();
-    assert_eq!(listed, asserted, "every metric has a test below");
-
-    // The README's table: `| name | kind | labels | meaning |` rows in "Running in production".
+/// The cells of every table row (`| a | b | ... |`) of the README's "Running in production".
+fn production_table_rows() -> Vec<Vec<String>> {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let section = readme
@@ -163,14 +158,28 @@ fn every_metric_is_asserted_and_documented_in_the_readme() {
         .split("\n## ")
         .next()
         .unwrap();
+    section
+        .lines()
+        .map(|line| {
+            line.trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_metric_is_asserted_and_documented_in_the_readme() {
+    let listed: BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
+    let asserted: BTreeSet<&str> = ASSERTED.iter().copied().collect();
+    assert_eq!(listed, asserted, "every metric has a test below");
+
+    // The README's table: `| name | kind | labels | meaning |` rows in "Running in production".
     let mut rows = BTreeMap::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line
-            .trim()
-            .trim_matches('|')
-            .split('|')
-            .map(str::trim)
-            .collect();
+    for cells in production_table_rows() {
+        let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
         if let [name, kind, labels, _meaning] = cells[..] {
             if let Some(name) = name.strip_prefix("`actix_coordination_") {
                 rows.insert(
@@ -206,23 +215,9 @@ fn every_metric_is_asserted_and_documented_in_the_readme() {
 /// production") are those `MetricDescription::buckets` gives, for every histogram.
 #[test]
 fn the_readme_recommends_the_buckets_the_crate_gives() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("\n## Running in production")
-        .nth(1)
-        .expect("a \"Running in production\" section")
-        .split("\n## ")
-        .next()
-        .unwrap();
     let mut rows = BTreeMap::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line
-            .trim()
-            .trim_matches('|')
-            .split('|')
-            .map(str::trim)
-            .collect();
+    for cells in production_table_rows() {
+        let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
         if let [name, buckets, _why] = cells[..] {
             if let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) {
                 let buckets: Vec<f64> = buckets
