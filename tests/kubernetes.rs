@@ -153,6 +153,25 @@ impl Fixture for KubeFixture {
     fn unique_name(&self, base: &str) -> String {
         unique(base)
     }
+
+    /// Waits (30 s at most) until every lease's watch-fed view shows the same version.
+    async fn settle(&self, leases: &[KubernetesLease]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let versions: Vec<_> = leases
+                .iter()
+                .map(|l| l.backend().current_version())
+                .collect();
+            if versions[0].is_some() && versions.iter().all(|v| *v == versions[0]) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the leases' views did not converge within 30 s: {versions:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
 }
 
 contract_suite!(

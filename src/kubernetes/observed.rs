@@ -213,6 +213,16 @@ impl KubernetesBackend {
         self.synced_epoch() > 0
     }
 
+    /// The `resourceVersion` of the object in the view this lease decides its next attempt from
+    /// without a read: what its running, listed namespace watch delivered (or a later answer to
+    /// one of its own requests). `None` when it has no such view (no watch yet, not listed, or the
+    /// watch ended): the next attempt reads the object. Leases of one object whose versions differ
+    /// see different states of it (one of them has not received the latest change yet).
+    pub fn current_version(&self) -> Option<String> {
+        self.current_view()
+            .and_then(|view| view.version().map(str::to_owned))
+    }
+
     /// The requests of the namespace watch this lease uses (shared with every lease of its
     /// session in the namespace).
     pub fn watch_stats(&self) -> KubernetesWatchStats {

@@ -55,6 +55,14 @@ pub trait Fixture {
 
     /// A lease name no other test uses.
     fn unique_name(&self, base: &str) -> String;
+
+    /// Returns once every lease in `leases` decides its next attempt from the same state of their
+    /// object (for backends whose leases decide from a watch-fed view, once each view has caught
+    /// up with the others); at once for the others.
+    fn settle(&self, leases: &[Self::Lease]) -> impl Future<Output = ()> {
+        let _ = leases;
+        async {}
+    }
 }
 
 /// Records `on_lost` notifications with the instant they arrived.
@@ -196,6 +204,28 @@ pub async fn one_winner_per_round<F: Fixture>(f: &F) {
     for owner in ["a", "b", "c"] {
         owners.push(lease_with(f, &name, owner, race_timing).await);
     }
+    // Every owner first waits a moment behind another, as the long-lived contenders of a fleet
+    // have: on Kubernetes that starts each one's namespace watch (an attempt alone does not). And
+    // every round starts once all owners see the same state (`settle`): a lease that decides from
+    // its watch-fed view claims without a read, and the last releaser, which learns its own release
+    // from the answer, would otherwise win every round against owners whose watch had not
+    // delivered it yet (or that read before each attempt).
+    for (i, waiter) in owners.iter().enumerate() {
+        let holder = &owners[(i + 1) % owners.len()];
+        // Within a while: the holder's own watch-fed view may not show the last release yet.
+        let held = holder.acquire_within(Duration::from_secs(30)).await;
+        assert!(matches!(held, Ok(true)), "warm-up of owner {i}: {held:?}");
+        let waited = waiter.acquire_within(Duration::from_millis(50)).await;
+        assert!(
+            matches!(waited, Ok(false)),
+            "warm-up wait of owner {i}: {waited:?}"
+        );
+        assert!(
+            holder.release().await.unwrap(),
+            "warm-up release of owner {i}"
+        );
+    }
+    f.settle(&owners).await;
     let seed = fastrand::u64(..);
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut wins = [0usize; 3];
@@ -251,6 +281,7 @@ pub async fn one_winner_per_round<F: Fixture>(f: &F) {
         );
         last_token = Some(token);
         assert!(winner.release().await.unwrap(), "round {round}: release");
+        f.settle(&owners).await;
     }
     let distinct = wins.iter().filter(|&&w| w > 0).count();
     assert!(
