@@ -5,6 +5,7 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
+use crate::group::{GroupError, GroupWatch};
 use crate::settings::LeaseSettings;
 pub use crate::vocab::BackendError;
 use crate::vocab::{FencingToken, LostReason};
@@ -192,6 +193,20 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// default, `None`, skips that check.
     fn store_id(&self) -> Option<String> {
         None
+    }
+
+    /// Watches every record of the store whose lease name starts with `prefix` (a group): see
+    /// the [`group`](crate::GroupWatch) documentation. One list and one watch for the whole group,
+    /// never a request per record per interval. The default answers
+    /// [`GroupError::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`GroupError::Unsupported`] when the backend cannot; [`GroupError::NoRuntime`] outside a
+    /// Tokio runtime when the watch needs one; [`GroupError::Backend`] when it cannot start.
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        let _ = prefix;
+        Err(GroupError::Unsupported { backend: "custom" })
     }
 
     /// Whether [`wait_for_change`](Self::wait_for_change) really watches the store: it then resolves

@@ -332,6 +332,20 @@ pub trait Lease: Send + Sync + 'static {
         self.check_alive().then(|| self.owner().to_owned())
     }
 
+    /// Watches the group of leases in this lease's store whose names start with `prefix`
+    /// (membership, who holds what); see [`GroupWatch`](crate::GroupWatch). Leases built on
+    /// [`ManagedLease`](crate::ManagedLease) ask their backend
+    /// ([`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group)); the default answers
+    /// [`GroupError::Unsupported`](crate::GroupError::Unsupported).
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group).
+    fn watch_group(&self, prefix: &str) -> Result<crate::GroupWatch, crate::GroupError> {
+        let _ = prefix;
+        Err(crate::GroupError::Unsupported { backend: "custom" })
+    }
+
     /// The fencing token of the tenure alive right now (`None` when not held or past the
     /// deadline).
     fn fencing_token(&self) -> Option<FencingToken> {

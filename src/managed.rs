@@ -1100,6 +1100,10 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         lock(&self.shared.holder).clone()
     }
 
+    fn watch_group(&self, prefix: &str) -> Result<crate::GroupWatch, crate::GroupError> {
+        self.shared.backend.watch_group(prefix)
+    }
+
     fn tenure(&self) -> &TenureWatch {
         self.shared.tenure.watch()
     }

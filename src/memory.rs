@@ -8,6 +8,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::group::{
+    group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch,
+};
 use crate::lease::{FencingToken, LostReason};
 use crate::managed::ManagedLease;
 use crate::metrics;
@@ -129,6 +132,8 @@ struct StoreInner {
 #[derive(Default)]
 struct StoreState {
     records: HashMap<String, Record>,
+    /// The group watches: a prefix and the sender of its snapshots.
+    groups: Vec<(String, GroupSender)>,
     fault: Option<InMemoryFault>,
     owner_faults: HashMap<String, InMemoryFault>,
     stats: InMemoryStats,
@@ -231,7 +236,9 @@ impl InMemoryStore {
         record.holder = Some(owner.to_owned());
         record.expires_at = Some(Instant::now() + ttl);
         record.changed.notify_waiters();
-        FencingToken::new(record.token)
+        let token = FencingToken::new(record.token);
+        state.publish(name);
+        token
     }
 
     /// Deletes the record of lease `name` (its token history is kept, so tokens never go back).
@@ -241,6 +248,7 @@ impl InMemoryStore {
             record.holder = None;
             record.expires_at = None;
             record.changed.notify_waiters();
+            state.publish(name);
         }
     }
 
@@ -312,6 +320,32 @@ impl InMemoryStore {
     }
 }
 
+impl StoreState {
+    /// Sends a new snapshot to every group watch whose prefix `name` starts with (and forgets
+    /// the watches nobody reads any more).
+    fn publish(&mut self, name: &str) {
+        self.groups.retain(|(_, sender)| !sender.is_closed());
+        for (prefix, sender) in &self.groups {
+            if name.starts_with(prefix.as_str()) {
+                sender.send_replace(Arc::new(Self::snapshot(&self.records, prefix)));
+            }
+        }
+    }
+
+    fn snapshot(records: &HashMap<String, Record>, prefix: &str) -> GroupSnapshot {
+        let records = records
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(name, r)| {
+                let token = (r.token > 0).then(|| FencingToken::new(r.token));
+                let record = GroupRecord::new(r.holder.clone(), token, r.expires_at);
+                (name.clone(), record)
+            })
+            .collect();
+        GroupSnapshot::new(records, true)
+    }
+}
+
 impl Record {
     fn empty() -> Self {
         Record {
@@ -373,11 +407,11 @@ impl LeaseBackend for InMemoryBackend {
                         record.holder = Some(owner.to_owned());
                         record.expires_at = Some(now + ttl);
                         record.changed.notify_waiters();
+                        let token = record.token;
+                        state.publish(name);
                         AcquireAttempt::Acquired {
-                            tenure: InMemoryTenure {
-                                token: record.token,
-                            },
-                            token: FencingToken::new(record.token),
+                            tenure: InMemoryTenure { token },
+                            token: FencingToken::new(token),
                             valid_from: None,
                         }
                     }
@@ -408,6 +442,7 @@ impl LeaseBackend for InMemoryBackend {
                     (None, _) => RenewOutcome::Lost(LostReason::Deleted),
                     (Some(h), Some(exp)) if h == owner && now < exp => {
                         record.expires_at = Some(now + ttl);
+                        state.publish(name);
                         RenewOutcome::Renewed { valid_from: None }
                     }
                     _ => RenewOutcome::Lost(LostReason::Expired { last_error: None }),
@@ -433,6 +468,7 @@ impl LeaseBackend for InMemoryBackend {
                     record.holder = None;
                     record.expires_at = None;
                     record.changed.notify_waiters();
+                    state.publish(name);
                     return ReleaseOutcome::Released;
                 }
                 match record.live_holder(now) {
@@ -483,6 +519,17 @@ impl LeaseBackend for InMemoryBackend {
 
     fn store_id(&self) -> Option<String> {
         Some(format!("in-memory:{:p}", Arc::as_ptr(&self.store.inner)))
+    }
+
+    /// The store itself: every change of a record of the group sends a snapshot at once (no
+    /// task, no runtime needed); an expiry sends none (see [`GroupSnapshot::next_expiry`]).
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        let (sender, receiver) = group_channel();
+        let mut state = self.store.lock();
+        sender.send_replace(Arc::new(StoreState::snapshot(&state.records, prefix)));
+        state.groups.retain(|(_, sender)| !sender.is_closed());
+        state.groups.push((prefix.to_owned(), sender));
+        Ok(GroupWatch::new(receiver, ()))
     }
 
     fn notifies_changes(&self) -> bool {

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::group::{GroupError, GroupWatch};
 use crate::lease::{Lease, LeaseError, LeaseLost, LostSubscription};
 use crate::settings::LeaseSettings;
 use crate::tenure::TenureWatch;
@@ -22,6 +23,7 @@ trait DynLease: Send + Sync + 'static {
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
     fn observed_holder(&self) -> Option<String>;
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError>;
 }
 
 impl<L: Lease> DynLease for L {
@@ -45,6 +47,9 @@ impl<L: Lease> DynLease for L {
     }
     fn observed_holder(&self) -> Option<String> {
         Lease::observed_holder(self)
+    }
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        Lease::watch_group(self, prefix)
     }
 }
 
@@ -125,6 +130,9 @@ impl Lease for SharedLease {
     fn observed_holder(&self) -> Option<String> {
         self.0.observed_holder()
     }
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        self.0.watch_group(prefix)
+    }
 }
 
 impl<L: Lease> Lease for Arc<L> {
@@ -151,6 +159,9 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn observed_holder(&self) -> Option<String> {
         (**self).observed_holder()
+    }
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        (**self).watch_group(prefix)
     }
 }
 

@@ -594,3 +594,85 @@ pub async fn unreachable_backend_makes_acquire_fail<F: Fixture>(f: &F) {
     assert!(a.acquire().await.unwrap(), "works again once healed");
     assert!(a.release().await.unwrap());
 }
+
+/// Waits until `check` holds for the group's latest snapshot (at the instant it is checked), on
+/// the watch's changes and the snapshot's own expiries, for `within` at most.
+pub async fn group_until(
+    watch: &mut actix_coordination::GroupWatch,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&actix_coordination::GroupSnapshot, Instant) -> bool,
+) -> Arc<actix_coordination::GroupSnapshot> {
+    let deadline = Instant::now() + within;
+    loop {
+        let snapshot = watch.snapshot_and_mark();
+        let now = Instant::now();
+        if check(&snapshot, now) {
+            return snapshot;
+        }
+        assert!(
+            now < deadline,
+            "{what}: not within {within:?}: {snapshot:?}"
+        );
+        let wake = snapshot.next_expiry(now).unwrap_or(deadline).min(deadline);
+        tokio::select! {
+            changed = watch.changed() => changed.expect("the group watch runs"),
+            _ = sleep_until(wake) => {}
+        }
+    }
+}
+
+/// A group watch shows every record whose name has the group's prefix (and no other): who holds
+/// it with which token, a release, and a holder that stopped renewing, which drops out at its
+/// expiry as the watching process judges it (no later than TTL after the last renewal it saw,
+/// plus the backend's slack).
+pub async fn group_watch_shows_holders_releases_and_expiries<F: Fixture>(f: &F) {
+    let group = f.unique_name("group");
+    let prefix = format!("{group}-");
+    let (first, second) = (format!("{prefix}0"), format!("{prefix}1"));
+    let a = lease(f, &first, "a").await;
+    let b = lease(f, &second, "b").await;
+    // Same start, not in the group: `<group>x-0` does not start with `<group>-`.
+    let outsider = lease(f, &format!("{group}x-0"), "c").await;
+    let mut watch = a.watch_group(&prefix).expect("the backend watches groups");
+    let within = f.settings(&first, "a").ttl() * 4 + f.slack() + Duration::from_secs(10);
+    group_until(&mut watch, within, "synced", |s, _| s.is_synced()).await;
+
+    assert!(a.acquire().await.unwrap());
+    assert!(b.acquire().await.unwrap());
+    assert!(outsider.acquire().await.unwrap());
+    let (token_a, token_b) = (a.fencing_token().unwrap(), b.fencing_token().unwrap());
+    let seen = group_until(&mut watch, within, "both holders", |s, now| {
+        s.live_holder(&first, now) == Some("a") && s.live_holder(&second, now) == Some("b")
+    })
+    .await;
+    assert_eq!(seen.get(&first).unwrap().token, Some(token_a), "{seen:?}");
+    assert_eq!(seen.get(&second).unwrap().token, Some(token_b), "{seen:?}");
+    assert!(
+        seen.records().keys().all(|name| name.starts_with(&prefix)),
+        "only the group's records: {seen:?}"
+    );
+
+    // A release shows at once (no expiry involved).
+    assert!(a.release().await.unwrap());
+    group_until(&mut watch, within, "a's release", |s, now| {
+        s.live_holder(&first, now).is_none() && s.live_holder(&second, now) == Some("b")
+    })
+    .await;
+
+    // b stops renewing (cut off): the watch stops showing it once its claim has expired.
+    let settings = f.settings(&second, "b");
+    f.partition("b").await;
+    let cut = Instant::now();
+    let gone = group_until(&mut watch, within, "b's expiry", |s, now| {
+        s.live_holder(&second, now).is_none()
+    })
+    .await;
+    let took = cut.elapsed();
+    assert!(
+        took <= settings.ttl() + settings.renewal_interval() + f.slack() * 2,
+        "b shown alive {took:?} after it stopped renewing: {gone:?}"
+    );
+    f.heal("b").await;
+    assert!(outsider.release().await.unwrap());
+}

@@ -79,6 +79,7 @@ macro_rules! contract_suite {
             on_lost_fires_once_per_loss
             unsubscribe_works
             unreachable_backend_makes_acquire_fail
+            group_watch_shows_holders_releases_and_expiries
         );
     };
     (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {

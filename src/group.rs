@@ -1,0 +1,257 @@
+//! Watching a group of lease records at once: who is alive and who holds what, from one watch.
+//!
+//! A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
+//! leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
+//! remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
+//! share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
+//! into a picture of the group ("which node holds which shard"), for
+//! [`ShardedWorkers`](crate::ShardedWorkers) and for status pages.
+//!
+//! # Cost
+//!
+//! A backend serves a group from one list and one watch for the whole group, never from a request
+//! per record per interval: on Kubernetes the namespace watch its leases already share (the
+//! group is a filter over it, no request of its own); on etcd one watch on the key prefix; in
+//! memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
+//! the capability; a backend that lacks it answers [`GroupError::Unsupported`].
+//!
+//! # Races and time
+//!
+//! A snapshot is what this process observed, up to the watch's delay: it can lag the store, and
+//! two processes can see different snapshots for a moment. It is meant for placement and for
+//! pictures, never for exclusivity (the lease of each record arbitrates that).
+//!
+//! A record's expiry is judged as a contender judges a claim: from when *this process* observed
+//! the record's current version, on its own monotonic clock, plus the duration the record states
+//! ([`GroupRecord::expires_at`]); never from a timestamp another machine wrote. A record whose
+//! holder stopped renewing therefore drops out of [`GroupSnapshot::live_holder`] at its expiry
+//! without any event: a consumer that cares wakes at [`GroupSnapshot::next_expiry`].
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::vocab::{BoxError, FencingToken};
+
+/// Errors of [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) and of a running
+/// [`GroupWatch`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupError {
+    /// The backend cannot watch a group of records.
+    #[error("backend {backend} cannot watch a group of leases")]
+    Unsupported {
+        /// The backend's name (as in configuration), or `"custom"` for one that does not say.
+        backend: &'static str,
+    },
+    /// No Tokio runtime to run the watch on (called outside one).
+    #[error("cannot watch a group of leases outside a Tokio runtime")]
+    NoRuntime,
+    /// The watch ended (its backend, session or runtime is gone); make a new one.
+    #[error("the group watch ended")]
+    Ended,
+    /// The backend failed to start the watch.
+    #[error("cannot watch the group of leases")]
+    Backend(#[source] Arc<BoxError>),
+}
+
+/// One lease record of a group, as this process observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupRecord {
+    /// The holder the record names; `None` when released.
+    pub holder: Option<String>,
+    /// The fencing token of the record's latest tenure, when the store shows one.
+    pub token: Option<FencingToken>,
+    /// When the holder's claim expires on this process's monotonic clock: when this process first
+    /// observed the record's current version, plus the duration the record states. `None` when the
+    /// store removes an expired record itself (etcd: the record is deleted with its etcd lease) or
+    /// no one holds it.
+    pub expires_at: Option<Instant>,
+}
+
+impl GroupRecord {
+    /// A record.
+    pub fn new(
+        holder: Option<String>,
+        token: Option<FencingToken>,
+        expires_at: Option<Instant>,
+    ) -> Self {
+        Self {
+            holder,
+            token,
+            expires_at,
+        }
+    }
+
+    /// The holder, if its claim has not expired at `now`.
+    pub fn live_holder(&self, now: Instant) -> Option<&str> {
+        match (&self.holder, self.expires_at) {
+            (Some(holder), None) => Some(holder),
+            (Some(holder), Some(at)) if now < at => Some(holder),
+            _ => None,
+        }
+    }
+}
+
+/// The records of a group at one moment, by lease name (the full name, prefix included).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSnapshot {
+    records: BTreeMap<String, GroupRecord>,
+    synced: bool,
+}
+
+impl GroupSnapshot {
+    /// A snapshot of `records`; `synced` tells whether the watch has listed the whole group yet.
+    pub fn new(records: BTreeMap<String, GroupRecord>, synced: bool) -> Self {
+        Self { records, synced }
+    }
+
+    /// Whether the watch has listed the whole group: before that, a missing record means nothing.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Every record, by lease name.
+    pub fn records(&self) -> &BTreeMap<String, GroupRecord> {
+        &self.records
+    }
+
+    /// The record of lease `name`.
+    pub fn get(&self, name: &str) -> Option<&GroupRecord> {
+        self.records.get(name)
+    }
+
+    /// The live holder of lease `name` at `now` (see [`GroupRecord::live_holder`]).
+    pub fn live_holder(&self, name: &str, now: Instant) -> Option<&str> {
+        self.records.get(name).and_then(|r| r.live_holder(now))
+    }
+
+    /// The earliest instant after `now` at which a live record expires: when the snapshot's
+    /// meaning changes without a new snapshot.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.records
+            .values()
+            .filter(|r| r.holder.is_some())
+            .filter_map(|r| r.expires_at)
+            .filter(|at| *at > now)
+            .min()
+    }
+}
+
+/// A running watch of a group of lease records; see the [module documentation](self).
+///
+/// Clones share the watch; it ends (its resources released) when the last clone and the
+/// backend's own handle are dropped.
+#[derive(Clone)]
+pub struct GroupWatch {
+    receiver: watch::Receiver<Arc<GroupSnapshot>>,
+    _keep: Arc<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for GroupWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let snapshot = self.receiver.borrow();
+        f.debug_struct("GroupWatch")
+            .field("records", &snapshot.records.len())
+            .field("synced", &snapshot.synced)
+            .finish()
+    }
+}
+
+impl GroupWatch {
+    /// For backend implementers: a watch reading the snapshots `receiver` gets; `keep` is held as
+    /// long as the watch lives (the task or subscription that feeds the sender, for example).
+    pub fn new(
+        receiver: watch::Receiver<Arc<GroupSnapshot>>,
+        keep: impl Any + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            receiver,
+            _keep: Arc::new(keep),
+        }
+    }
+
+    /// The latest snapshot.
+    pub fn snapshot(&self) -> Arc<GroupSnapshot> {
+        Arc::clone(&self.receiver.borrow())
+    }
+
+    /// Resolves when a snapshot newer than the last one this handle read with
+    /// [`snapshot_and_mark`](Self::snapshot_and_mark) (or since it was made) arrives.
+    ///
+    /// # Errors
+    ///
+    /// [`GroupError::Ended`] when the watch ended (its backend or runtime is gone).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn changed(&mut self) -> Result<(), GroupError> {
+        self.receiver.changed().await.map_err(|_| GroupError::Ended)
+    }
+
+    /// The latest snapshot, marked as read for [`changed`](Self::changed).
+    pub fn snapshot_and_mark(&mut self) -> Arc<GroupSnapshot> {
+        Arc::clone(&self.receiver.borrow_and_update())
+    }
+}
+
+/// For backend implementers: the sending side of a [`GroupWatch`] (a `tokio::sync::watch` channel
+/// of snapshots), made with [`group_channel`].
+pub type GroupSender = watch::Sender<Arc<GroupSnapshot>>;
+
+/// For backend implementers: a channel of group snapshots starting with an empty, unsynced one.
+pub fn group_channel() -> (GroupSender, watch::Receiver<Arc<GroupSnapshot>>) {
+    watch::channel(Arc::new(GroupSnapshot::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn records_expire_by_the_observers_clock_and_the_snapshot_says_when() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let snapshot = GroupSnapshot::new(
+            BTreeMap::from([
+                (
+                    "g-0".to_owned(),
+                    GroupRecord::new(Some("a".into()), None, Some(now + ttl)),
+                ),
+                (
+                    "g-1".to_owned(),
+                    GroupRecord::new(Some("b".into()), None, None),
+                ),
+                ("g-2".to_owned(), GroupRecord::new(None, None, Some(now))),
+            ]),
+            true,
+        );
+        assert_eq!(snapshot.live_holder("g-0", now), Some("a"));
+        assert_eq!(snapshot.live_holder("g-0", now + ttl), None);
+        assert_eq!(snapshot.live_holder("g-1", now + ttl * 100), Some("b"));
+        assert_eq!(snapshot.live_holder("g-2", now), None);
+        assert_eq!(snapshot.live_holder("g-3", now), None);
+        assert_eq!(snapshot.next_expiry(now), Some(now + ttl));
+        assert_eq!(snapshot.next_expiry(now + ttl), None);
+    }
+
+    #[tokio::test]
+    async fn a_watch_ends_when_its_sender_is_gone() {
+        let (sender, receiver) = group_channel();
+        let mut watch = GroupWatch::new(receiver, ());
+        assert!(!watch.snapshot().is_synced());
+        sender.send_replace(Arc::new(GroupSnapshot::new(BTreeMap::new(), true)));
+        watch.changed().await.unwrap();
+        assert!(watch.snapshot_and_mark().is_synced());
+        drop(sender);
+        assert!(matches!(watch.changed().await, Err(GroupError::Ended)));
+    }
+}
