@@ -53,6 +53,7 @@ mod lease;
 mod managed;
 mod memory;
 mod metrics;
+mod placement;
 mod provider;
 mod redact;
 mod settings;
@@ -89,6 +90,7 @@ pub use metrics::describe_metrics;
 pub use metrics::{
     MetricDescription, MetricKind, METRICS, RENEWAL_DURATION_BUCKETS, RENEWAL_MARGIN_BUCKETS,
 };
+pub use placement::{place, placement_score};
 pub use provider::{
     BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
     IN_MEMORY_BACKEND,
