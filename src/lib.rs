@@ -73,6 +73,10 @@ pub use actors::{
     SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, UnsubscribeLeaseLost,
     DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
+pub use actors::{
+    GetGroupView, GetShards, GroupView, RunningShard, ShardInfo, ShardedError, ShardedSettings,
+    ShardedWorkers, DEFAULT_MAX_HANDOVERS,
+};
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};
 pub use health::{HealthCheck, LeaseReport, NotReady, Unhealthy, DEFAULT_HEALTH_TOLERANCE};

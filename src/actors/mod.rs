@@ -5,6 +5,7 @@ mod compete;
 mod coordinator;
 mod gate;
 mod lease_actor;
+mod sharded;
 mod singleton;
 
 pub use coordinator::{
@@ -18,6 +19,10 @@ pub use gate::{
 pub use lease_actor::{
     Acquire, CheckAlive, GetFencingToken, GetTenure, LeaseActor, Release, SubscribeLeaseLost,
     SubscriptionId, UnsubscribeLeaseLost,
+};
+pub use sharded::{
+    GetGroupView, GetShards, GroupView, RunningShard, ShardInfo, ShardedError, ShardedSettings,
+    ShardedWorkers, DEFAULT_MAX_HANDOVERS,
 };
 pub use singleton::{
     ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,

@@ -1,0 +1,640 @@
+//! [`ShardedWorkers`]: run N numbered workers across a fleet, each exactly once, spread evenly
+//! over the live nodes (Akka's Sharded Daemon Process, on leases).
+//!
+//! # The model
+//!
+//! * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
+//!   the worker of a shard only under that lease's tenure, with every rule of
+//!   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
+//!   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
+//!   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
+//!   the lease's, whatever the nodes believe about each other.
+//! * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
+//!   long as it runs; the live members are the holders of the member leases whose claims have not
+//!   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
+//!   per member per interval). A node that crashes drops out when its member lease expires; a node
+//!   shutting down releases its member lease first.
+//! * **Placement without a coordinator.** Every node computes the same targets from the same
+//!   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
+//!   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
+//!   watch wakes it, no polling) and hands over a shard whose target is another live node: it
+//!   stops the worker and releases the lease, and the target, already waiting, claims it within a
+//!   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
+//!   once (released and not yet seen claimed by their target), so a join never empties a node at
+//!   once.
+//! * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
+//!   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
+//!   waits until the views agree).
+//!
+//! # Shutdown
+//!
+//! [`Shutdown`] releases the member lease first (the others re-target this node's shards and
+//! start waiting for them), then shuts every shard down (the worker stops, then its lease is
+//! released, and the waiting target claims it at once).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use super::singleton::{
+    ClusterSingletonManager, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
+};
+use crate::group::{GroupError, GroupSnapshot, GroupWatch};
+use crate::lease::{FencingToken, Lease, LeaseError};
+use crate::placement::place;
+use crate::settings::SettingsError;
+use crate::tenure::TenureGuard;
+
+/// The default of [`ShardedSettings::max_handovers`].
+pub const DEFAULT_MAX_HANDOVERS: usize = 4;
+
+/// What a shard's worker learns when it is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// The group.
+    pub group: String,
+    /// The shard id.
+    pub shard: String,
+    /// The shard's lease name (`<group>-<shard>`).
+    pub lease_name: String,
+    /// This node's owner identity.
+    pub owner: String,
+    /// The fencing token of the tenure the worker runs under: pass it with every write.
+    pub fencing_token: FencingToken,
+    /// The guard of that tenure: check it before every step; it turns `false` before any other
+    /// node can take the shard.
+    pub guard: TenureGuard,
+    /// How many times the worker was restarted within this tenure.
+    pub restart: u32,
+}
+
+/// Settings of [`ShardedWorkers`]; plain data with documented defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardedSettings {
+    /// How many shards a node hands over at once: released and not yet seen claimed by their
+    /// target (default [`DEFAULT_MAX_HANDOVERS`], at least 1). A handover whose target has not
+    /// claimed the shard within the lease's TTL stops counting.
+    pub max_handovers: usize,
+    /// The settings of each shard's manager: stop timeout, restarts, retry delay, backoff
+    /// (`handle_signals` is ignored: shut the group down with [`Shutdown`]).
+    pub shard: SingletonSettings,
+}
+
+impl Default for ShardedSettings {
+    fn default() -> Self {
+        Self {
+            max_handovers: DEFAULT_MAX_HANDOVERS,
+            shard: SingletonSettings::default(),
+        }
+    }
+}
+
+/// Errors building [`ShardedWorkers`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardedError {
+    /// The group name is empty.
+    #[error("the group name must not be empty")]
+    EmptyGroup,
+    /// There are no shards.
+    #[error("group {group:?} has no shards")]
+    NoShards {
+        /// The group.
+        group: String,
+    },
+    /// A shard id is empty, repeated, or starts with `member-` (the member leases' names).
+    #[error("invalid shard id {shard:?} in group {group:?}: {reason}")]
+    InvalidShard {
+        /// The group.
+        group: String,
+        /// The shard id.
+        shard: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The lease factory built a lease with another name than asked, or for another owner than
+    /// the group's first lease (every lease of a node must have the node's owner identity).
+    #[error("the lease factory built lease {built:?} of owner {owner:?} when asked for {asked:?} of owner {expected_owner:?}")]
+    WrongLease {
+        /// The name asked for.
+        asked: String,
+        /// The name built.
+        built: String,
+        /// The owner built.
+        owner: String,
+        /// The node's owner identity (the member lease's).
+        expected_owner: String,
+    },
+    /// `max_handovers` is zero.
+    #[error("invalid `max-handovers`: must be at least 1")]
+    NoHandovers,
+    /// The shard settings are invalid.
+    #[error("invalid shard settings")]
+    Settings(#[source] SettingsError),
+    /// The backend cannot watch the group (membership needs it).
+    #[error("cannot watch group {group:?}")]
+    Watch {
+        /// The group.
+        group: String,
+        /// Why.
+        #[source]
+        source: GroupError,
+    },
+}
+
+/// Ask [`ShardedWorkers`] which shards run on this node.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "Vec<RunningShard>")]
+pub struct GetShards;
+
+/// A shard whose tenure this node holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningShard {
+    /// The shard id.
+    pub shard: String,
+    /// The fencing token of the tenure its worker runs under.
+    pub fencing_token: FencingToken,
+}
+
+/// Ask [`ShardedWorkers`] for its [`GroupView`]: who runs what, as this node sees it.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "GroupView")]
+pub struct GetGroupView;
+
+/// Who runs what in a group, as one node sees it (from its group watch, no request).
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct GroupView {
+    /// Whether the group watch has listed the group yet (before that, the view is empty).
+    pub synced: bool,
+    /// The live members, by owner identity.
+    pub members: Vec<String>,
+    /// Per shard id, its live holder.
+    pub holders: BTreeMap<String, Option<String>>,
+    /// Per shard id, its target member under the current view.
+    pub targets: BTreeMap<String, Option<String>>,
+    /// Shards this node is handing over (released or releasing, not yet seen claimed).
+    pub handing_over: Vec<String>,
+}
+
+/// Internal: the group watch delivered a change, or a record may have expired.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Reconcile;
+
+/// The trivial actor a member lease "runs": holding the member lease is the membership.
+struct Member;
+
+impl Actor for Member {
+    type Context = Context<Self>;
+}
+
+type WorkerFactory<A> = Rc<dyn Fn(&ShardInfo, &mut Context<A>) -> A>;
+
+struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
+    id: String,
+    lease: Arc<L>,
+    manager: Option<Addr<ClusterSingletonManager<A, L>>>,
+    /// What the manager was last told.
+    eligible: bool,
+}
+
+/// Runs a group of numbered workers across the fleet, each exactly once; see the
+/// [module documentation](self).
+///
+/// # Example
+///
+/// ```
+/// use actix::prelude::*;
+/// use actix_coordination::prelude::*;
+/// use actix_coordination::{GetShards, ShardInfo, ShardedWorkers};
+///
+/// struct Partition;
+/// impl Actor for Partition {
+///     type Context = Context<Self>;
+/// }
+///
+/// # #[actix::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let node = "node-1";
+/// let workers = ShardedWorkers::with_count(
+///     "ingest",
+///     8,
+///     move |name: &str| store.lease(LeaseSettings::new(name, node).unwrap()),
+///     |shard: &ShardInfo, _ctx| Partition,
+/// )?
+/// .start();
+/// # tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+/// let running = workers.send(GetShards).await?;
+/// assert_eq!(running.len(), 8);                  // alone in the group: every shard runs here
+/// workers.send(Shutdown).await??;
+/// # Ok(()) }
+/// ```
+pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
+    group: String,
+    node: String,
+    member_prefix: String,
+    member_lease: Arc<L>,
+    member: Option<Addr<ClusterSingletonManager<Member, L>>>,
+    shards: Vec<Shard<A, L>>,
+    factory: WorkerFactory<A>,
+    settings: ShardedSettings,
+    watch: GroupWatch,
+    handing_over: HashMap<usize, Instant>,
+    wake: Option<SpawnHandle>,
+    shutting_down: bool,
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
+    /// Shards `"0"` to `count - 1` of `group`; see [`new`](Self::new).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_count(
+        group: impl Into<String>,
+        count: usize,
+        lease_for: impl Fn(&str) -> L,
+        factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
+    ) -> Result<Self, ShardedError> {
+        Self::new(group, (0..count).map(|i| i.to_string()), lease_for, factory)
+    }
+
+    /// The workers of `group` with these shard ids on this node. `lease_for(name)` builds this
+    /// node's lease named `name` (every lease with the same owner identity: the node's), for the
+    /// member lease `<group>-member-<owner>` and each shard's `<group>-<shard>`; `factory` builds
+    /// the worker of a shard whenever this node starts one.
+    ///
+    /// Call it inside the runtime that will run the actors (the group watch starts here).
+    ///
+    /// # Errors
+    ///
+    /// [`ShardedError`] for an empty group, no shards, an invalid or repeated shard id, a
+    /// factory that builds the wrong lease, or a backend that cannot watch the group.
+    pub fn new(
+        group: impl Into<String>,
+        shards: impl IntoIterator<Item = impl Into<String>>,
+        lease_for: impl Fn(&str) -> L,
+        factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
+    ) -> Result<Self, ShardedError> {
+        let group = group.into();
+        if group.is_empty() {
+            return Err(ShardedError::EmptyGroup);
+        }
+        let ids: Vec<String> = shards.into_iter().map(Into::into).collect();
+        if ids.is_empty() {
+            return Err(ShardedError::NoShards { group });
+        }
+        let mut seen = BTreeSet::new();
+        for id in &ids {
+            let reason = if id.is_empty() {
+                Some("empty")
+            } else if id.starts_with("member-") {
+                Some("`member-` starts the names of the member leases")
+            } else if !seen.insert(id.as_str()) {
+                Some("repeated")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(ShardedError::InvalidShard {
+                    group,
+                    shard: id.clone(),
+                    reason,
+                });
+            }
+        }
+        // The first shard's lease names the node: its owner is the owner every lease must have.
+        let mut node: Option<String> = None;
+        let mut check = |asked: String, lease: L| {
+            let expected = node.get_or_insert_with(|| lease.owner().to_owned()).clone();
+            if lease.name() != asked || lease.owner() != expected {
+                return Err(ShardedError::WrongLease {
+                    built: lease.name().to_owned(),
+                    owner: lease.owner().to_owned(),
+                    asked,
+                    expected_owner: expected,
+                });
+            }
+            Ok(Arc::new(lease))
+        };
+        let mut built = Vec::with_capacity(ids.len());
+        for id in ids {
+            let name = format!("{group}-{id}");
+            let lease = check(name.clone(), lease_for(&name))?;
+            built.push(Shard {
+                id,
+                lease,
+                manager: None,
+                eligible: false,
+            });
+        }
+        let node = built[0].lease.owner().to_owned();
+        let member_prefix = format!("{group}-member-");
+        let member_name = format!("{member_prefix}{node}");
+        let member_lease = check(member_name.clone(), lease_for(&member_name))?;
+        let watch = member_lease
+            .watch_group(&format!("{group}-"))
+            .map_err(|source| ShardedError::Watch {
+                group: group.clone(),
+                source,
+            })?;
+        Ok(Self {
+            group,
+            node,
+            member_prefix,
+            member_lease,
+            member: None,
+            shards: built,
+            factory: Rc::new(factory),
+            settings: ShardedSettings::default(),
+            watch,
+            handing_over: HashMap::new(),
+            wake: None,
+            shutting_down: false,
+        })
+    }
+
+    /// Replaces the settings once they are valid.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardedError::NoHandovers`] when `max_handovers` is 0, [`ShardedError::Settings`] when
+    /// the shard settings are invalid ([`SingletonSettings::validate`]).
+    pub fn settings(mut self, settings: ShardedSettings) -> Result<Self, ShardedError> {
+        if settings.max_handovers == 0 {
+            return Err(ShardedError::NoHandovers);
+        }
+        settings.shard.validate().map_err(ShardedError::Settings)?;
+        self.settings = settings;
+        Ok(self)
+    }
+
+    fn shard_settings(&self) -> SingletonSettings {
+        SingletonSettings {
+            handle_signals: false,
+            ..self.settings.shard.clone()
+        }
+    }
+
+    /// The live members, holders and targets of the current view.
+    fn view(
+        &self,
+        snapshot: &GroupSnapshot,
+        now: Instant,
+    ) -> (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>) {
+        let mut members: BTreeSet<String> = snapshot
+            .records()
+            .iter()
+            .filter(|(name, _)| name.starts_with(&self.member_prefix))
+            .filter_map(|(_, record)| record.live_holder(now).map(str::to_owned))
+            .collect();
+        // This node's own membership is what its member lease says now (the view may lag).
+        if self.member_lease.check_alive() {
+            members.insert(self.node.clone());
+        } else {
+            members.remove(&self.node);
+        }
+        let members: Vec<String> = members.into_iter().collect();
+        let holders: Vec<Option<String>> = self
+            .shards
+            .iter()
+            .map(|shard| {
+                if shard.lease.check_alive() {
+                    return Some(self.node.clone());
+                }
+                // A record naming this node whose tenure is not alive here is over (or ending).
+                snapshot
+                    .live_holder(shard.lease.name(), now)
+                    .filter(|holder| *holder != self.node)
+                    .map(str::to_owned)
+            })
+            .collect();
+        let by_id: HashMap<&str, &str> = self
+            .shards
+            .iter()
+            .zip(&holders)
+            .filter_map(|(shard, holder)| Some((shard.id.as_str(), holder.as_deref()?)))
+            .collect();
+        let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
+        let targets = place(&ids, &members, |id| by_id.get(id).copied());
+        (members, holders, targets)
+    }
+
+    fn set_eligible(&mut self, index: usize, eligible: bool) {
+        let shard = &mut self.shards[index];
+        if shard.eligible == eligible {
+            return;
+        }
+        shard.eligible = eligible;
+        if let Some(manager) = &shard.manager {
+            manager.do_send(SetEligible(eligible));
+        }
+    }
+
+    /// Brings what this node competes for in line with the targets; see the module docs.
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            return;
+        }
+        if let Some(handle) = self.wake.take() {
+            ctx.cancel_future(handle);
+        }
+        let snapshot = self.watch.snapshot();
+        if !snapshot.is_synced() {
+            return; // the watch's listing will send a change
+        }
+        let now = Instant::now();
+        let (members, holders, targets) = self.view(&snapshot, now);
+        let mut candidates = Vec::new();
+        for (index, target) in targets.iter().enumerate() {
+            let Some(target) = *target else {
+                continue; // no member at all: leave everything as it is
+            };
+            let held = self.shards[index].lease.check_alive();
+            if members[target] == self.node {
+                self.handing_over.remove(&index);
+                self.set_eligible(index, true);
+            } else if held && self.shards[index].eligible {
+                candidates.push(index);
+            } else if !held {
+                self.set_eligible(index, false);
+            }
+        }
+        // Handovers in flight end when the shard is seen held by another node, or after a TTL.
+        let node = &self.node;
+        let shards = &self.shards;
+        self.handing_over.retain(|&index, since| {
+            let taken = holders[index].as_ref().is_some_and(|h| h != node);
+            let ttl = shards[index].lease.settings().ttl();
+            !taken && now < *since + ttl
+        });
+        for index in candidates {
+            if self.handing_over.len() >= self.settings.max_handovers {
+                break;
+            }
+            let target = targets[index].map(|t| members[t].clone());
+            tracing::info!(group = %self.group, shard = %self.shards[index].id, ?target, "handing the shard over");
+            self.set_eligible(index, false);
+            self.handing_over.insert(index, now);
+        }
+        // Wake at the next expiry in the view and at the end of the oldest handover.
+        let next = snapshot
+            .next_expiry(now)
+            .into_iter()
+            .chain(
+                self.handing_over
+                    .iter()
+                    .map(|(&i, since)| *since + self.shards[i].lease.settings().ttl()),
+            )
+            .min();
+        if let Some(at) = next {
+            let after = at.saturating_duration_since(now) + Duration::from_millis(1);
+            self.wake = Some(ctx.run_later(after, |act, ctx| act.reconcile(ctx)));
+        }
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let settings = self.shard_settings();
+        self.member = Some(
+            ClusterSingletonManager::from_arc(Arc::clone(&self.member_lease), |_, _| Member)
+                .settings(settings.clone())
+                .start(),
+        );
+        for shard in &mut self.shards {
+            let factory = Rc::clone(&self.factory);
+            let group = self.group.clone();
+            let id = shard.id.clone();
+            let manager = ClusterSingletonManager::from_arc(
+                Arc::clone(&shard.lease),
+                move |info: &SingletonInfo, ctx: &mut Context<A>| {
+                    let shard = ShardInfo {
+                        group: group.clone(),
+                        shard: id.clone(),
+                        lease_name: info.lease_name.clone(),
+                        owner: info.owner.clone(),
+                        fencing_token: info.fencing_token,
+                        guard: info.guard.clone(),
+                        restart: info.restart,
+                    };
+                    factory(&shard, ctx)
+                },
+            )
+            .settings(settings.clone())
+            .not_eligible()
+            .start();
+            shard.manager = Some(manager);
+        }
+        // Every change of the group reaches the actor; the task ends with it.
+        let mut watch = self.watch.clone();
+        let me = ctx.address().downgrade();
+        actix_rt::spawn(async move {
+            while watch.changed().await.is_ok() {
+                match me.upgrade() {
+                    Some(addr) => addr.do_send(Reconcile),
+                    None => break,
+                }
+            }
+        });
+        tracing::info!(group = %self.group, node = %self.node, shards = self.shards.len(), "sharded workers started");
+        self.reconcile(ctx);
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Reconcile> for ShardedWorkers<A, L> {
+    type Result = ();
+
+    fn handle(&mut self, _: Reconcile, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetShards> for ShardedWorkers<A, L> {
+    type Result = Vec<RunningShard>;
+
+    fn handle(&mut self, _: GetShards, _: &mut Context<Self>) -> Vec<RunningShard> {
+        self.shards
+            .iter()
+            .filter_map(|shard| {
+                Some(RunningShard {
+                    shard: shard.id.clone(),
+                    fencing_token: shard.lease.fencing_token()?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for ShardedWorkers<A, L> {
+    type Result = GroupView;
+
+    fn handle(&mut self, _: GetGroupView, _: &mut Context<Self>) -> GroupView {
+        let snapshot = self.watch.snapshot();
+        if !snapshot.is_synced() {
+            return GroupView::default();
+        }
+        let (members, holders, targets) = self.view(&snapshot, Instant::now());
+        let ids = self.shards.iter().map(|s| s.id.clone());
+        GroupView {
+            synced: true,
+            holders: ids.clone().zip(holders).collect(),
+            targets: ids
+                .zip(targets.iter().map(|t| t.map(|j| members[j].clone())))
+                .collect(),
+            handing_over: self
+                .handing_over
+                .keys()
+                .map(|&i| self.shards[i].id.clone())
+                .collect(),
+            members,
+        }
+    }
+}
+
+/// Releases the member lease first, then shuts every shard down (its worker stops, then its
+/// lease is released); answers `Ok(true)` when everything was released, else the first error
+/// (`Ok(false)` when a lease was held by another owner), and stops.
+impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
+    type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
+
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        self.shutting_down = true;
+        let member = self.member.clone();
+        let managers: Vec<_> = self
+            .shards
+            .iter()
+            .filter_map(|s| s.manager.clone())
+            .collect();
+        let group = self.group.clone();
+        let work = async move {
+            let mut result = Ok(true);
+            if let Some(member) = member {
+                result = member.send(Shutdown).await.unwrap_or(Ok(true));
+            }
+            for answer in join_all(managers.iter().map(|m| m.send(Shutdown))).await {
+                let answer = answer.unwrap_or(Ok(true));
+                result = match (result, answer) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    (Ok(a), Ok(b)) => Ok(a && b),
+                };
+            }
+            tracing::info!(%group, released = ?result, "sharded workers shut down");
+            result
+        };
+        Box::pin(actix::fut::wrap_future(work).map(
+            |result, _act: &mut Self, ctx: &mut Context<Self>| {
+                ctx.stop();
+                result
+            },
+        ))
+    }
+}

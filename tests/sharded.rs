@@ -1,0 +1,380 @@
+//! ShardedWorkers on the in-memory backend under a paused clock: shards spread evenly over the live
+//! nodes, a join moves only the joiner's quota, a graceful leave moves exactly the leaver's shards
+//! at once, a crashed or frozen node's shards move after its leases expire, and no shard ever runs
+//! on two nodes at once (every worker's life is logged and checked for overlap).
+
+#[allow(unused_macros)]
+#[macro_use]
+mod common;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_coordination::{
+    FencingToken, GetGroupView, GetShards, InMemoryLease, InMemoryStore, LeaseSettings, ShardInfo,
+    ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
+};
+use common::run_paused;
+use tokio::time::{sleep, Instant};
+
+const GROUP: &str = "ingest";
+const SHARDS: usize = 64;
+const TTL: Duration = Duration::from_secs(6);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Started { token: FencingToken },
+    Stopped,
+}
+
+/// Every worker's start and stop: (instant, shard, node, event).
+type Log = Rc<RefCell<Vec<(Instant, String, String, Event)>>>;
+
+struct Worker {
+    shard: String,
+    node: String,
+    log: Log,
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.log.borrow_mut().push((
+            Instant::now(),
+            self.shard.clone(),
+            self.node.clone(),
+            Event::Stopped,
+        ));
+    }
+}
+
+type Node = Addr<ShardedWorkers<Worker, InMemoryLease>>;
+
+fn settings(name: &str, node: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, node)
+        .ttl(TTL)
+        .renewal_interval(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn start_node(store: &InMemoryStore, node: &str, log: &Log) -> Node {
+    let (store, owner, log) = (store.clone(), node.to_owned(), log.clone());
+    ShardedWorkers::with_count(
+        GROUP,
+        SHARDS,
+        move |name: &str| store.lease(settings(name, &owner)),
+        move |shard: &ShardInfo, _: &mut Context<Worker>| {
+            assert!(
+                shard.guard.check_alive(),
+                "a worker starts under a live tenure"
+            );
+            log.borrow_mut().push((
+                Instant::now(),
+                shard.shard.clone(),
+                shard.owner.clone(),
+                Event::Started {
+                    token: shard.fencing_token,
+                },
+            ));
+            Worker {
+                shard: shard.shard.clone(),
+                node: shard.owner.clone(),
+                log: log.clone(),
+            }
+        },
+    )
+    .unwrap()
+    .start()
+}
+
+/// Who holds each shard in the store.
+fn holders(store: &InMemoryStore) -> BTreeMap<String, String> {
+    (0..SHARDS)
+        .filter_map(|i| Some((i.to_string(), store.holder(&format!("{GROUP}-{i}"))?)))
+        .collect()
+}
+
+fn counts(holders: &BTreeMap<String, String>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for node in holders.values() {
+        *counts.entry(node.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Which shards run where, by the workers' own log (started and not stopped).
+fn running(log: &Log) -> BTreeMap<String, String> {
+    let mut running = BTreeMap::new();
+    for (_, shard, node, event) in log.borrow().iter() {
+        match event {
+            Event::Started { .. } => {
+                running.insert(shard.clone(), node.clone());
+            }
+            Event::Stopped => {
+                if running.get(shard) == Some(node) {
+                    running.remove(shard);
+                }
+            }
+        }
+    }
+    running
+}
+
+/// Waits (virtual time) until `done` holds, checking every 5 ms; answers the instant it did.
+async fn until(within: Duration, what: &str, done: impl Fn() -> bool) -> Instant {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+    Instant::now()
+}
+
+/// No shard ever ran on two nodes at once, and each new worker of a shard ran under a higher
+/// fencing token than the one before.
+fn assert_exactly_once(log: &Log) {
+    let mut running: BTreeMap<String, (String, FencingToken)> = BTreeMap::new();
+    let mut last: BTreeMap<String, FencingToken> = BTreeMap::new();
+    for (at, shard, node, event) in log.borrow().iter() {
+        match event {
+            Event::Started { token } => {
+                if let Some((other, _)) = running.get(shard) {
+                    panic!("{at:?}: shard {shard} started on {node} while running on {other}");
+                }
+                if let Some(before) = last.get(shard) {
+                    assert!(
+                        token > before,
+                        "shard {shard}: token {token} after {before}"
+                    );
+                }
+                running.insert(shard.clone(), (node.clone(), *token));
+                last.insert(shard.clone(), *token);
+            }
+            Event::Stopped => {
+                assert_eq!(
+                    running.remove(shard).map(|(n, _)| n).as_deref(),
+                    Some(node.as_str()),
+                    "{at:?}: shard {shard} stopped on {node}, which did not run it"
+                );
+            }
+        }
+    }
+}
+
+/// Starts three nodes and waits until every shard runs, 21 or 22 per node.
+async fn three_settled(store: &InMemoryStore, log: &Log) -> Vec<Node> {
+    let nodes: Vec<Node> = (1..=3)
+        .map(|i| start_node(store, &format!("node-{i}"), log))
+        .collect();
+    until(Duration::from_secs(30), "three nodes settle", || {
+        let held = holders(store);
+        let mut c: Vec<usize> = counts(&held).into_values().collect();
+        c.sort();
+        held.len() == SHARDS && c == vec![21, 21, 22] && running(log) == held
+    })
+    .await;
+    nodes
+}
+
+#[test]
+fn three_nodes_settle_evenly_and_a_fourth_takes_exactly_its_quota() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let nodes = three_settled(&store, &log).await;
+        let before = holders(&store);
+        for node in &nodes {
+            let view = node.send(GetGroupView).await.unwrap();
+            assert!(view.synced);
+            assert_eq!(view.members, vec!["node-1", "node-2", "node-3"]);
+            let mine: Vec<String> = node
+                .send(GetShards)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|s| s.shard)
+                .collect();
+            assert!(mine.len() == 21 || mine.len() == 22, "{mine:?}");
+        }
+
+        let joined = Instant::now();
+        let fourth = start_node(&store, "node-4", &log);
+        let balanced = until(Duration::from_secs(30), "four nodes balance", || {
+            let held = holders(&store);
+            held.len() == SHARDS
+                && counts(&held).values().all(|&c| c == 16)
+                && counts(&held).len() == 4
+                && running(&log) == held
+        })
+        .await;
+        let after = holders(&store);
+        let moved: Vec<&String> = before
+            .keys()
+            .filter(|s| before.get(*s) != after.get(*s))
+            .collect();
+        assert_eq!(moved.len(), 16, "moved {moved:?}");
+        assert!(moved.iter().all(|s| after[*s] == "node-4"));
+        // Handovers are releases the joiner claims at once, a few at a time: no TTL involved.
+        assert!(
+            balanced - joined < TTL,
+            "balance took {:?}",
+            balanced - joined
+        );
+        assert_exactly_once(&log);
+        drop(fourth);
+    });
+}
+
+#[test]
+fn a_node_shutting_down_hands_over_exactly_its_shards_at_once() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let nodes = three_settled(&store, &log).await;
+        let before = holders(&store);
+        let leaving: Vec<String> = before
+            .iter()
+            .filter(|(_, n)| *n == "node-2")
+            .map(|(s, _)| s.clone())
+            .collect();
+        let signalled = Instant::now();
+        assert!(nodes[1].send(Shutdown).await.unwrap().unwrap());
+        let moved = until(Duration::from_secs(30), "node-2's shards move", || {
+            let held = holders(&store);
+            held.len() == SHARDS && running(&log) == held
+        })
+        .await;
+        // Within a moment of virtual time (releases the others were already waiting for), not a
+        // TTL.
+        assert!(
+            moved - signalled < Duration::from_millis(100),
+            "{:?}",
+            moved - signalled
+        );
+        let after = holders(&store);
+        for (shard, node) in &before {
+            if node == "node-2" {
+                assert_ne!(after[shard], "node-2");
+            } else {
+                assert_eq!(
+                    &after[shard], node,
+                    "shard {shard} moved off a node that stayed"
+                );
+            }
+        }
+        assert_eq!(
+            leaving.len(),
+            64 - counts(&after).values().sum::<usize>() + leaving.len()
+        );
+        assert!(
+            counts(&after).values().all(|&c| c == 32),
+            "{:?}",
+            counts(&after)
+        );
+        assert_exactly_once(&log);
+    });
+}
+
+#[test]
+fn a_frozen_node_s_shards_move_after_its_leases_expire_and_it_never_overlaps() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let _nodes = three_settled(&store, &log).await;
+        let before = holders(&store);
+        // node-3 can no longer reach the store: its renewals hang, as a frozen process's would.
+        store.pause("node-3");
+        let frozen = Instant::now();
+        let moved = until(TTL * 3, "node-3's shards move", || {
+            let held = holders(&store);
+            held.len() == SHARDS && !held.values().any(|n| n == "node-3")
+        })
+        .await;
+        assert!(
+            moved - frozen <= TTL + Duration::from_secs(1),
+            "took {:?}",
+            moved - frozen
+        );
+        let after = holders(&store);
+        for (shard, node) in &before {
+            if node != "node-3" {
+                assert_eq!(&after[shard], node, "shard {shard} moved off a live node");
+            }
+        }
+        // node-3's workers stopped at its own deadline, before anyone else started them.
+        until(
+            Duration::from_secs(5),
+            "workers run where the store says",
+            || running(&log) == holders(&store),
+        )
+        .await;
+        assert_exactly_once(&log);
+        // Healed, it rejoins and gets its share back.
+        store.heal("node-3");
+        until(Duration::from_secs(60), "node-3 rejoins", || {
+            let held = holders(&store);
+            let mut c: Vec<usize> = counts(&held).into_values().collect();
+            c.sort();
+            held.len() == SHARDS && c == vec![21, 21, 22] && running(&log) == held
+        })
+        .await;
+        assert_exactly_once(&log);
+    });
+}
+
+#[test]
+fn invalid_groups_fail_at_construction() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let lease = |owner: &'static str| {
+            let store = store.clone();
+            move |name: &str| store.lease(settings(name, owner))
+        };
+        let worker = |_: &ShardInfo, _: &mut Context<Worker>| -> Worker { unreachable!() };
+        let err = ShardedWorkers::new("", ["0"], lease("a"), worker)
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::EmptyGroup), "{err}");
+        let err = ShardedWorkers::new("g", Vec::<String>::new(), lease("a"), worker)
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::NoShards { .. }), "{err}");
+        for bad in [vec!["0", "0"], vec!["member-1"], vec![""]] {
+            let err = ShardedWorkers::new("g", bad.clone(), lease("a"), worker)
+                .err()
+                .unwrap();
+            assert!(
+                matches!(err, ShardedError::InvalidShard { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+        // A factory that mixes owners.
+        let store2 = store.clone();
+        let mixed = move |name: &str| {
+            let owner = if name.ends_with('1') { "b" } else { "a" };
+            store2.lease(settings(name, owner))
+        };
+        let err = ShardedWorkers::new("g", ["0", "1"], mixed, worker)
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::WrongLease { .. }), "{err}");
+        let err = ShardedWorkers::new("g", ["0"], lease("a"), worker)
+            .unwrap()
+            .settings(ShardedSettings {
+                max_handovers: 0,
+                ..ShardedSettings::default()
+            })
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::NoHandovers), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "invalid `max-handovers`: must be at least 1"
+        );
+    });
+}
