@@ -93,6 +93,7 @@ pub use memory::{
 pub use metrics::describe_metrics;
 pub use metrics::{
     MetricDescription, MetricKind, METRICS, RENEWAL_DURATION_BUCKETS, RENEWAL_MARGIN_BUCKETS,
+    SHARD_HANDOVER_BUCKETS,
 };
 pub use placement::{place, placement_score};
 pub use provider::{

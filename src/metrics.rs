@@ -48,6 +48,7 @@ impl MetricDescription {
         match self.name {
             RENEWAL_DURATION => Some(RENEWAL_DURATION_BUCKETS),
             RENEWAL_MARGIN => Some(RENEWAL_MARGIN_BUCKETS),
+            SHARD_HANDOVER => Some(SHARD_HANDOVER_BUCKETS),
             _ => None,
         }
     }
@@ -66,6 +67,13 @@ pub const RENEWAL_DURATION_BUCKETS: &[f64] = &[
 /// the default TTL of 30 s).
 pub const RENEWAL_MARGIN_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+
+/// Recommended buckets (upper bounds, seconds) of `actix_coordination_shard_handover_seconds`:
+/// from a round trip on the same host (a planned handover takes milliseconds) to past a TTL (a
+/// handover whose target never claimed the shard stops counting after one TTL).
+pub const SHARD_HANDOVER_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// `1` while this process holds the lease, `0` otherwise.
@@ -96,6 +104,13 @@ pub const SINGLETON_RESTARTS: &str = "actix_coordination_singleton_restarts_tota
 pub const COORDINATOR_ADMITTED: &str = "actix_coordination_coordinator_admitted_total";
 /// Requests a coordinator gate refused, by reason.
 pub const COORDINATOR_REFUSED: &str = "actix_coordination_coordinator_refused_total";
+
+/// Shards of a group whose tenure this node holds.
+pub const SHARDS_HELD: &str = "actix_coordination_shards_held";
+/// Shards this node stopped holding, by reason.
+pub const SHARD_MOVES: &str = "actix_coordination_shard_moves_total";
+/// How long a planned handover took, from its start to the shard seen held by another node.
+pub const SHARD_HANDOVER: &str = "actix_coordination_shard_handover_seconds";
 
 /// Every metric this crate emits with the feature `metrics`, through the
 /// [`metrics`](https://docs.rs/metrics) facade: the library only emits, the application installs
@@ -189,6 +204,24 @@ pub const METRICS: &[MetricDescription] = &[
         labels: &["lease", "reason"],
         help: "requests a coordinator gate refused; reason: not_held, tenure_ended, stopped, no_regions, queue_full, queue_timeout, ack_timeout",
     },
+    MetricDescription {
+        name: SHARDS_HELD,
+        kind: MetricKind::Gauge,
+        labels: &["group"],
+        help: "shards of a sharded-workers group whose tenure this node holds",
+    },
+    MetricDescription {
+        name: SHARD_MOVES,
+        kind: MetricKind::Counter,
+        labels: &["group", "reason"],
+        help: "shards this node stopped holding; reason: rebalance (handed over to its target), shutdown, lost (the tenure ended otherwise)",
+    },
+    MetricDescription {
+        name: SHARD_HANDOVER,
+        kind: MetricKind::Histogram,
+        labels: &["group"],
+        help: "seconds from the start of a planned handover to the shard seen held by its new node",
+    },
 ];
 
 /// Registers the unit and help text of every metric in [`METRICS`] with the installed recorder
@@ -241,6 +274,9 @@ pub(crate) const LOSS_REASONS: &[&str] = &[
 /// The `outcome` label values of `releases_total`.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) const RELEASE_OUTCOMES: &[&str] = &["released", "held_by_other", "error"];
+/// The `reason` label values of `shard_moves_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const SHARD_MOVE_REASONS: &[&str] = &["rebalance", "shutdown", "lost"];
 /// The `reason` label values of `singleton_stops_total`.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) const SINGLETON_STOP_REASONS: &[&str] = &["stopped", "stop_timeout"];
@@ -292,6 +328,33 @@ mod emit {
         for &reason in reasons {
             counter!(COORDINATOR_REFUSED, "lease" => lease(label), "reason" => reason).increment(0);
         }
+    }
+
+    /// Records every series of a new sharded-workers group at zero.
+    pub(crate) fn sharded_registered(group: &LeaseLabel) {
+        gauge!(SHARDS_HELD, "group" => lease(group)).increment(0.0);
+        for &reason in SHARD_MOVE_REASONS {
+            counter!(SHARD_MOVES, "group" => lease(group), "reason" => reason).increment(0);
+        }
+    }
+
+    /// Changes the `shards_held` gauge by `delta` (a change, as `lease_held`'s: several groups
+    /// of one name in one process add up).
+    pub(crate) fn shards_held(group: &LeaseLabel, delta: f64) {
+        let gauge = gauge!(SHARDS_HELD, "group" => lease(group));
+        if delta >= 0.0 {
+            gauge.increment(delta);
+        } else {
+            gauge.decrement(-delta);
+        }
+    }
+
+    pub(crate) fn shard_moved(group: &LeaseLabel, reason: &'static str, count: u64) {
+        counter!(SHARD_MOVES, "group" => lease(group), "reason" => reason).increment(count);
+    }
+
+    pub(crate) fn shard_handover(group: &LeaseLabel, took: Duration) {
+        histogram!(SHARD_HANDOVER, "group" => lease(group)).record(took.as_secs_f64());
     }
 
     pub(crate) fn held(label: &LeaseLabel, delta: f64) {
@@ -372,6 +435,14 @@ mod emit {
     #[inline(always)]
     pub(crate) fn coordinator_registered(_: &LeaseLabel, _: &[&'static str]) {}
     #[inline(always)]
+    pub(crate) fn sharded_registered(_: &LeaseLabel) {}
+
+    pub(crate) fn shards_held(_: &LeaseLabel, _: f64) {}
+
+    pub(crate) fn shard_moved(_: &LeaseLabel, _: &'static str, _: u64) {}
+
+    pub(crate) fn shard_handover(_: &LeaseLabel, _: Duration) {}
+
     pub(crate) fn held(_: &LeaseLabel, _: f64) {}
     #[inline(always)]
     pub(crate) fn acquire_attempt(_: &LeaseLabel, _: &'static str) {}

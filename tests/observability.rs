@@ -145,6 +145,10 @@ const ASSERTED: &[&str] = &[
     // coordinator_gate_metrics_count_admissions_and_refusals
     "actix_coordination_coordinator_admitted_total",
     "actix_coordination_coordinator_refused_total",
+    // sharded_metrics_count_holdings_moves_and_handovers
+    "actix_coordination_shards_held",
+    "actix_coordination_shard_moves_total",
+    "actix_coordination_shard_handover_seconds",
 ];
 
 /// The cells of every table row (`| a | b | ... |`) of the README's "Running in production".
@@ -853,4 +857,92 @@ async fn info_logs_tell_every_change_of_leadership_and_nothing_else() {
             "a renewal inside an operation's span: {line}"
         );
     }
+}
+
+/// A worker of a sharded group (does nothing).
+struct Part;
+
+impl Actor for Part {
+    type Context = Context<Self>;
+}
+
+/// `shards_held` follows what the group's nodes in this process hold, `shard_moves_total` counts
+/// every shard a node stopped holding by reason, and `shard_handover_seconds` times each planned
+/// handover; every series exists at zero from the start.
+#[actix_rt::test]
+async fn sharded_metrics_count_holdings_moves_and_handovers() {
+    use actix_coordination::{ShardInfo, ShardedWorkers, Shutdown};
+    let _turn = serial().await;
+    let before = Reading::now();
+    let group = "metrics-sharded";
+    let label = [("group", group)];
+    let moves = |reason: &'static str| [("group", group), ("reason", reason)];
+    let store = InMemoryStore::new();
+    let node = |owner: &'static str| {
+        let store = store.clone();
+        ShardedWorkers::with_count(
+            group,
+            4,
+            move |name: &str| store.lease(in_memory_settings(name, owner)),
+            |_: &ShardInfo, _: &mut Context<Part>| Part,
+        )
+        .unwrap()
+        .start()
+    };
+    let a = node("a");
+    // Registered at zero, before anything moved.
+    let totals = totals();
+    for reason in ["rebalance", "shutdown", "lost"] {
+        assert!(
+            totals.values.contains_key(&series(
+                "actix_coordination_shard_moves_total",
+                &moves(reason)
+            )),
+            "{reason}"
+        );
+    }
+    drop(totals);
+    wait_until(Duration::from_secs(10), || {
+        before.value("actix_coordination_shards_held", &label) == 4.0
+    })
+    .await;
+
+    // b joins: a hands two shards over, timed from their start to b's claim.
+    let b = node("b");
+    wait_until(Duration::from_secs(10), || {
+        before
+            .observations("actix_coordination_shard_handover_seconds", &label)
+            .len()
+            == 2
+    })
+    .await;
+    assert_eq!(
+        before.value("actix_coordination_shard_moves_total", &moves("rebalance")),
+        2.0
+    );
+    for took in before.observations("actix_coordination_shard_handover_seconds", &label) {
+        assert!(took >= 0.0 && took < 3.0, "{took}");
+    }
+    wait_until(Duration::from_secs(10), || {
+        before.value("actix_coordination_shards_held", &label) == 4.0
+    })
+    .await;
+
+    // a shuts down: its two shards count as moved on shutdown, and b holds all four.
+    assert!(a.send(Shutdown).await.unwrap().unwrap());
+    assert_eq!(
+        before.value("actix_coordination_shard_moves_total", &moves("shutdown")),
+        2.0
+    );
+    wait_until(Duration::from_secs(10), || {
+        before.value("actix_coordination_shards_held", &label) == 4.0
+            && store.holder(&format!("{group}-0")).as_deref() == Some("b")
+    })
+    .await;
+    assert_eq!(
+        before.value("actix_coordination_shard_moves_total", &moves("lost")),
+        0.0
+    );
+    assert!(b.send(Shutdown).await.unwrap().unwrap());
+    assert_eq!(before.value("actix_coordination_shards_held", &label), 0.0);
 }

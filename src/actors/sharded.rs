@@ -46,6 +46,7 @@ use super::singleton::{
 };
 use crate::group::{GroupError, GroupSnapshot, GroupWatch};
 use crate::lease::{FencingToken, Lease, LeaseError};
+use crate::metrics::{self, LeaseLabel};
 use crate::placement::place;
 use crate::settings::SettingsError;
 use crate::tenure::TenureGuard;
@@ -201,6 +202,8 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     manager: Option<Addr<ClusterSingletonManager<A, L>>>,
     /// What the manager was last told.
     eligible: bool,
+    /// Whether the tenure was alive at the last reconcile (to count moves).
+    was_held: bool,
 }
 
 /// Runs a group of numbered workers across the fleet, each exactly once; see the
@@ -248,6 +251,9 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     handing_over: HashMap<usize, Instant>,
     wake: Option<SpawnHandle>,
     shutting_down: bool,
+    label: LeaseLabel,
+    /// What the `shards_held` gauge was last moved to by this node.
+    held_reported: usize,
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
@@ -332,18 +338,22 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 lease,
                 manager: None,
                 eligible: false,
+                was_held: false,
             });
         }
         let node = built[0].lease.owner().to_owned();
         let member_prefix = format!("{group}-member-");
         let member_name = format!("{member_prefix}{node}");
         let member_lease = check(member_name.clone(), lease_for(&member_name))?;
+        let group_label = group.clone();
         let watch = member_lease
             .watch_group(&format!("{group}-"))
             .map_err(|source| ShardedError::Watch {
                 group: group.clone(),
                 source,
             })?;
+        let label = LeaseLabel::new(&group_label);
+        metrics::sharded_registered(&label);
         Ok(Self {
             group,
             node,
@@ -357,6 +367,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             handing_over: HashMap::new(),
             wake: None,
             shutting_down: false,
+            label,
+            held_reported: 0,
         })
     }
 
@@ -426,6 +438,15 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         (members, holders, targets)
     }
 
+    /// Moves the `shards_held` gauge to `held` for this node.
+    fn report_held(&mut self, held: usize) {
+        let delta = held as f64 - self.held_reported as f64;
+        if delta != 0.0 {
+            metrics::shards_held(&self.label, delta);
+        }
+        self.held_reported = held;
+    }
+
     fn set_eligible(&mut self, index: usize, eligible: bool) {
         let shard = &mut self.shards[index];
         if shard.eligible == eligible {
@@ -469,11 +490,31 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // Handovers in flight end when the shard is seen held by another node, or after a TTL.
         let node = &self.node;
         let shards = &self.shards;
+        let label = &self.label;
         self.handing_over.retain(|&index, since| {
             let taken = holders[index].as_ref().is_some_and(|h| h != node);
+            if taken {
+                metrics::shard_handover(label, now.saturating_duration_since(*since));
+            }
             let ttl = shards[index].lease.settings().ttl();
             !taken && now < *since + ttl
         });
+        // Count the shards this node stopped holding since the last look, and what it holds.
+        let mut held_now = 0;
+        for (index, shard) in self.shards.iter_mut().enumerate() {
+            let held = shard.lease.check_alive();
+            held_now += usize::from(held);
+            if shard.was_held && !held {
+                let reason = if self.handing_over.contains_key(&index) || !shard.eligible {
+                    "rebalance"
+                } else {
+                    "lost"
+                };
+                metrics::shard_moved(&self.label, reason, 1);
+            }
+            shard.was_held = held;
+        }
+        self.report_held(held_now);
         for index in candidates {
             if self.handing_over.len() >= self.settings.max_handovers {
                 break;
@@ -548,6 +589,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
         tracing::info!(group = %self.group, node = %self.node, shards = self.shards.len(), "sharded workers started");
         self.reconcile(ctx);
     }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.report_held(0);
+    }
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Reconcile> for ShardedWorkers<A, L> {
@@ -608,6 +653,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
 
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
         self.shutting_down = true;
+        let held = self.shards.iter().filter(|s| s.lease.check_alive()).count();
+        metrics::shard_moved(&self.label, "shutdown", held as u64);
+        self.report_held(0);
         let member = self.member.clone();
         let managers: Vec<_> = self
             .shards
