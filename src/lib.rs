@@ -134,12 +134,12 @@ pub use kubernetes::{
 pub mod prelude {
     pub use crate::{
         Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinationConfig,
-        FencingToken, GateError, GetFencingToken, GetSingleton, GetStatus, GetTenure, HealthCheck,
-        HostShard, InMemoryLease, InMemoryStore, Lease, LeaseActor, LeaseError, LeaseLost,
-        LeaseProvider, LeaseSettings, LostReason, RegisterRegion, Release, SetEligible,
-        ShardAllocation, ShardCoordinator, SharedLease, Shutdown, SingletonInfo, SingletonSettings,
-        SingletonState, SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard,
-        TenureWatch, UnsubscribeLeaseLost,
+        FencingToken, GateError, GetFencingToken, GetGroupView, GetShards, GetSingleton, GetStatus,
+        GetTenure, HealthCheck, HostShard, InMemoryLease, InMemoryStore, Lease, LeaseActor,
+        LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, RegisterRegion, Release,
+        SetEligible, ShardAllocation, ShardCoordinator, ShardInfo, ShardedWorkers, SharedLease,
+        Shutdown, SingletonInfo, SingletonSettings, SingletonState, SingletonStatus,
+        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     pub use crate::{AdminRoutes, GracefulShutdown};

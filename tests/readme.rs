@@ -35,6 +35,26 @@ impl Handler<LeaseLost> for MyActor {
     fn handle(&mut self, _: LeaseLost, _: &mut Context<Self>) {}
 }
 
+struct Partition {
+    id: String,
+    guard: TenureGuard,
+}
+impl Actor for Partition {
+    type Context = Context<Self>;
+}
+
+#[rustfmt::skip]
+async fn sharded(provider: LeaseProvider, pod_name: String) -> Result {
+// README block
+let workers = ShardedWorkers::from_provider(&provider, "ingest", "ingest", (0..64).map(|i| i.to_string()), &pod_name,
+    |shard: &ShardInfo, _ctx| Partition { id: shard.shard.clone(), guard: shard.guard.clone() })?
+    .start();
+let here = workers.send(GetShards).await?;          // the shards running on this node, with tokens
+let view = workers.send(GetGroupView).await?;       // members, holders and targets, from the watch
+// end of README block
+Ok(())
+}
+
 struct Region;
 impl Actor for Region {
     type Context = Context<Self>;

@@ -378,3 +378,83 @@ fn invalid_groups_fail_at_construction() {
         );
     });
 }
+
+/// The provider builds a group's leases from one configuration key (backend and timings), for
+/// each node's owner; an unknown key fails at construction, typed.
+#[test]
+fn the_provider_builds_a_group_from_configuration() {
+    use actix_coordination::{CoordinationConfig, LeaseProvider, SharedLease};
+    run_paused(async {
+        let config: CoordinationConfig = toml::from_str(
+            "[leases.ingest]\nbackend = \"in-memory\"\nttl = \"6s\"\nrenewal-interval = \"2s\"\n",
+        )
+        .unwrap();
+        let provider = LeaseProvider::new(config);
+        let log = Log::default();
+        let node = |owner: &str| -> Addr<ShardedWorkers<Worker, SharedLease>> {
+            let log = log.clone();
+            ShardedWorkers::from_provider(
+                &provider,
+                "ingest",
+                GROUP,
+                ["a", "b", "c", "d"],
+                owner,
+                move |shard: &ShardInfo, _: &mut Context<Worker>| {
+                    log.borrow_mut().push((
+                        Instant::now(),
+                        shard.shard.clone(),
+                        shard.owner.clone(),
+                        Event::Started {
+                            token: shard.fencing_token,
+                        },
+                    ));
+                    Worker {
+                        shard: shard.shard.clone(),
+                        node: shard.owner.clone(),
+                        log: log.clone(),
+                    }
+                },
+            )
+            .unwrap()
+            .start()
+        };
+        let (one, two) = (node("node-1"), node("node-2"));
+        let store = provider.in_memory_store().clone();
+        until(
+            Duration::from_secs(30),
+            "two nodes share four shards",
+            || {
+                let held: Vec<Option<String>> = ["a", "b", "c", "d"]
+                    .iter()
+                    .map(|s| store.holder(&format!("{GROUP}-{s}")))
+                    .collect();
+                held.iter().all(Option::is_some)
+                    && held
+                        .iter()
+                        .filter(|h| h.as_deref() == Some("node-1"))
+                        .count()
+                        == 2
+            },
+        )
+        .await;
+        let settings = provider
+            .get_lease(&format!("{GROUP}-a"), "ingest", "node-1")
+            .unwrap();
+        assert_eq!(actix_coordination::Lease::settings(&settings).ttl(), TTL);
+        assert_eq!(one.send(GetShards).await.unwrap().len(), 2);
+        assert_eq!(two.send(GetShards).await.unwrap().len(), 2);
+        assert_exactly_once(&log);
+
+        let err = ShardedWorkers::from_provider(
+            &provider,
+            "nope",
+            "g",
+            ["0"],
+            "node-1",
+            |_: &ShardInfo, _: &mut Context<Worker>| -> Worker { unreachable!() },
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(err, ShardedError::Provider { .. }), "{err}");
+    });
+}

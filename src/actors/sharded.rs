@@ -137,6 +137,15 @@ pub enum ShardedError {
     /// The shard settings are invalid.
     #[error("invalid shard settings")]
     Settings(#[source] SettingsError),
+    /// The provider could not build a lease of the group.
+    #[error("cannot build lease {lease:?} of the group from configuration")]
+    Provider {
+        /// The lease name.
+        lease: String,
+        /// Why.
+        #[source]
+        source: crate::provider::ProviderError,
+    },
     /// The backend cannot watch the group (membership needs it).
     #[error("cannot watch group {group:?}")]
     Watch {
@@ -538,6 +547,52 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let after = at.saturating_duration_since(now) + Duration::from_millis(1);
             self.wake = Some(ctx.run_later(after, |act, ctx| act.reconcile(ctx)));
         }
+    }
+}
+
+impl<A: Actor<Context = Context<A>>> ShardedWorkers<A, crate::shared::SharedLease> {
+    /// Builds the group's leases with `provider` from its configuration under `config_key` (the
+    /// backend, TTL and timings of every lease of the group), for `owner` (this node's identity,
+    /// for example the pod name); see [`new`](Self::new).
+    ///
+    /// # Errors
+    ///
+    /// [`ShardedError::Provider`] when the provider cannot build a lease (unknown key or backend,
+    /// invalid settings), and the errors of [`new`](Self::new).
+    pub fn from_provider(
+        provider: &crate::provider::LeaseProvider,
+        config_key: &str,
+        group: impl Into<String>,
+        shards: impl IntoIterator<Item = impl Into<String>>,
+        owner: &str,
+        factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
+    ) -> Result<Self, ShardedError> {
+        let group = group.into();
+        let ids: Vec<String> = shards.into_iter().map(Into::into).collect();
+        let mut names: Vec<String> = ids.iter().map(|id| format!("{group}-{id}")).collect();
+        names.push(format!("{group}-member-{owner}"));
+        let mut leases = HashMap::new();
+        for name in names {
+            let lease = provider
+                .get_lease(&name, config_key, owner)
+                .map_err(|source| ShardedError::Provider {
+                    lease: name.clone(),
+                    source,
+                })?;
+            leases.insert(name, lease);
+        }
+        let store = std::cell::RefCell::new(leases);
+        Self::new(
+            group,
+            ids,
+            |name: &str| {
+                store
+                    .borrow_mut()
+                    .remove(name)
+                    .expect("every lease of the group was built")
+            },
+            factory,
+        )
     }
 }
 
