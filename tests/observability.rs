@@ -406,10 +406,14 @@ async fn backend_requests_are_counted_by_verb_on_the_real_etcd_and_kube_apiserve
     let request = |backend: &'static str, verb: &'static str, o: &'static str| {
         [("backend", backend), ("verb", verb), ("outcome", o)]
     };
+    // A 2.5 s call bound: a first claim opens its session's connection (TLS included), which took
+    // more than the default (the renewal interval, 500 ms) in a fresh-clone CI run under load; a
+    // claim that timed out has an unknown outcome and would end the test.
     let settings = |name: &str, owner: &str| {
         LeaseSettings::builder(name, owner)
             .ttl(Duration::from_secs(6))
             .renewal_interval(Duration::from_millis(500))
+            .operation_timeout(Duration::from_millis(2500))
             .acquire_retries(0)
             .build()
             .unwrap()
