@@ -111,6 +111,19 @@ impl GroupSnapshot {
         Self { records, synced }
     }
 
+    /// For backend implementers: the records, to change in place. Sending a change of one record
+    /// costs O(log n), not a copy of the group, with
+    /// `sender.send_modify(|s| Arc::make_mut(s).records_mut().insert(..))`: the snapshot is copied
+    /// only while a reader still holds the previous one.
+    pub fn records_mut(&mut self) -> &mut BTreeMap<String, GroupRecord> {
+        &mut self.records
+    }
+
+    /// For backend implementers: marks whether the watch has listed the whole group.
+    pub fn set_synced(&mut self, synced: bool) {
+        self.synced = synced;
+    }
+
     /// Whether the watch has listed the whole group: before that, a missing record means nothing.
     pub fn is_synced(&self) -> bool {
         self.synced

@@ -74,7 +74,7 @@ pub use actors::{
     DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
-    GetGroupView, GetShards, GroupView, RunningShard, ShardInfo, ShardedError, ShardedSettings,
+    GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardRegion, ShardInfo, ShardedError, ShardedSettings,
     ShardedWorkers, DEFAULT_MAX_HANDOVERS,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
