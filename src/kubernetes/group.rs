@@ -160,10 +160,13 @@ impl Index {
         self.groups.retain(|g| g.id != id);
     }
 
-    /// The watch ended: every group watch ends (its receivers see the sender gone).
+    /// The watch ended: every group watch ends, its last snapshot not synced (its receivers see
+    /// the sender gone).
     pub(super) fn end(&mut self) {
         self.synced = false;
-        self.groups.clear();
+        for group in self.groups.drain(..) {
+            group.send(false);
+        }
     }
 
     /// Object `object` is `lease`, received at `at` (a change after the listing).
@@ -425,6 +428,7 @@ mod tests {
         let (_, mut ended) = index.subscribe("g-");
         ended.borrow_and_update();
         index.end();
+        assert!(!ended.borrow_and_update().is_synced(), "its last word");
         assert!(ended.changed().await.is_err(), "the watch ended");
     }
 }
