@@ -32,8 +32,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of};
-use super::watch::older;
+use super::record::{duration_of, holder_of, older};
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
 use crate::lease::FencingToken;

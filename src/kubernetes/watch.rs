@@ -66,6 +66,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::group::Index;
+use super::record::older;
 use super::KubernetesError;
 use crate::group::GroupWatch;
 
@@ -660,34 +661,9 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether `a` is an older `resourceVersion` than `b`. Versions are opaque to clients, but every
-/// API server backed by etcd writes etcd revisions; when either is not a number this says `false`
-/// (nothing is dropped, and a compare-and-swap catches a stale view).
-pub(super) fn older(a: &str, b: &str) -> bool {
-    match (a.parse::<u64>(), b.parse::<u64>()) {
-        (Ok(a), Ok(b)) => a < b,
-        _ => false,
-    }
-}
-
-/// Whether `a` is a newer `resourceVersion` than `b`, when both are numbers.
-pub(super) fn newer(a: &str, b: &str) -> bool {
-    older(b, a)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn versions_compare_only_as_numbers() {
-        assert!(older("9", "10"));
-        assert!(!older("10", "9"));
-        assert!(!older("10", "10"));
-        assert!(!older("x", "10"));
-        assert!(newer("11", "10"));
-        assert!(!newer("a", "b"));
-    }
 
     #[test]
     fn watch_requests_are_recognised() {
