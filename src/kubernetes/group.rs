@@ -10,8 +10,9 @@
 //! request): its lease name, `resourceVersion`, when this process first received that version,
 //! and the [`GroupRecord`] it makes: holder, fencing token (`leaseTransitions`, as a tenure's),
 //! and the expiry on this process's clock (first received + `leaseDurationSeconds`, as a contender
-//! judges a claim; `None` without a holder). A few hundred bytes per object, nothing of the object
-//! itself.
+//! judges a claim; `None` without a holder). Nothing of the object itself is kept. Without any
+//! group watch the index is still kept (a group watch started later needs it), whatever the
+//! namespace holds: give the leases a namespace of their own.
 //!
 //! An object counts as lease `L` only when it is `L`'s object: its name is
 //! [`object_name(L)`](super::object_name), where `L` is the annotation
@@ -40,8 +41,8 @@ use crate::lease::FencingToken;
 /// What the index keeps of one object.
 #[derive(Debug, Clone)]
 struct Seen {
-    /// The lease the object is the object of; `None` for one that belongs to no group.
-    lease: Option<String>,
+    /// The lease the object is the object of.
+    lease: LeaseOf,
     version: Option<String>,
     /// When this process first received `version`.
     first_seen: Instant,
@@ -69,7 +70,7 @@ impl Seen {
             .map(|t| FencingToken::new(t.max(0) as u64));
         let expires_at = holder.as_ref().map(|_| first_seen + duration_of(lease));
         Some(Seen {
-            lease: lease_name(object, lease),
+            lease: LeaseOf::of(object, lease),
             version,
             first_seen,
             record: GroupRecord::new(holder, token, expires_at),
@@ -77,26 +78,49 @@ impl Seen {
     }
 }
 
-/// The lease `lease` (named `object`) is the object of, if any (see the module docs).
-fn lease_name(object: &str, lease: &LeaseObject) -> Option<String> {
-    match lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(LEASE_NAME_ANNOTATION))
-    {
-        None => Some(object.to_owned()),
-        Some(name) if name == object || object_name(name) == object => Some(name.clone()),
-        Some(_) => None,
+/// The lease an object is the object of (see the module docs).
+#[derive(Debug, Clone)]
+enum LeaseOf {
+    /// The lease of the object's own name (most objects: kept once, as the index's key).
+    Object,
+    /// A lease whose name maps to the object's name.
+    Named(Box<str>),
+    /// None: the object belongs to no group.
+    Nothing,
+}
+
+impl LeaseOf {
+    /// What object `object`, `lease`, is the object of.
+    fn of(object: &str, lease: &LeaseObject) -> Self {
+        match lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEASE_NAME_ANNOTATION))
+        {
+            None => LeaseOf::Object,
+            Some(name) if name == object => LeaseOf::Object,
+            Some(name) if object_name(name) == object => LeaseOf::Named(name.as_str().into()),
+            Some(_) => LeaseOf::Nothing,
+        }
+    }
+
+    /// The lease name, for object `object`.
+    fn name<'a>(&'a self, object: &'a str) -> Option<&'a str> {
+        match self {
+            LeaseOf::Object => Some(object),
+            LeaseOf::Named(name) => Some(name),
+            LeaseOf::Nothing => None,
+        }
     }
 }
 
 /// The records of the group of `prefix` among `objects`.
 fn records_of(objects: &HashMap<String, Seen>, prefix: &str) -> BTreeMap<String, GroupRecord> {
     objects
-        .values()
-        .filter_map(|seen| {
-            let lease = seen.lease.as_deref()?;
+        .iter()
+        .filter_map(|(object, seen)| {
+            let lease = seen.lease.name(object)?;
             lease
                 .starts_with(prefix)
                 .then(|| (lease.to_owned(), seen.record.clone()))
@@ -229,8 +253,8 @@ impl Index {
     /// Updates the groups of `object`, which was `old` (if known) and is what the index has now.
     fn changed(&mut self, object: &str, old: Option<Seen>) {
         let new = self.objects.get(object);
-        let old_lease = old.as_ref().and_then(|o| o.lease.as_deref());
-        let new_lease = new.and_then(|n| n.lease.as_deref());
+        let old_lease = old.as_ref().and_then(|o| o.lease.name(object));
+        let new_lease = new.and_then(|n| n.lease.name(object));
         let mut closed = false;
         for group in &mut self.groups {
             let (was, is) = (group.contains(old_lease), group.contains(new_lease));

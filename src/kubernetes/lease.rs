@@ -83,14 +83,16 @@ use super::KubernetesSession;
 /// # Groups
 ///
 /// [`watch_group`](crate::Lease::watch_group) serves a group of leases (every object whose
-/// original lease name, the annotation [`KUBERNETES_LEASE_NAME_ANNOTATION`](crate::KUBERNETES_LEASE_NAME_ANNOTATION) or
-/// the object name for client-go's objects, starts with the prefix) from that same namespace
-/// watch, starting it if none runs: no request of its own (`a_group_watch_adds_no_request` in
-/// `tests/kubernetes_scale.rs`). The watch keeps a few hundred bytes per object of the namespace
-/// for it (lease name, version, holder, token, when this process first received the version); a
-/// record's expiry is that instant plus its `leaseDurationSeconds`, as a contender judges a
-/// claim. The watch runs while a group watch or a lease uses it; a group watch whose namespace
-/// watch ended with its runtime ends ([`GroupError::Ended`](crate::GroupError::Ended)).
+/// original lease name, the annotation
+/// [`KUBERNETES_LEASE_NAME_ANNOTATION`](crate::KUBERNETES_LEASE_NAME_ANNOTATION) or the object
+/// name for client-go's objects, starts with the prefix) from that same namespace watch, starting
+/// it if none runs: no request of its own (`a_group_watch_adds_no_request` in
+/// `tests/kubernetes_scale.rs`). For it the watch keeps a compact entry per object of the
+/// namespace (lease name, version, holder, token, when this process first received the version,
+/// not the object); a record's expiry is that instant plus its `leaseDurationSeconds`, as a
+/// contender judges a claim. The watch runs while a group watch or a lease uses it; a group
+/// watch whose namespace watch ended with its runtime ends
+/// ([`GroupError::Ended`](crate::GroupError::Ended)).
 ///
 /// # Releasing keeps the object
 ///
