@@ -1,31 +1,4 @@
 //! Watching a group of lease records at once: who is alive and who holds what, from one watch.
-//!
-//! A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
-//! leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
-//! remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
-//! share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
-//! into a picture of the group ("which node holds which shard"), for
-//! [`ShardedWorkers`](crate::ShardedWorkers) and for status pages.
-//!
-//! # Cost
-//!
-//! A backend serves a group from one list and one watch for the whole group, never from a request
-//! per record per interval: on Kubernetes the namespace watch its leases already share (the
-//! group is a filter over it, no request of its own); on etcd one watch on the key prefix; in
-//! memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
-//! the capability; a backend that lacks it answers [`GroupError::Unsupported`].
-//!
-//! # Races and time
-//!
-//! A snapshot is what this process observed, up to the watch's delay: it can lag the store, and
-//! two processes can see different snapshots for a moment. It is meant for placement and for
-//! pictures, never for exclusivity (the lease of each record arbitrates that).
-//!
-//! A record's expiry is judged as a contender judges a claim: from when *this process* observed
-//! the record's current version, on its own monotonic clock, plus the duration the record states
-//! ([`GroupRecord::expires_at`]); never from a timestamp another machine wrote. A record whose
-//! holder stopped renewing therefore drops out of [`GroupSnapshot::live_holder`] at its expiry
-//! without any event: a consumer that cares wakes at [`GroupSnapshot::next_expiry`].
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -156,7 +129,34 @@ impl GroupSnapshot {
     }
 }
 
-/// A running watch of a group of lease records; see the [module documentation](self).
+/// A running watch of a group of lease records.
+///
+/// A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
+/// leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
+/// remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
+/// share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
+/// into a picture of the group ("which node holds which shard"), for
+/// [`ShardedWorkers`](crate::ShardedWorkers) and for status pages.
+///
+/// # Cost
+///
+/// A backend serves a group from one list and one watch for the whole group, never from a request
+/// per record per interval: on Kubernetes the namespace watch its leases already share (the
+/// group is a filter over it, no request of its own); on etcd one watch on the key prefix; in
+/// memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
+/// the capability; a backend that lacks it answers [`GroupError::Unsupported`].
+///
+/// # Races and time
+///
+/// A snapshot is what this process observed, up to the watch's delay: it can lag the store, and
+/// two processes can see different snapshots for a moment. It is meant for placement and for
+/// pictures, never for exclusivity (the lease of each record arbitrates that).
+///
+/// A record's expiry is judged as a contender judges a claim: from when *this process* observed
+/// the record's current version, on its own monotonic clock, plus the duration the record states
+/// ([`GroupRecord::expires_at`]); never from a timestamp another machine wrote. A record whose
+/// holder stopped renewing therefore drops out of [`GroupSnapshot::live_holder`] at its expiry
+/// without any event: a consumer that cares wakes at [`GroupSnapshot::next_expiry`].
 ///
 /// Clones share the watch; it ends (its resources released) when the last clone and the
 /// backend's own handle are dropped.

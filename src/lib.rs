@@ -74,8 +74,8 @@ pub use actors::{
     DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
-    GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardRegion, ShardInfo, ShardedError, ShardedSettings,
-    ShardedWorkers, DEFAULT_MAX_HANDOVERS,
+    GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
+    ShardRegion, ShardedError, ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};

@@ -135,7 +135,10 @@ fn an_allocated_shard_runs_under_its_own_lease_with_its_token() {
         assert_eq!(record.holder.as_deref(), Some("node-a"));
         let hosted = a.send(GetHostedShards).await.unwrap();
         assert_eq!(hosted.len(), 1);
-        assert_eq!(hosted[0].fencing_token, record.token, "the shard lease's token");
+        assert_eq!(
+            hosted[0].fencing_token, record.token,
+            "the shard lease's token"
+        );
     });
 }
 
@@ -147,14 +150,20 @@ fn a_handed_off_shard_releases_its_lease_at_once() {
     run_paused(async {
         let store = InMemoryStore::new();
         let log = Log::default();
-        let (a, b) = (region(&store, "node-a", &log), region(&store, "node-b", &log));
+        let (a, b) = (
+            region(&store, "node-a", &log),
+            region(&store, "node-b", &log),
+        );
         a.send(HostShard {
             shard: "s1".into(),
             fencing_token: FencingToken::new(1),
         })
         .await
         .unwrap();
-        until(Duration::from_secs(5), "a runs s1", || running(&log, "node-a", "s1")).await;
+        until(Duration::from_secs(5), "a runs s1", || {
+            running(&log, "node-a", "s1")
+        })
+        .await;
         // b is told to host it too (a coordinator's new decision): it waits on the lease.
         b.send(HostShard {
             shard: "s1".into(),
@@ -163,13 +172,22 @@ fn a_handed_off_shard_releases_its_lease_at_once() {
         .await
         .unwrap();
         sleep(Duration::from_secs(1)).await;
-        assert!(!running(&log, "node-b", "s1"), "b runs nothing while a holds the lease");
+        assert!(
+            !running(&log, "node-b", "s1"),
+            "b runs nothing while a holds the lease"
+        );
 
         let handed = Instant::now();
         assert!(a.send(HandOffShard("s1".into())).await.unwrap().unwrap());
-        assert!(!running(&log, "node-a", "s1"), "a's entities stopped before the answer");
+        assert!(
+            !running(&log, "node-a", "s1"),
+            "a's entities stopped before the answer"
+        );
         assert_ne!(store.holder("entities-s1").as_deref(), Some("node-a"));
-        until(Duration::from_secs(5), "b runs s1", || running(&log, "node-b", "s1")).await;
+        until(Duration::from_secs(5), "b runs s1", || {
+            running(&log, "node-b", "s1")
+        })
+        .await;
         assert!(handed.elapsed() < TTL / 2, "b took {:?}", handed.elapsed());
         assert!(a.send(GetHostedShards).await.unwrap().is_empty());
         assert_never_twice(&log);

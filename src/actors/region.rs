@@ -1,21 +1,4 @@
-//! [`ShardRegion`]: the region side of coordinator-based sharding, with a lease per hosted shard
-//! (Akka Cluster Sharding's `use-lease`).
-//!
-//! A [`ShardCoordinator`](crate::ShardCoordinator) decides which region hosts a shard and tells
-//! it with [`HostShard`]. A coordinator's tenure guards its *decisions*; it cannot stop two regions
-//! from running one shard's entities at once when a region is partitioned away, paused, or slow
-//! to hand a shard off. A `ShardRegion` closes that gap: it starts a shard's entities only under
-//! the shard's own lease (`<prefix>-<shard>`), stops them when that lease's tenure ends (before any
-//! other node can take it), and releases the lease when the shard is handed off
-//! ([`HandOffShard`]) or the region stops. Each hosted shard is a
-//! [`ClusterSingletonManager`] inside, with every rule it keeps (the entities get the guard and
-//! fencing token, are stopped before the deadline and within `stop_timeout`, and the lease is
-//! released only after they stopped); while the shard stays hosted here, a lost lease is competed
-//! for again, and the entities start again under the new tenure.
-//!
-//! Akka shipped a bug where a handed-off shard never released its lease, so the next region
-//! waited a whole TTL (akka/akka#31715): here a handoff answers only once the lease is released
-//! (`a_handed_off_shard_releases_its_lease_at_once` in `tests/shard_region.rs`).
+//! [`ShardRegion`]: the region side of coordinator-based sharding, with a lease per hosted shard.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -48,7 +31,23 @@ struct Hosted<A: Actor<Context = Context<A>>, L: Lease> {
     manager: Addr<ClusterSingletonManager<A, L>>,
 }
 
-/// A region hosting shards under a lease per shard; see the [module documentation](self).
+/// A region hosting shards under a lease per shard (Akka Cluster Sharding's `use-lease`).
+///
+/// A [`ShardCoordinator`](crate::ShardCoordinator) decides which region hosts a shard and tells
+/// it with [`HostShard`]. A coordinator's tenure guards its *decisions*; it cannot stop two regions
+/// from running one shard's entities at once when a region is partitioned away, paused, or slow
+/// to hand a shard off. A `ShardRegion` closes that gap: it starts a shard's entities only under
+/// the shard's own lease (`<prefix>-<shard>`), stops them when that lease's tenure ends (before any
+/// other node can take it), and releases the lease when the shard is handed off
+/// ([`HandOffShard`]) or the region stops. Each hosted shard is a
+/// [`ClusterSingletonManager`] inside, with every rule it keeps (the entities get the guard and
+/// fencing token, are stopped before the deadline and within `stop_timeout`, and the lease is
+/// released only after they stopped); while the shard stays hosted here, a lost lease is competed
+/// for again, and the entities start again under the new tenure.
+///
+/// Akka shipped a bug where a handed-off shard never released its lease, so the next region
+/// waited a whole TTL (akka/akka#31715): here a handoff answers only once the lease is released
+/// (`a_handed_off_shard_releases_its_lease_at_once` in `tests/shard_region.rs`).
 ///
 /// # Example
 ///
@@ -192,11 +191,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<HandOffShard> for ShardRe
         };
         let prefix = self.prefix.clone();
         Box::pin(async move {
-            let released = hosted
-                .manager
-                .send(Shutdown)
-                .await
-                .unwrap_or(Ok(true));
+            let released = hosted.manager.send(Shutdown).await.unwrap_or(Ok(true));
             tracing::info!(%prefix, %shard, ?released, "shard handed off");
             released
         })

@@ -1,36 +1,4 @@
-//! [`ShardedWorkers`]: run N numbered workers across a fleet, each exactly once, spread evenly
-//! over the live nodes (Akka's Sharded Daemon Process, on leases).
-//!
-//! # The model
-//!
-//! * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
-//!   the worker of a shard only under that lease's tenure, with every rule of
-//!   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
-//!   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
-//!   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
-//!   the lease's, whatever the nodes believe about each other.
-//! * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
-//!   long as it runs; the live members are the holders of the member leases whose claims have not
-//!   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
-//!   per member per interval). A node that crashes drops out when its member lease expires; a node
-//!   shutting down releases its member lease first.
-//! * **Placement without a coordinator.** Every node computes the same targets from the same
-//!   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
-//!   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
-//!   watch wakes it, no polling) and hands over a shard whose target is another live node: it
-//!   stops the worker and releases the lease, and the target, already waiting, claims it within a
-//!   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
-//!   once (released and not yet seen claimed by their target), so a join never empties a node at
-//!   once.
-//! * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
-//!   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
-//!   waits until the views agree).
-//!
-//! # Shutdown
-//!
-//! [`Shutdown`] releases the member lease first (the others re-target this node's shards and
-//! start waiting for them), then shuts every shard down (the worker stops, then its lease is
-//! released, and the waiting target claims it at once).
+//! [`ShardedWorkers`]: N numbered workers across a fleet, each exactly once, spread evenly over the live nodes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
@@ -215,8 +183,39 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     was_held: bool,
 }
 
-/// Runs a group of numbered workers across the fleet, each exactly once; see the
-/// [module documentation](self).
+/// Runs a group of numbered workers across the fleet, each exactly once, spread evenly over the
+/// live nodes (Akka's Sharded Daemon Process, on leases).
+///
+/// # The model
+///
+/// * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
+///   the worker of a shard only under that lease's tenure, with every rule of
+///   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
+///   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
+///   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
+///   the lease's, whatever the nodes believe about each other.
+/// * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
+///   long as it runs; the live members are the holders of the member leases whose claims have not
+///   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
+///   per member per interval). A node that crashes drops out when its member lease expires; a node
+///   shutting down releases its member lease first.
+/// * **Placement without a coordinator.** Every node computes the same targets from the same
+///   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
+///   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
+///   watch wakes it, no polling) and hands over a shard whose target is another live node: it
+///   stops the worker and releases the lease, and the target, already waiting, claims it within a
+///   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
+///   once (released and not yet seen claimed by their target), so a join never empties a node at
+///   once.
+/// * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
+///   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
+///   waits until the views agree).
+///
+/// # Shutdown
+///
+/// [`Shutdown`] releases the member lease first (the others re-target this node's shards and
+/// start waiting for them), then shuts every shard down (the worker stops, then its lease is
+/// released, and the waiting target claims it at once).
 ///
 /// # Example
 ///
