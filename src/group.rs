@@ -107,6 +107,20 @@ impl GroupSnapshot {
         &self.records
     }
 
+    /// The records whose lease names start with `prefix`, in name order (a range of the map, not
+    /// a scan of the group).
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a GroupRecord)> + 'a {
+        self.records
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(move |(name, _)| name.starts_with(prefix))
+    }
+
     /// The record of lease `name`.
     pub fn get(&self, name: &str) -> Option<&GroupRecord> {
         self.records.get(name)
@@ -252,6 +266,10 @@ mod tests {
         assert_eq!(snapshot.live_holder("g-1", now + ttl * 100), Some("b"));
         assert_eq!(snapshot.live_holder("g-2", now), None);
         assert_eq!(snapshot.live_holder("g-3", now), None);
+        assert_eq!(snapshot.with_prefix("g-").count(), 3);
+        let names: Vec<&String> = snapshot.with_prefix("g-1").map(|(n, _)| n).collect();
+        assert_eq!(names, ["g-1"]);
+        assert_eq!(snapshot.with_prefix("h").count(), 0);
         assert_eq!(snapshot.next_expiry(now), Some(now + ttl));
         assert_eq!(snapshot.next_expiry(now + ttl), None);
     }

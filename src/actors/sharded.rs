@@ -262,7 +262,12 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
+    /// The last placement: its members, holders and targets.
+    placed: Option<Placement>,
 }
+
+/// Members, holders per shard, and the target (an index into the members) per shard.
+type Placement = (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>);
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Shards `"0"` to `count - 1` of `group`; see [`new`](Self::new).
@@ -377,6 +382,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             shutting_down: false,
             label,
             held_reported: 0,
+            placed: None,
         })
     }
 
@@ -403,15 +409,17 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     }
 
     /// The live members, holders and targets of the current view.
+    ///
+    /// The targets are computed again only when the members or the holders changed: a group
+    /// watch delivers every renewal of every record (on Kubernetes a renewal is a write), and
+    /// those change neither.
     fn view(
-        &self,
+        &mut self,
         snapshot: &GroupSnapshot,
         now: Instant,
     ) -> (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>) {
         let mut members: BTreeSet<String> = snapshot
-            .records()
-            .iter()
-            .filter(|(name, _)| name.starts_with(&self.member_prefix))
+            .with_prefix(&self.member_prefix)
             .filter_map(|(_, record)| record.live_holder(now).map(str::to_owned))
             .collect();
         // This node's own membership is what its member lease says now (the view may lag).
@@ -435,6 +443,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     .map(str::to_owned)
             })
             .collect();
+        if let Some((m, h, targets)) = &self.placed {
+            if *m == members && *h == holders {
+                return (members, holders, targets.clone());
+            }
+        }
         let by_id: HashMap<&str, &str> = self
             .shards
             .iter()
@@ -443,6 +456,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect();
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
         let targets = place(&ids, &members, |id| by_id.get(id).copied());
+        self.placed = Some((members.clone(), holders.clone(), targets.clone()));
         (members, holders, targets)
     }
 
