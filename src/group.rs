@@ -156,8 +156,9 @@ impl GroupSnapshot {
 ///
 /// A backend serves a group from one list and one watch for the whole group, never from a request
 /// per record per interval: on Kubernetes the namespace watch its leases already share (the
-/// group is a filter over it, no request of its own); on etcd one watch on the key prefix; in
-/// memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
+/// group is a filter over it, no request of its own); on etcd one range and one watch on the key
+/// prefix per group and session, shared by every watch of the group (etcd deletes a record with
+/// its holder's etcd lease, so its records carry no expiry); in memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
 /// the capability; a backend that lacks it answers [`GroupError::Unsupported`].
 ///
 /// # Races and time

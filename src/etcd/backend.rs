@@ -13,8 +13,9 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
 use super::watch::HubEvent;
-use super::{observe, observe_txn, EtcdError, EtcdSession};
+use super::{observe, observe_txn, token_of, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
@@ -584,10 +585,6 @@ impl EtcdBackend {
     }
 }
 
-fn token_of(revision: i64) -> FencingToken {
-    FencingToken::new(revision.unsigned_abs())
-}
-
 fn header_revision(response: &TxnResponse, operation: &'static str) -> Result<i64, EtcdError> {
     response
         .header()
@@ -927,6 +924,13 @@ impl LeaseBackend for EtcdBackend {
                 .map_err(|e| EtcdError::from_client("remove an unanswered claim", 0, e))?;
         }
         Ok(())
+    }
+
+    /// One range and one watch on the key prefix `<session prefix><prefix>`, shared by every
+    /// group watch of that prefix on the session and run on the session's own thread (so it
+    /// needs no runtime of the caller's); see [`EtcdLease`](super::EtcdLease), "Group watches".
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        self.inner().watch_group(prefix)
     }
 
     fn notifies_changes(&self) -> bool {

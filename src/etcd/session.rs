@@ -37,8 +37,10 @@ use tokio::sync::{watch, Notify, OnceCell};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
+use super::group::{GroupFeeds, GroupSource};
 use super::watch::{WatchHandle, WatchHub};
 use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
+use crate::group::{GroupError, GroupWatch};
 use crate::managed::ManagedLease;
 use crate::metrics;
 use crate::settings::LeaseSettings;
@@ -76,6 +78,8 @@ pub(super) struct SessionInner {
     client: OnceCell<Client>,
     runtime: SessionRuntime,
     hub: OnceLock<WatchHub>,
+    /// One feed per group prefix, shared by every group watch of that prefix.
+    groups: GroupFeeds,
     /// The current grant per TTL (in whole seconds), and one gate per TTL that lets one grant
     /// request at a time go out. Never held across an await.
     grants: Mutex<Grants>,
@@ -159,6 +163,7 @@ impl EtcdSession {
                 client: OnceCell::new(),
                 runtime: SessionRuntime::start(),
                 hub: OnceLock::new(),
+                groups: GroupFeeds::default(),
                 grants: Mutex::new(Grants::default()),
                 next_user: AtomicU64::new(0),
                 keep_alives: AtomicU64::new(0),
@@ -285,6 +290,23 @@ impl SessionInner {
         self.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A watch of the group of leases whose names start with `group`: a new subscriber of the
+    /// session's feed of that group, or a new feed on the session's runtime (see
+    /// [`super::group`]).
+    pub(super) fn watch_group(self: &Arc<Self>, group: &str) -> Result<GroupWatch, GroupError> {
+        let runtime = self
+            .runtime()
+            .map_err(|error| GroupError::Backend(Arc::new(Box::new(error))))?;
+        let source: Weak<Self> = Arc::downgrade(self);
+        self.groups.watch(
+            runtime,
+            source,
+            group,
+            self.settings.key(group),
+            self.settings.prefix().len(),
+        )
+    }
+
     /// The session's runtime.
     fn runtime(&self) -> Result<&Handle, EtcdError> {
         self.runtime
@@ -313,9 +335,14 @@ impl SessionInner {
         start_revision: i64,
         deletes_only: bool,
     ) -> Result<WatchHandle, EtcdError> {
+        Ok(self.hub().await?.watch(key, start_revision, deletes_only))
+    }
+
+    /// The session's watch hub, started on first use.
+    async fn hub(&self) -> Result<&WatchHub, EtcdError> {
         let client = self.client().await?;
         let runtime = self.runtime()?;
-        let hub = self.hub.get_or_init(|| {
+        Ok(self.hub.get_or_init(|| {
             let hub = WatchHub::start(
                 runtime,
                 client.watch_client(),
@@ -325,8 +352,7 @@ impl SessionInner {
                 hub.suspend(true);
             }
             hub
-        });
-        Ok(hub.watch(key, start_revision, deletes_only))
+        }))
     }
 
     /// Whether a claim with `settings.ttl()` would find a usable etcd lease to attach to (no
@@ -413,6 +439,24 @@ impl SessionInner {
         grant
             .usable(Instant::now())
             .then(|| Grant::register(grant, user, timing))
+    }
+}
+
+impl GroupSource for SessionInner {
+    async fn client(&self) -> Result<Client, EtcdError> {
+        SessionInner::client(self).await
+    }
+
+    fn io_timeout(&self) -> Duration {
+        self.settings.connect_timeout()
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        start_revision: i64,
+    ) -> Result<WatchHandle, EtcdError> {
+        Ok(self.hub().await?.watch_prefix(prefix, start_revision))
     }
 }
 
