@@ -2,7 +2,8 @@
 //! README says (health, readiness, Prometheus metrics with bucketed histograms, leases, the job),
 //! SIGTERM releases the lease before the HTTP server stops, and two instances on one lease, on the
 //! real etcd and on the real kube-apiserver, have exactly one leader, which a SIGTERM moves to the
-//! other faster than the TTL (a release, not an expiry).
+//! other faster than the TTL (a release, not an expiry), also when the release is slowed well
+//! past the HTTP server's own shutdown (requests through a proxy that delays them).
 
 mod common;
 
@@ -60,6 +61,18 @@ impl Service {
         lease: &str,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_with(dir, owner, config, lease, env, &[]).await
+    }
+
+    /// [`Service::start`] with more arguments.
+    async fn start_with(
+        dir: &Path,
+        owner: &str,
+        config: &Path,
+        lease: &str,
+        env: &[(&str, &str)],
+        more: &[&str],
+    ) -> Self {
         let port = free_port();
         let log = dir.join(format!("{owner}.log"));
         let out = std::fs::File::create(&log).unwrap();
@@ -73,6 +86,7 @@ impl Service {
                 owner,
             ])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(more)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(out.try_clone().unwrap())
@@ -208,6 +222,23 @@ fn bucket_count(text: &str, name: &str, lease: &str, le: &str) -> Option<u64> {
     text.lines()
         .find_map(|line| line.strip_prefix(&series))
         .and_then(|count| count.trim().parse().ok())
+}
+
+/// The time (seconds since the Unix epoch) of the first line containing `text` in `log`, from
+/// the `fmt` subscriber's RFC 3339 timestamp (`2026-11-26T05:55:22.831206Z`).
+fn time_of(log: &str, text: &str) -> f64 {
+    let line = &log.lines().collect::<Vec<_>>()[line_of(log, text)];
+    let stamp = line.split_whitespace().next().unwrap();
+    let field = |range: std::ops::Range<usize>| -> i64 { stamp[range].parse().unwrap() };
+    let (y, m, d) = (field(0..4), field(5..7), field(8..10));
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let seconds: f64 = stamp[17..stamp.len() - 1].parse().unwrap();
+    (days * 86_400 + field(11..13) * 3600 + field(14..16) * 60) as f64 + seconds
 }
 
 /// The position of the first line containing `text` in `log`.
@@ -429,4 +460,228 @@ async fn two_instances_on_kubernetes_have_one_leader_and_sigterm_moves_it() {
         &[("POD_NAMESPACE", env.namespace.as_str())],
     )
     .await;
+}
+
+/// How long the leader's release is slowed: every request it sends reaches the store this much
+/// later, far past the HTTP server's own shutdown (a few milliseconds with no request in flight).
+const SLOW_RELEASE: Duration = Duration::from_secs(2);
+
+/// The TTL of the slow-release tests: long enough for an operation timeout (5 s) that a release
+/// slowed by [`SLOW_RELEASE`] fits in (`renewal-interval + 2 × operation-timeout ≤ ttl - margin`).
+const TTL_SLOW: Duration = Duration::from_secs(15);
+
+/// Two services on one lease, the leader `node-a` through `proxy` (`config_a`), the follower
+/// `node-b` directly (`config_b`). Once `node-a` leads, every request it sends is delayed by
+/// [`SLOW_RELEASE`]; SIGTERM to it: the job stops, the lease is released (which takes the delay),
+/// and only then does the HTTP server stop, and the process exits 0; `node-b` leads right after
+/// the release, faster than the TTL (prints the measured takeover).
+async fn a_slow_release_completes_before_the_server_stops(
+    dir: &Path,
+    (config_a, config_b): (&Path, &Path),
+    proxy: &common::proxy::FaultProxy,
+    lease: &str,
+    ttl: Duration,
+    env: &[(&str, &str)],
+) {
+    let mut a = Service::start(dir, "node-a", config_a, lease, env).await;
+    let first = until(
+        Duration::from_secs(20),
+        || a.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    let b = Service::start(dir, "node-b", config_b, lease, env).await;
+    until(
+        Duration::from_secs(20),
+        || b.lease(lease),
+        |r| r["holder"] == "node-a",
+    )
+    .await;
+
+    proxy.set_mode(common::proxy::ProxyMode::SlowRequests(SLOW_RELEASE));
+    let signalled = Instant::now();
+    a.terminate().await;
+    let leader = until(
+        Duration::from_secs(30),
+        || b.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    let took = signalled.elapsed();
+    assert!(
+        took < ttl,
+        "b took over {took:?} after the SIGTERM: not faster than the TTL {ttl:?}"
+    );
+    assert!(
+        leader["fencing_token"].as_u64().unwrap() > first["fencing_token"].as_u64().unwrap(),
+        "{first} then {leader}"
+    );
+
+    // In a's log: the job stopped, the lease was released (which took the delay, by
+    // construction), and only then did the HTTP server stop.
+    let log = a.log_text();
+    let stopped = line_of(&log, "job stopped");
+    let released = line_of(&log, "lease released");
+    let server_stopped = line_of(&log, "http server stopped");
+    assert!(stopped < released && released < server_stopped, "{log}");
+    assert!(log.contains("released=true"), "{log}");
+    let requested = time_of(&log, "termination requested");
+    let release_took = time_of(&log, "lease released") - requested;
+    assert!(
+        release_took >= SLOW_RELEASE.as_secs_f64(),
+        "the release was not slowed ({release_took} s): {log}"
+    );
+    // What the numbers were (not asserted: timings belong in benches).
+    let server_took =
+        time_of(&log, "http server stopped") - time_of(&log, "shutdown: lease released");
+    let b_log = b.log_text();
+    let acquired_after_a = b_log
+        .lines()
+        .filter(|l| l.contains("lease acquired"))
+        .last()
+        .map(|l| time_of(l, "lease acquired"))
+        .unwrap_or_else(|| panic!("b never logged an acquisition: {b_log}"));
+    let takeover = acquired_after_a - time_of(&log, "lease released");
+    eprintln!(
+        "measured: release {:.0} ms (slowed by {SLOW_RELEASE:?}), http server stop after it {:.1} ms, \
+         takeover by node-b {:.1} ms after node-a logged the release, {took:?} after the SIGTERM",
+        release_took * 1e3,
+        server_took * 1e3,
+        takeover * 1e3
+    );
+    drop(b);
+}
+
+/// The configuration of the slow-release tests on etcd, in `dir`: `(through proxy, direct)`.
+fn slow_release_etcd_configs(dir: &Path, proxy: &common::proxy::FaultProxy) -> (PathBuf, PathBuf) {
+    let endpoint = common::etcd::endpoint();
+    let prefix = common::etcd::unique_prefix("web-slow-release");
+    let config = |endpoint: &str, name: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[leases.singleton]\nbackend = \"etcd\"\nttl = \"15s\"\nrenewal-interval = \"2s\"\n\
+                 operation-timeout = \"5s\"\n\n[leases.singleton.etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"{prefix}\"\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    (
+        config(&format!("http://{}", proxy.addr()), "a.toml"),
+        config(&endpoint, "b.toml"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_a_release_slower_than_the_server_shutdown_completes_before_exit() {
+    let dir = scratch("etcd-slow-release");
+    let proxy =
+        common::proxy::FaultProxy::start(common::etcd::socket_addr(&common::etcd::endpoint()))
+            .await;
+    let (through_proxy, direct) = slow_release_etcd_configs(&dir, &proxy);
+    a_slow_release_completes_before_the_server_stops(
+        &dir,
+        (&through_proxy, &direct),
+        &proxy,
+        "web-slow-release",
+        TTL_SLOW,
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kubernetes_a_release_slower_than_the_server_shutdown_completes_before_exit() {
+    let env = common::k8s::env();
+    let dir = scratch("kubernetes-slow-release");
+    let proxy = common::proxy::FaultProxy::start(env.upstream).await;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &env.token).unwrap();
+    let config = |url: &str, name: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[leases.singleton]\nbackend = \"kubernetes\"\nttl = \"15s\"\nrenewal-interval = \"2s\"\n\
+                 operation-timeout = \"5s\"\n\n[leases.singleton.kubernetes]\napi-url = \"{url}\"\n\
+                 token-file = \"{}\"\nca-file = \"{}\"\n",
+                token_file.display(),
+                env.ca.display()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let through_proxy = config(&format!("https://{}", proxy.addr()), "a.toml");
+    let direct = config(&env.url, "b.toml");
+    let lease = common::k8s::unique("web-slow-release");
+    a_slow_release_completes_before_the_server_stops(
+        &dir,
+        (&through_proxy, &direct),
+        &proxy,
+        &lease,
+        TTL_SLOW,
+        &[("POD_NAMESPACE", env.namespace.as_str())],
+    )
+    .await;
+}
+
+/// For comparison, the same setup on etcd without the helper (the example's `--shutdown`,
+/// `actix-web` or `both`, as the README's "In an actix-web service" describes): SIGTERM stops the
+/// HTTP server, `main` returns and the process exits 0, but the lease is not released (with
+/// `both`, the manager's release is still on its way when `main` returns and is dropped with
+/// it): the store still names the old holder, and the follower leads only once the record has
+/// expired, not sooner than half the TTL after the SIGTERM.
+async fn without_the_helper_the_lease_is_not_released(mode: &str) {
+    let dir = scratch(&format!("etcd-without-helper-{mode}"));
+    let proxy =
+        common::proxy::FaultProxy::start(common::etcd::socket_addr(&common::etcd::endpoint()))
+            .await;
+    let (config_a, config_b) = slow_release_etcd_configs(&dir, &proxy);
+    let lease = "web-without-helper";
+    let mut a =
+        Service::start_with(&dir, "node-a", &config_a, lease, &[], &["--shutdown", mode]).await;
+    until(
+        Duration::from_secs(20),
+        || a.lease(lease),
+        |r| r["held"] == true,
+    )
+    .await;
+    let b = Service::start(&dir, "node-b", &config_b, lease, &[]).await;
+    until(
+        Duration::from_secs(20),
+        || b.lease(lease),
+        |r| r["holder"] == "node-a",
+    )
+    .await;
+
+    proxy.set_mode(common::proxy::ProxyMode::SlowRequests(SLOW_RELEASE));
+    let signalled = Instant::now();
+    a.terminate().await;
+    let log = a.log_text();
+    assert!(log.contains("http server stopped"), "{log}");
+    assert!(!log.contains("lease released"), "{log}");
+    let follower = b.lease(lease).await;
+    assert_eq!(follower["holder"], "node-a", "{follower}");
+    assert_eq!(follower["held"], false, "{follower}");
+    until(TTL_SLOW * 3, || b.lease(lease), |r| r["held"] == true).await;
+    let took = signalled.elapsed();
+    assert!(
+        took >= TTL_SLOW / 2,
+        "b took over {took:?} after the SIGTERM: a release, not an expiry"
+    );
+    eprintln!("measured ({mode}): takeover {took:?} after the SIGTERM (TTL {TTL_SLOW:?})\n{log}");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_helper_actix_web_alone_never_releases() {
+    without_the_helper_the_lease_is_not_released("actix-web").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_helper_handle_signals_drops_a_slow_release_when_main_returns() {
+    without_the_helper_the_lease_is_not_released("both").await;
 }
