@@ -685,3 +685,232 @@ async fn without_the_helper_actix_web_alone_never_releases() {
 async fn without_the_helper_handle_signals_drops_a_slow_release_when_main_returns() {
     without_the_helper_the_lease_is_not_released("both").await;
 }
+
+/// The alert expressions of the README: the ```promql block after "Useful alerts", one
+/// expression a line (`#` lines are comments).
+fn readme_alerts() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let (_, after) = readme
+        .split_once("Useful alerts")
+        .expect("README: \"Useful alerts\"");
+    let (_, block) = after
+        .split_once("```promql\n")
+        .expect("README: a ```promql block after \"Useful alerts\"");
+    let (block, _) = block.split_once("```").unwrap();
+    let alerts: Vec<String> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    assert!(alerts.len() >= 4, "{alerts:?}");
+    alerts
+}
+
+/// One series an alert expression reads: the metric name, the function applied to it
+/// (`rate`, `increase`, or none), and the labels the aggregation around it keeps.
+#[derive(Debug)]
+struct Read {
+    metric: String,
+    function: Option<String>,
+    by: Vec<String>,
+}
+
+/// The series `expr` reads, checking its shape on the way: balanced parentheses, only the
+/// functions and aggregations the checks below know, a range on every `rate`/`increase`, and
+/// `histogram_quantile` over the `rate` of a `_bucket` series summed by `le`.
+fn reads(expr: &str) -> Vec<Read> {
+    let mut depth = 0i32;
+    for c in expr.chars() {
+        depth += match c {
+            '(' => 1,
+            ')' => -1,
+            _ => 0,
+        };
+        assert!(depth >= 0, "unbalanced: {expr}");
+    }
+    assert_eq!(depth, 0, "unbalanced: {expr}");
+    let words: Vec<&str> = expr
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.chars().next().is_some_and(|c| c.is_ascii_alphabetic()))
+        .collect();
+    for word in &words {
+        assert!(
+            word.starts_with("actix_coordination_")
+                || [
+                    "sum",
+                    "by",
+                    "rate",
+                    "increase",
+                    "histogram_quantile",
+                    "le",
+                    "lease"
+                ]
+                .contains(word),
+            "{word:?} in {expr}: not a function, aggregation, label or metric these checks know"
+        );
+    }
+    let by: Vec<String> = expr
+        .split("by (")
+        .skip(1)
+        .flat_map(|rest| rest.split_once(')').unwrap().0.split(','))
+        .map(|l| l.trim().to_owned())
+        .collect();
+    let mut found = Vec::new();
+    for (at, _) in expr.match_indices("actix_coordination_") {
+        let metric: String = expr[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let before = expr[..at].trim_end_matches('(');
+        let function = ["rate", "increase"]
+            .into_iter()
+            .find(|f| before.ends_with(f))
+            .map(str::to_owned);
+        if function.is_some() {
+            let rest = &expr[at + metric.len()..];
+            assert!(
+                rest.starts_with('[') && rest.contains("m])"),
+                "{metric}: a range vector in {expr}"
+            );
+        }
+        if metric.ends_with("_bucket") {
+            assert!(
+                expr.starts_with("histogram_quantile(") && function.as_deref() == Some("rate"),
+                "{metric}: histogram_quantile over rate() in {expr}"
+            );
+            assert!(by.iter().any(|l| l == "le"), "{expr} keeps le");
+        }
+        found.push(Read {
+            metric,
+            function,
+            by: by.clone(),
+        });
+    }
+    assert!(!found.is_empty(), "{expr} reads no metric of the crate");
+    found
+}
+
+/// Checks every series `alerts` read against a Prometheus text exposition: it exists, with the
+/// `# TYPE` its use needs and the labels it is summed by.
+fn check_alerts_against(alerts: &[String], text: &str, stage: &str) {
+    for expr in alerts {
+        for read in reads(expr) {
+            let (family, kind) = match read.metric.strip_suffix("_bucket") {
+                Some(base) => (base.to_owned(), "histogram"),
+                None if read.function.is_some() => (read.metric.clone(), "counter"),
+                None => (read.metric.clone(), "gauge"),
+            };
+            assert!(
+                text.contains(&format!("\n# TYPE {family} {kind}\n")),
+                "{stage}: {expr}: no `# TYPE {family} {kind}`:\n{text}"
+            );
+            let samples: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{}{{", read.metric)))
+                .collect();
+            assert!(
+                !samples.is_empty(),
+                "{stage}: {expr}: no {} series:\n{text}",
+                read.metric
+            );
+            for sample in &samples {
+                for label in &read.by {
+                    assert!(
+                        sample.contains(&format!("{label}=\"")),
+                        "{stage}: {expr}: {sample} has no label {label}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The sum of the samples of `metric` with `label` in a Prometheus text exposition.
+fn sum_of(text: &str, metric: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The README's alert expressions against the example's real `/metrics` on etcd: before any
+/// replica could lead (the store unreachable through a proxy that resets every connection),
+/// while it leads, and after a loss (its key deleted): each time every series each expression
+/// reads exists, with its type and the labels it sums by; `lease_held` is 0, then 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_alerts_read_series_that_exist_before_a_leader_while_leading_and_after_a_loss() {
+    let alerts = readme_alerts();
+    let dir = scratch("alerts");
+    let endpoint = common::etcd::endpoint();
+    let proxy = common::proxy::FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    proxy.set_mode(common::proxy::ProxyMode::Reset);
+    let prefix = common::etcd::unique_prefix("web-alerts");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[leases.singleton]\nbackend = \"etcd\"\nttl = \"10s\"\nrenewal-interval = \"1s\"\n\n\
+             [leases.singleton.etcd]\nendpoints = [\"http://{}\"]\nprefix = \"{prefix}\"\n",
+            proxy.addr()
+        ),
+    )
+    .unwrap();
+    let lease = "web-alerts";
+    let held = format!("lease=\"{lease}\"");
+    let service = Service::start(&dir, "node-a", &config, lease, &[]).await;
+
+    // Before any leader: the store cannot be reached; an acquire attempt has failed.
+    let (_, before) = until(
+        Duration::from_secs(20),
+        || service.get("/metrics"),
+        |(_, t)| {
+            sum_of(
+                t,
+                "actix_coordination_acquire_attempts_total",
+                "outcome=\"error\"",
+            ) >= 1.0
+        },
+    )
+    .await;
+    assert_eq!(service.lease(lease).await["held"], false);
+    assert_eq!(
+        sum_of(&before, "actix_coordination_lease_held", &held),
+        0.0,
+        "{before}"
+    );
+    check_alerts_against(&alerts, &before, "before any leader");
+
+    // While leading, after a renewal.
+    proxy.set_mode(common::proxy::ProxyMode::Pass);
+    let (_, leading) = until(
+        Duration::from_secs(30),
+        || service.get("/metrics"),
+        |(_, t)| {
+            sum_of(t, "actix_coordination_lease_held", &held) == 1.0
+                && sum_of(
+                    t,
+                    "actix_coordination_renewals_total",
+                    "outcome=\"renewed\"",
+                ) >= 1.0
+        },
+    )
+    .await;
+    check_alerts_against(&alerts, &leading, "while leading");
+
+    // After a loss: the key deleted under the holder.
+    let mut admin = common::etcd::admin_client(&endpoint).await;
+    admin
+        .delete(format!("{prefix}{lease}"), None)
+        .await
+        .expect("delete the lease's key");
+    let (_, after) = until(
+        Duration::from_secs(30),
+        || service.get("/metrics"),
+        |(_, t)| sum_of(t, "actix_coordination_lease_losses_total", &held) >= 1.0,
+    )
+    .await;
+    check_alerts_against(&alerts, &after, "after a loss");
+    drop(service);
+}
