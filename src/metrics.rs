@@ -195,6 +195,7 @@ pub const METRICS: &[MetricDescription] = &[
 /// (exporters such as Prometheus print them as `# HELP`). Call it once, after installing the
 /// recorder.
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
     for metric in METRICS {
         let unit = match metric.kind {
