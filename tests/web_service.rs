@@ -537,8 +537,7 @@ async fn a_slow_release_completes_before_the_server_stops(
     let b_log = b.log_text();
     let acquired_after_a = b_log
         .lines()
-        .filter(|l| l.contains("lease acquired"))
-        .last()
+        .rfind(|l| l.contains("lease acquired"))
         .map(|l| time_of(l, "lease acquired"))
         .unwrap_or_else(|| panic!("b never logged an acquisition: {b_log}"));
     let takeover = acquired_after_a - time_of(&log, "lease released");
