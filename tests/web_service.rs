@@ -3,7 +3,10 @@
 //! SIGTERM releases the lease before the HTTP server stops, and two instances on one lease, on the
 //! real etcd and on the real kube-apiserver, have exactly one leader, which a SIGTERM moves to the
 //! other faster than the TTL (a release, not an expiry), also when the release is slowed well
-//! past the HTTP server's own shutdown (requests through a proxy that delays them).
+//! past the HTTP server's own shutdown (requests through a proxy that delays them); without the
+//! helper (`--shutdown actix-web` or `both`) the same SIGTERM leaves the lease to expire. The
+//! README's alert expressions read series that exist in the example's `/metrics`, with the types
+//! they need, before any leader, while leading and after a loss.
 
 mod common;
 
