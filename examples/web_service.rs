@@ -27,6 +27,10 @@
 //! `web-service-jobs`), `--owner ID` (default `$POD_NAME`, then the host name and process id),
 //! `--listen ADDR` (default `0.0.0.0:8080`). `$POD_NAMESPACE`, when set, replaces the `namespace`
 //! of the configuration's `kubernetes` sections (the pod's own namespace from the downward API).
+//! `--shutdown graceful` (the default) shuts down with [`GracefulShutdown`]; for comparison only
+//! (the README's "In an actix-web service" tells what goes wrong; `tests/web_service.rs` shows
+//! it), `--shutdown actix-web` leaves SIGTERM to actix-web alone (`handle_signals: false`), and
+//! `--shutdown both` lets actix-web and the manager (`handle_signals: true`) both handle it.
 //!
 //! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`).
 //! On SIGTERM or ctrl-c the crate's [`GracefulShutdown`] shuts down in this order: the manager
@@ -91,12 +95,24 @@ impl Actor for Job {
     }
 }
 
+/// Who handles SIGTERM (`--shutdown`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ShutdownBy {
+    /// [`GracefulShutdown`]: the way to do it.
+    Graceful,
+    /// For comparison: actix-web's own signal handling; nothing releases the lease.
+    ActixWeb,
+    /// For comparison: actix-web's and the manager's (`handle_signals: true`), racing.
+    Both,
+}
+
 struct Args {
     config: Option<PathBuf>,
     config_key: String,
     lease: String,
     owner: String,
     listen: String,
+    shutdown: ShutdownBy,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -105,6 +121,7 @@ fn parse_args() -> Result<Args, String> {
     let mut lease = "web-service-jobs".to_owned();
     let mut owner = std::env::var("POD_NAME").ok();
     let mut listen = "0.0.0.0:8080".to_owned();
+    let mut shutdown = ShutdownBy::Graceful;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -114,6 +131,14 @@ fn parse_args() -> Result<Args, String> {
             "--lease" => lease = value()?,
             "--owner" => owner = Some(value()?),
             "--listen" => listen = value()?,
+            "--shutdown" => {
+                shutdown = match value()?.as_str() {
+                    "graceful" => ShutdownBy::Graceful,
+                    "actix-web" => ShutdownBy::ActixWeb,
+                    "both" => ShutdownBy::Both,
+                    other => return Err(format!("unknown --shutdown {other}")),
+                }
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -127,6 +152,7 @@ fn parse_args() -> Result<Args, String> {
         lease,
         owner,
         listen,
+        shutdown,
     })
 }
 
@@ -181,7 +207,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]";
+const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--shutdown graceful|actix-web|both]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().inspect_err(|_| eprintln!("{USAGE}"))?;
@@ -229,6 +255,7 @@ async fn serve(
         // Back off at most one TTL after errors, so that a waiting replica does not miss a
         // handover behind a long backoff.
         max_error_backoff: lease.settings().ttl(),
+        handle_signals: args.shutdown == ShutdownBy::Both,
         ..Default::default()
     })
     .health(&health)
@@ -236,23 +263,32 @@ async fn serve(
 
     // The admin routes from the crate (feature `web`), and the job's own route.
     let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
-    let server = HttpServer::new(move || {
+    let mut server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(Arc::clone(&job)))
             .configure(|cfg| admin.register(cfg))
             .route("/singleton", web::get().to(singleton))
     })
     .workers(1)
-    // GracefulShutdown owns SIGTERM and SIGINT: the job stops and the lease is released before
-    // the server stops.
-    .disable_signals()
-    .shutdown_timeout(5)
-    .bind(&args.listen)?
-    .run();
+    .shutdown_timeout(5);
+    if args.shutdown == ShutdownBy::Graceful {
+        // GracefulShutdown owns SIGTERM and SIGINT: the job stops and the lease is released
+        // before the server stops.
+        server = server.disable_signals();
+    }
+    let server = server.bind(&args.listen)?.run();
     tracing::info!(listen = %args.listen, "http server listening");
-    GracefulShutdown::new()
-        .manager(lease.name(), manager)
-        .run(server)
-        .await?;
+    if args.shutdown == ShutdownBy::Graceful {
+        GracefulShutdown::new()
+            .manager(lease.name(), manager)
+            .run(server)
+            .await?;
+    } else {
+        // For comparison only: whatever the manager has not done when the server has stopped is
+        // dropped when `main` returns.
+        server.await?;
+        tracing::info!("http server stopped");
+        drop(manager);
+    }
     Ok(())
 }

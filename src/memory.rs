@@ -372,9 +372,18 @@ pub struct InMemoryBackend {
     store: InMemoryStore,
 }
 
+/// The verbs of the in-memory store's requests and their outcomes, for the `backend_requests`
+/// metric.
+const IN_MEMORY_REQUESTS: metrics::BackendRequests = &[
+    ("acquire", &["ok", "conflict", "error"]),
+    ("renew", &["ok", "conflict", "error"]),
+    ("release", &["ok", "conflict", "error"]),
+];
+
 impl InMemoryBackend {
     /// The backend for leases on `store`.
     pub fn new(store: &InMemoryStore) -> Self {
+        metrics::backend_registered(IN_MEMORY_BACKEND, IN_MEMORY_REQUESTS);
         Self {
             store: store.clone(),
         }
