@@ -17,9 +17,11 @@
 //!   the contract from [`ManagedLease`].
 //! * [`LeaseProvider`] loads leases from configuration by (name, config key, owner).
 //! * The actor layer: [`LeaseActor`] (a lease driven by messages), [`ClusterSingletonManager`]
-//!   (one singleton actor across a fleet, stopped on every end of its tenure) and
+//!   (one singleton actor across a fleet, stopped on every end of its tenure),
 //!   [`ShardCoordinator`] / [`CoordinatorGate`] (a coordinator that serves only under a live
-//!   tenure). They never act outside a tenure they have just checked.
+//!   tenure), [`ShardRegion`] (a lease per hosted shard) and [`ShardedWorkers`] (N workers
+//!   spread over the live nodes, each exactly once, membership and placement through the lease
+//!   store). They never act outside a tenure they have just checked.
 //! * Operations: [`HealthCheck`] (liveness and readiness the way client-go's `HealthzAdaptor`
 //!   does it, and [`LeaseReport`]s for status pages), metrics through the `metrics` facade with
 //!   the feature `metrics` (every one listed in [`METRICS`]), and a `lease_operation` tracing span
@@ -63,7 +65,11 @@
 //! * Actors: [`LeaseActor`] and its messages ([`Acquire`], [`Release`], [`CheckAlive`],
 //!   [`GetTenure`], [`SubscribeLeaseLost`], …); [`ClusterSingletonManager`] with
 //!   [`SingletonInfo`], [`SingletonSettings`], [`Shutdown`], [`SetEligible`], [`GetStatus`];
-//!   [`ShardCoordinator`] with [`RegisterRegion`], [`AllocateShard`], [`HostShard`].
+//!   [`ShardCoordinator`] with [`RegisterRegion`], [`AllocateShard`], [`HostShard`], and
+//!   [`ShardRegion`] (a lease per hosted shard: [`HandOffShard`], [`GetHostedShards`]);
+//!   [`ShardedWorkers`] (N workers across the fleet, each exactly once: [`ShardInfo`],
+//!   [`ShardedSettings`], [`GetShards`], [`GetGroupView`]) on [`place`] and [`GroupWatch`]
+//!   ([`Lease::watch_group`]).
 //! * Operations: [`HealthCheck`] and [`LeaseReport`]; [`METRICS`], `describe_metrics` and the
 //!   histogram buckets (feature `metrics`); `AdminRoutes` and `GracefulShutdown` (feature `web`).
 //!
@@ -71,7 +77,9 @@
 //!
 //! A new store implements [`LeaseBackend`] (single steps: [`AcquireAttempt`], [`RenewOutcome`],
 //! [`ReleaseOutcome`], errors through [`BackendError`]) and gets the whole contract from
-//! [`ManagedLease`] (renewal, local deadline, tenure, [`LeaseStats`]); a [`BackendFactory`]
+//! [`ManagedLease`] (renewal, local deadline, tenure, [`LeaseStats`]), and group watches through
+//! [`LeaseBackend::watch_group`] ([`group_channel`], [`GroupSender`], [`GroupSnapshot`],
+//! [`GroupRecord`], [`GroupError`]); a [`BackendFactory`]
 //! registered with [`LeaseProvider::register_backend`] makes it loadable from configuration. A
 //! lease that runs its own renewal publishes its tenure with [`TenurePublisher`] /
 //! [`PublishedTenure`] instead. A coordinator of your own takes its lease gate from
