@@ -184,6 +184,15 @@ impl Index {
         (self.last_id, receiver)
     }
 
+    /// When this process first received version `version` of object `object`, if the index
+    /// has that version.
+    pub(super) fn first_seen(&self, object: &str, version: &str) -> Option<Instant> {
+        self.objects
+            .get(object)
+            .filter(|seen| seen.version.as_deref() == Some(version))
+            .map(|seen| seen.first_seen)
+    }
+
     /// Removes group watch `id`.
     pub(super) fn unsubscribe(&mut self, id: u64) {
         self.groups.retain(|g| g.id != id);
