@@ -32,7 +32,9 @@
 //! it), `--shutdown actix-web` leaves SIGTERM to actix-web alone (`handle_signals: false`), and
 //! `--shutdown both` lets actix-web and the manager (`handle_signals: true`) both handle it.
 //!
-//! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`).
+//! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`);
+//! `/shards` shows the `--shards N` partitions of work (default 8; 0: none) this replica runs and
+//! the group as it sees it (a [`ShardedWorkers`] group `<lease>-shards`).
 //! On SIGTERM or ctrl-c the crate's [`GracefulShutdown`] shuts down in this order: the manager
 //! stops the job, waits for it, and releases the lease (another replica takes over within a round
 //! trip); only then does the HTTP server stop, and the process exits. `/leases` and `/readyz` keep
@@ -46,9 +48,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GracefulShutdown,
-    HealthCheck, Lease, LeaseProvider, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
-    METRICS,
+    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GetGroupView,
+    GetShards, GracefulShutdown, HealthCheck, Lease, LeaseProvider, ShardInfo, ShardedWorkers,
+    SharedLease, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND, METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -113,6 +115,7 @@ struct Args {
     owner: String,
     listen: String,
     shutdown: ShutdownBy,
+    shards: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -122,6 +125,7 @@ fn parse_args() -> Result<Args, String> {
     let mut owner = std::env::var("POD_NAME").ok();
     let mut listen = "0.0.0.0:8080".to_owned();
     let mut shutdown = ShutdownBy::Graceful;
+    let mut shards = 8;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -131,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
             "--lease" => lease = value()?,
             "--owner" => owner = Some(value()?),
             "--listen" => listen = value()?,
+            "--shards" => shards = value()?.parse().map_err(|e| format!("--shards: {e}"))?,
             "--shutdown" => {
                 shutdown = match value()?.as_str() {
                     "graceful" => ShutdownBy::Graceful,
@@ -153,6 +158,7 @@ fn parse_args() -> Result<Args, String> {
         owner,
         listen,
         shutdown,
+        shards,
     })
 }
 
@@ -174,6 +180,39 @@ fn load_config(args: &Args) -> Result<CoordinationConfig, Box<dyn std::error::Er
         }
     }
     Ok(config)
+}
+
+/// A partition of the sharded work: it would consume its shard under the shard's token.
+struct Partition;
+
+impl Actor for Partition {
+    type Context = Context<Self>;
+}
+
+type Shards = Addr<ShardedWorkers<Partition, SharedLease>>;
+
+/// `/shards`: the shards running here with their tokens, and the group as this node sees it.
+async fn shards(workers: web::Data<Option<Shards>>) -> HttpResponse {
+    let Some(workers) = workers.as_ref() else {
+        return HttpResponse::NotFound().body("no sharded workers (--shards 0)");
+    };
+    let (Ok(here), Ok(view)) = (
+        workers.send(GetShards).await,
+        workers.send(GetGroupView).await,
+    ) else {
+        return HttpResponse::ServiceUnavailable().body("the sharded workers stopped");
+    };
+    let here: Vec<_> = here
+        .iter()
+        .map(|s| serde_json::json!({"shard": s.shard, "fencing_token": s.fencing_token.value()}))
+        .collect();
+    HttpResponse::Ok().json(serde_json::json!({
+        "here": here,
+        "synced": view.synced,
+        "members": view.members,
+        "holders": view.holders,
+        "targets": view.targets,
+    }))
 }
 
 async fn singleton(job: web::Data<Arc<JobState>>) -> HttpResponse {
@@ -207,7 +246,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--shutdown graceful|actix-web|both]";
+const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--shards N] [--shutdown graceful|actix-web|both]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().inspect_err(|_| eprintln!("{USAGE}"))?;
@@ -261,13 +300,34 @@ async fn serve(
     .health(&health)
     .start();
 
-    // The admin routes from the crate (feature `web`), and the job's own route.
+    // `--shards N` partitions of work spread over the replicas, each run exactly once (group
+    // `<lease>-shards`, leases configured like the singleton's). They do not report to the health
+    // check: readiness does not depend on how many shards a replica holds.
+    let workers: Option<Shards> = match args.shards {
+        0 => None,
+        n => Some(
+            ShardedWorkers::from_provider(
+                &provider,
+                &args.config_key,
+                format!("{}-shards", args.lease),
+                (0..n).map(|i| i.to_string()),
+                &args.owner,
+                |_: &ShardInfo, _| Partition,
+            )?
+            .start(),
+        ),
+    };
+
+    // The admin routes from the crate (feature `web`), and the job's own routes.
     let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
+    let shards_data = web::Data::new(workers.clone());
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(Arc::clone(&job)))
+            .app_data(shards_data.clone())
             .configure(|cfg| admin.register(cfg))
             .route("/singleton", web::get().to(singleton))
+            .route("/shards", web::get().to(shards))
     })
     .workers(1)
     .shutdown_timeout(5);
@@ -279,16 +339,18 @@ async fn serve(
     let server = server.bind(&args.listen)?.run();
     tracing::info!(listen = %args.listen, "http server listening");
     if args.shutdown == ShutdownBy::Graceful {
-        GracefulShutdown::new()
-            .manager(lease.name(), manager)
-            .run(server)
-            .await?;
+        let mut shutdown = GracefulShutdown::new().manager(lease.name(), manager);
+        if let Some(workers) = workers {
+            shutdown = shutdown.manager(format!("{}-shards", args.lease), workers);
+        }
+        shutdown.run(server).await?;
     } else {
         // For comparison only: whatever the manager has not done when the server has stopped is
         // dropped when `main` returns.
         server.await?;
         tracing::info!("http server stopped");
         drop(manager);
+        drop(workers);
     }
     Ok(())
 }

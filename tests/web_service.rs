@@ -277,6 +277,20 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
     let left = report["deadline_in_ms"].as_u64().unwrap();
     assert!(left > 0 && left <= 2000, "{report}");
 
+    // The sharded partitions (8 by default) all run here, alone in the group; readiness does not
+    // depend on them.
+    let shards = until(
+        Duration::from_secs(10),
+        || solo.json("/shards"),
+        |s| s["here"].as_array().unwrap().len() == 8,
+    )
+    .await;
+    assert_eq!(shards["members"], serde_json::json!(["solo"]), "{shards}");
+    assert!(
+        shards["here"][0]["fencing_token"].as_u64().unwrap() >= 1,
+        "{shards}"
+    );
+
     // The job runs, under the lease's token.
     let job = until(
         Duration::from_secs(10),
@@ -385,6 +399,27 @@ async fn two_instances_one_leader(
     assert_eq!(b.json("/singleton").await["running"], false);
     for service in [&a, &b] {
         assert_eq!(service.get("/healthz").await.0, 200);
+        assert_eq!(service.get("/readyz").await.0, 200);
+    }
+    // The 8 partitions split 4 and 4 between the replicas; both stay ready whatever they hold.
+    for service in [&a, &b] {
+        let shards = until(
+            Duration::from_secs(30),
+            || service.json("/shards"),
+            |s| {
+                s["here"].as_array().unwrap().len() == 4
+                    && s["members"].as_array().unwrap().len() == 2
+            },
+        )
+        .await;
+        assert!(
+            shards["holders"]
+                .as_object()
+                .unwrap()
+                .values()
+                .all(|h| !h.is_null()),
+            "{shards}"
+        );
         assert_eq!(service.get("/readyz").await.0, 200);
     }
 
