@@ -539,3 +539,87 @@ async fn a_group_watch_adds_no_request() {
         .await
         .expect("delete");
 }
+
+/// A sharded worker (does nothing).
+struct Part;
+
+impl actix::Actor for Part {
+    type Context = actix::Context<Self>;
+}
+
+/// A node of a `ShardedWorkers` group holding 256 shards costs the API server one write per
+/// shard (and one for its member lease) per renewal interval and no read: counted by the API
+/// server (`apiserver_request_total` on leases) over four renewal intervals once the node has
+/// settled: at most (256 + 1) × 5 updates, no GET, LIST or CREATE at all, and at most one
+/// re-opened watch per interval (see below).
+#[test]
+fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_reads_nothing() {
+    use actix::Actor;
+    use actix_coordination::{GetShards, ShardInfo, ShardedWorkers, Shutdown};
+    const SHARDS: usize = 256;
+    const INTERVALS: u32 = 4;
+    actix_rt::System::new().block_on(async {
+        let _serial = SERIAL.lock().await;
+        let admin = client(&env().url, &env().admin_token);
+        let session = KubernetesSession::new(through_url()).unwrap();
+        let group = unique("scale-shards");
+        let leases = session.clone();
+        let node = ShardedWorkers::with_count(
+            group.clone(),
+            SHARDS,
+            move |name: &str| leases.lease(settings(name.to_owned())),
+            |_: &ShardInfo, _| Part,
+        )
+        .unwrap()
+        .start();
+        timeout(Duration::from_secs(120), async {
+            while node.send(GetShards).await.unwrap().len() < SHARDS {
+                sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the node holds every shard within 2 minutes");
+        // One interval to settle (claims done, renewals on their clock), then count.
+        sleep(RENEWAL_INTERVAL).await;
+        let before = lease_requests(&admin).await;
+        let watch_before = session.stats().watch;
+        sleep(RENEWAL_INTERVAL * INTERVALS).await;
+        let after = lease_requests(&admin).await;
+        let watch_after = session.stats().watch;
+        println!("watch stats {watch_before:?} → {watch_after:?}");
+        let delta = |verb: &str| {
+            after.get(verb).copied().unwrap_or(0) - before.get(verb).copied().unwrap_or(0)
+        };
+        let updates = delta("UPDATE") + delta("PUT");
+        assert!(
+            updates <= (SHARDS as u64 + 1) * u64::from(INTERVALS + 1),
+            "{updates} updates in {INTERVALS} intervals: {before:?} → {after:?}"
+        );
+        assert!(
+            updates >= (SHARDS as u64) * u64::from(INTERVALS - 1),
+            "{updates} updates: the shards are not being renewed: {before:?} → {after:?}"
+        );
+        for verb in ["GET", "LIST", "CREATE"] {
+            assert_eq!(delta(verb), 0, "{verb}: {before:?} → {after:?}");
+        }
+        // The namespace watch's stream ended early a few times under this write load (about 85
+        // events a second), and was re-opened from where it was, without a listing (LIST stays
+        // 0): not yet explained; at most one re-open per interval is accepted.
+        assert!(
+            delta("WATCH") <= u64::from(INTERVALS) + 1,
+            "{} watch re-opens: {watch_before:?} → {watch_after:?}",
+            delta("WATCH")
+        );
+        assert_eq!(watch_after.listings, watch_before.listings, "no listing");
+        println!(
+            "a node of {SHARDS} shards: {:.2} writes per shard per renewal interval, 0 reads",
+            updates as f64 / (SHARDS as f64 + 1.0) / f64::from(INTERVALS)
+        );
+        assert!(node.send(Shutdown).await.unwrap().unwrap());
+    });
+}
+
+/// The API server's settings of the suite (no proxy).
+fn through_url() -> actix_coordination::KubernetesSettings {
+    common::k8s::settings_at(&env().url)
+}
