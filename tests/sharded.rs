@@ -583,3 +583,27 @@ fn random_schedules_keep_every_shard_exactly_once_and_settle_balanced() {
         });
     }
 }
+
+/// Once settled, nodes send nothing for the shards they do not hold (no attempt, no poll): over
+/// three TTLs the store answers renewals only, one per held lease (shards and members) per
+/// renewal interval.
+#[test]
+fn settled_nodes_send_nothing_for_shards_they_do_not_hold() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let _nodes = three_settled(&store, &log).await;
+        sleep(TTL).await;
+        let before = store.stats();
+        sleep(TTL * 3).await;
+        let after = store.stats();
+        assert_eq!(after.acquires, before.acquires, "no attempt once settled");
+        assert_eq!(after.releases, before.releases);
+        // 64 shard leases and 3 member leases, renewed every 2 s for 18 s: 9 rounds each.
+        let renewals = after.renewals - before.renewals;
+        assert!(
+            (67 * 8..=67 * 10).contains(&renewals),
+            "{renewals} renewals"
+        );
+    });
+}
