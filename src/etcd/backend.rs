@@ -15,6 +15,7 @@ use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
 use super::watch::HubEvent;
 use super::{observe, observe_txn, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
@@ -584,7 +585,7 @@ impl EtcdBackend {
     }
 }
 
-fn token_of(revision: i64) -> FencingToken {
+pub(super) fn token_of(revision: i64) -> FencingToken {
     FencingToken::new(revision.unsigned_abs())
 }
 
@@ -927,6 +928,13 @@ impl LeaseBackend for EtcdBackend {
                 .map_err(|e| EtcdError::from_client("remove an unanswered claim", 0, e))?;
         }
         Ok(())
+    }
+
+    /// One range and one watch on the key prefix `<session prefix><prefix>`, shared by every
+    /// group watch of that prefix on the session and run on the session's own thread (so it
+    /// needs no runtime of the caller's); see [`EtcdLease`](super::EtcdLease), "Group watches".
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        super::group::watch_group(self.inner(), prefix)
     }
 
     fn notifies_changes(&self) -> bool {

@@ -3,6 +3,7 @@
 //! The semantics, key layout and races are documented on [`EtcdLease`], the public entry point.
 
 mod backend;
+mod group;
 mod session;
 mod settings;
 mod watch;
@@ -135,6 +136,27 @@ pub(crate) fn observe_txn(
 /// without releasing it behaves like a crash: its key stays until its TTL has passed, even though
 /// the shared etcd lease keeps being renewed for the other leases (the session then deletes the
 /// key, still with a compare-and-swap, `ttl` after the drop).
+///
+/// # Group watches
+///
+/// [`Lease::watch_group`](crate::Lease::watch_group) with prefix `g` (see
+/// [`GroupWatch`](crate::GroupWatch)) watches every key starting with `<prefix>g`: **one range**
+/// lists them and **one watch** on the key prefix follows them from the range's revision on (so
+/// nothing written in between is missed), on the session's multiplexed watch stream. Nothing is
+/// sent per record or per interval afterwards (`tests/etcd_keepalive.rs` counts the requests on
+/// etcd's own `/metrics` for a group of 50 held leases). Every group watch of the same prefix on
+/// the session shares that watch; the last one dropped cancels it. It runs on the session's own
+/// thread, so it needs no runtime of the caller's.
+///
+/// A record is the key as the lease writes it: the holder is the key's value, the fencing token
+/// its `mod_revision`, and a released lease has no key, hence no record. Records state no expiry
+/// ([`GroupRecord::expires_at`](crate::GroupRecord) is `None`): the key of a holder that stops
+/// renewing is deleted by etcd with the holder's etcd lease, and the record goes with it (the
+/// TTL, rounded up to whole seconds, after the holder's last keep-alive, plus up to 500 ms of
+/// etcd's expiry check). A lease dropped without a release in a process that keeps running keeps
+/// its record until the session deletes its key one TTL later (see below). When the watch breaks
+/// or its history was compacted, the snapshot keeps its records marked not synced until the group
+/// is listed and watched again (after a pause of 100 ms doubling to 2 s while etcd fails).
 ///
 /// # Races and limits
 ///

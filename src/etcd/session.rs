@@ -37,6 +37,7 @@ use tokio::sync::{watch, Notify, OnceCell};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
+use super::group::GroupFeeds;
 use super::watch::{WatchHandle, WatchHub};
 use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
 use crate::managed::ManagedLease;
@@ -76,6 +77,8 @@ pub(super) struct SessionInner {
     client: OnceCell<Client>,
     runtime: SessionRuntime,
     hub: OnceLock<WatchHub>,
+    /// One feed per group prefix, shared by every group watch of that prefix.
+    groups: GroupFeeds,
     /// The current grant per TTL (in whole seconds), and one gate per TTL that lets one grant
     /// request at a time go out. Never held across an await.
     grants: Mutex<Grants>,
@@ -159,6 +162,7 @@ impl EtcdSession {
                 client: OnceCell::new(),
                 runtime: SessionRuntime::start(),
                 hub: OnceLock::new(),
+                groups: GroupFeeds::default(),
                 grants: Mutex::new(Grants::default()),
                 next_user: AtomicU64::new(0),
                 keep_alives: AtomicU64::new(0),
@@ -285,8 +289,18 @@ impl SessionInner {
         self.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The session's settings.
+    pub(super) fn settings(&self) -> &EtcdSettings {
+        &self.settings
+    }
+
+    /// The session's group watches (see [`super::group`]).
+    pub(super) fn groups(&self) -> &GroupFeeds {
+        &self.groups
+    }
+
     /// The session's runtime.
-    fn runtime(&self) -> Result<&Handle, EtcdError> {
+    pub(super) fn runtime(&self) -> Result<&Handle, EtcdError> {
         self.runtime
             .handle
             .as_ref()
@@ -313,9 +327,23 @@ impl SessionInner {
         start_revision: i64,
         deletes_only: bool,
     ) -> Result<WatchHandle, EtcdError> {
+        Ok(self.hub().await?.watch(key, start_revision, deletes_only))
+    }
+
+    /// Watches every key starting with `prefix` over the session's shared watch stream.
+    pub(super) async fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        start_revision: i64,
+    ) -> Result<WatchHandle, EtcdError> {
+        Ok(self.hub().await?.watch_prefix(prefix, start_revision))
+    }
+
+    /// The session's watch hub, started on first use.
+    async fn hub(&self) -> Result<&WatchHub, EtcdError> {
         let client = self.client().await?;
         let runtime = self.runtime()?;
-        let hub = self.hub.get_or_init(|| {
+        Ok(self.hub.get_or_init(|| {
             let hub = WatchHub::start(
                 runtime,
                 client.watch_client(),
@@ -325,8 +353,7 @@ impl SessionInner {
                 hub.suspend(true);
             }
             hub
-        });
-        Ok(hub.watch(key, start_revision, deletes_only))
+        }))
     }
 
     /// Whether a claim with `settings.ttl()` would find a usable etcd lease to attach to (no

@@ -24,7 +24,7 @@ use tokio::time::timeout;
 pub(super) enum HubEvent {
     /// etcd created the watch.
     Created,
-    /// Changes of the watched key, in revision order.
+    /// Changes of the watched key (or keys, for a prefix), in revision order.
     Events(Vec<Event>),
     /// etcd cancelled the watch; `compact_revision > 0` when the start revision was compacted.
     Canceled {
@@ -37,6 +37,8 @@ pub(super) enum HubEvent {
 
 struct Watcher {
     key: Vec<u8>,
+    /// Every key starting with `key` (a group), not `key` alone.
+    prefix: bool,
     start_revision: i64,
     deletes_only: bool,
     events: mpsc::UnboundedSender<HubEvent>,
@@ -49,6 +51,11 @@ impl Watcher {
         let options = WatchOptions::new()
             .with_watch_id(id)
             .with_start_revision(self.start_revision);
+        let options = if self.prefix {
+            options.with_prefix()
+        } else {
+            options
+        };
         if self.deletes_only {
             options.with_filters([WatchFilterType::NoPut])
         } else {
@@ -97,10 +104,26 @@ impl WatchHub {
         start_revision: i64,
         deletes_only: bool,
     ) -> WatchHandle {
+        self.add(key, false, start_revision, deletes_only)
+    }
+
+    /// Watches every key starting with `prefix` from `start_revision` (0: from now).
+    pub(super) fn watch_prefix(&self, prefix: Vec<u8>, start_revision: i64) -> WatchHandle {
+        self.add(prefix, true, start_revision, false)
+    }
+
+    fn add(
+        &self,
+        key: Vec<u8>,
+        prefix: bool,
+        start_revision: i64,
+        deletes_only: bool,
+    ) -> WatchHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
         let watcher = Watcher {
             key,
+            prefix,
             start_revision,
             deletes_only,
             events,

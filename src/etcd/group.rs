@@ -1,0 +1,324 @@
+//! Group watches on etcd: one range and one watch on the group's key prefix, per group and
+//! session, shared by every [`GroupWatch`] of that group.
+//!
+//! Group `g` of a session whose key prefix is `p` ([`EtcdSettings::prefix`](super::EtcdSettings))
+//! is every key starting with `p` + `g`. The first watch of a group starts its *feed*: a task on
+//! the session's own runtime that lists the group with one range request, publishes the records
+//! as a synced snapshot, and watches the prefix from the revision after the range's (so nothing
+//! written between the two is missed) on the session's shared watch stream
+//! ([`WatchHub`](super::watch::WatchHub)), folding every event into the records and publishing
+//! a snapshot per watch response. Further watches of the group subscribe to the same feed;
+//! dropping the last one aborts the task, which cancels its etcd watch.
+//!
+//! When the watch breaks or etcd cancels it (its start revision was compacted, the stream broke,
+//! etcd is unreachable), the feed publishes the records it has as not synced, then lists and
+//! watches again, after a pause (100 ms doubling to 2 s) unless the history was only compacted.
+//!
+//! A record is what the backend writes: the key's value is the holder, its `mod_revision` the
+//! fencing token. A released lease has no key, so it has no record. Keys are attached to the
+//! holder's etcd lease and etcd deletes them when that lease expires, so records carry no expiry
+//! of their own (`expires_at` is `None`): a holder that stops renewing drops out when etcd deletes
+//! its key (the etcd lease's TTL after its last keep-alive, plus etcd's expiry check, every
+//! 500 ms). A lease dropped without release in a live process keeps its key (and its record)
+//! until the session deletes it one TTL later, as contenders see it too.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use etcd_client::{Event, EventType, GetOptions, KeyValue};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::backend::token_of;
+use super::session::SessionInner;
+use super::watch::HubEvent;
+use super::{observe, EtcdError};
+use crate::backend::BackendError;
+use crate::group::{
+    group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch,
+};
+
+/// First pause before listing and watching again after a failure; doubles up to
+/// [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// A round (list and watch) that lasted this long before failing starts the pauses over.
+const HEALTHY_ROUND: Duration = Duration::from_secs(10);
+
+/// The session's group feeds, by group prefix (without the session's key prefix).
+#[derive(Default)]
+pub(super) struct GroupFeeds(Mutex<HashMap<String, Weak<Feed>>>);
+
+impl GroupFeeds {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Feed>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running feed: what every [`GroupWatch`] of its group holds. Dropped with the last of them,
+/// it stops the task.
+struct Feed {
+    receiver: watch::Receiver<Arc<GroupSnapshot>>,
+    task: AbortHandle,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A watch of group `group` on `session`: a new subscriber of its running feed, or a new feed.
+///
+/// The feed runs on the session's own runtime, so no runtime of the caller's is needed.
+pub(super) fn watch_group(
+    session: &Arc<SessionInner>,
+    group: &str,
+) -> Result<GroupWatch, GroupError> {
+    let mut feeds = session.groups().lock();
+    feeds.retain(|_, feed| feed.strong_count() > 0);
+    if let Some(feed) = feeds.get(group).and_then(Weak::upgrade) {
+        let mut receiver = feed.receiver.clone();
+        // `changed` resolves for snapshots newer than this watch.
+        receiver.borrow_and_update();
+        return Ok(GroupWatch::new(receiver, feed));
+    }
+    let runtime = session
+        .runtime()
+        .map_err(|error| GroupError::Backend(Arc::new(Box::new(error))))?;
+    let (sender, receiver) = group_channel();
+    let fold = Fold {
+        key: session.settings().key(group),
+        strip: session.settings().prefix().len(),
+        records: BTreeMap::new(),
+        sender,
+    };
+    let span = tracing::debug_span!("etcd_group_watch", group = %group);
+    let task = runtime.spawn(tracing::Instrument::instrument(
+        feed(Arc::downgrade(session), fold),
+        span,
+    ));
+    let feed = Arc::new(Feed {
+        receiver: receiver.clone(),
+        task: task.abort_handle(),
+    });
+    feeds.insert(group.to_owned(), Arc::downgrade(&feed));
+    Ok(GroupWatch::new(receiver, feed))
+}
+
+/// The records of a group, folded from a range and the watch events after it.
+struct Fold {
+    /// The group's key prefix (the session's prefix and the group's).
+    key: Vec<u8>,
+    /// The length of the session's key prefix, taken off keys to get lease names.
+    strip: usize,
+    records: BTreeMap<String, GroupRecord>,
+    sender: GroupSender,
+}
+
+impl Fold {
+    fn name(&self, key: &[u8]) -> String {
+        String::from_utf8_lossy(key.get(self.strip..).unwrap_or(key)).into_owned()
+    }
+
+    fn listed(&mut self, kvs: &[KeyValue]) {
+        self.records = kvs
+            .iter()
+            .map(|kv| (self.name(kv.key()), record(kv)))
+            .collect();
+        self.publish(true);
+    }
+
+    fn apply(&mut self, events: &[Event]) {
+        for event in events {
+            let Some(kv) = event.kv() else { continue };
+            let name = self.name(kv.key());
+            match event.event_type() {
+                EventType::Put => {
+                    self.records.insert(name, record(kv));
+                }
+                // Released, expired with its etcd lease, or deleted by hand.
+                EventType::Delete => {
+                    self.records.remove(&name);
+                }
+            }
+        }
+        self.publish(true);
+    }
+
+    /// The records may lag the store from now on, until the next list.
+    fn unsynced(&self) {
+        if self.sender.borrow().is_synced() {
+            self.publish(false);
+        }
+    }
+
+    fn publish(&self, synced: bool) {
+        self.sender
+            .send_replace(Arc::new(GroupSnapshot::new(self.records.clone(), synced)));
+    }
+}
+
+/// The record of a key as the backend writes it: value = holder, `mod_revision` = token. The key
+/// goes with the holder's etcd lease, so the record states no expiry.
+fn record(kv: &KeyValue) -> GroupRecord {
+    let holder = (!kv.value().is_empty()).then(|| String::from_utf8_lossy(kv.value()).into_owned());
+    GroupRecord::new(holder, Some(token_of(kv.mod_revision())), None)
+}
+
+/// How a round of list and watch ended.
+enum Ended {
+    /// The session is gone: the feed ends (its watches then end too).
+    SessionGone,
+    /// The watch's start revision was compacted: list again at once.
+    Compacted,
+    /// Listing or watching failed: list again after a pause.
+    Failed { error: String, transient: bool },
+}
+
+/// The feed's task: rounds of list and watch until the session is gone (or the task aborted).
+async fn feed(session: Weak<SessionInner>, mut fold: Fold) {
+    let mut backoff = BACKOFF_START;
+    loop {
+        let started = Instant::now();
+        match round(&session, &mut fold).await {
+            Ended::SessionGone => return,
+            Ended::Compacted => {
+                tracing::debug!("the group watch's history was compacted; listing again");
+                fold.unsynced();
+            }
+            Ended::Failed { error, transient } => {
+                if started.elapsed() >= HEALTHY_ROUND {
+                    backoff = BACKOFF_START;
+                }
+                if transient {
+                    tracing::debug!(%error, retry_in = ?backoff, "the group watch failed; listing again");
+                } else {
+                    tracing::warn!(%error, retry_in = ?backoff, "the group watch failed; listing again");
+                }
+                fold.unsynced();
+                sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// One range of the group, then its watch from the range's revision on, until it ends.
+async fn round(session: &Weak<SessionInner>, fold: &mut Fold) -> Ended {
+    let mut watch = {
+        let Some(inner) = session.upgrade() else {
+            return Ended::SessionGone;
+        };
+        let revision = match list(&inner, fold).await {
+            Ok(revision) => revision,
+            Err(error) => {
+                return Ended::Failed {
+                    transient: error.is_transient(),
+                    error: error.to_string(),
+                }
+            }
+        };
+        match inner
+            .watch_prefix(fold.key.clone(), revision.saturating_add(1))
+            .await
+        {
+            Ok(watch) => watch,
+            Err(error) => {
+                return Ended::Failed {
+                    transient: error.is_transient(),
+                    error: error.to_string(),
+                }
+            }
+        }
+    };
+    loop {
+        let failed = |error: String| Ended::Failed {
+            error,
+            transient: true,
+        };
+        match watch.next().await {
+            Some(HubEvent::Created) => {}
+            Some(HubEvent::Events(events)) => fold.apply(&events),
+            Some(HubEvent::Canceled {
+                compact_revision, ..
+            }) if compact_revision > 0 => return Ended::Compacted,
+            Some(HubEvent::Canceled { reason, .. }) => {
+                return failed(format!("etcd cancelled the watch: {reason}"))
+            }
+            Some(HubEvent::Broken(message)) => return failed(message),
+            None if session.strong_count() == 0 => return Ended::SessionGone,
+            None => return failed("the session's watch stream stopped".into()),
+        }
+    }
+}
+
+/// Lists the group with one range request and publishes it; returns the range's revision.
+async fn list(session: &SessionInner, fold: &mut Fold) -> Result<i64, EtcdError> {
+    let mut kv = session.client().await?.kv_client();
+    let io_timeout = session.settings().connect_timeout();
+    let options = GetOptions::new().with_prefix();
+    let response = match timeout(io_timeout, kv.get(fold.key.clone(), Some(options))).await {
+        Ok(response) => observe("range", response)
+            .map_err(|e| EtcdError::from_client("list a group of leases", 0, e))?,
+        Err(_) => {
+            return Err(EtcdError::Timeout {
+                operation: "list a group of leases",
+                timeout: io_timeout,
+            })
+        }
+    };
+    let revision = response
+        .header()
+        .map(|h| h.revision())
+        .filter(|r| *r > 0)
+        .ok_or(EtcdError::UnexpectedResponse {
+            operation: "list a group of leases",
+            detail: "no revision in the response header".into(),
+        })?;
+    fold.listed(response.kvs());
+    Ok(revision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fold() -> (Fold, watch::Receiver<Arc<GroupSnapshot>>) {
+        let (sender, receiver) = group_channel();
+        let fold = Fold {
+            key: b"/p/g-".to_vec(),
+            strip: 3,
+            records: BTreeMap::new(),
+            sender,
+        };
+        (fold, receiver)
+    }
+
+    #[test]
+    fn names_are_keys_without_the_session_prefix() {
+        let (fold, _) = fold();
+        assert_eq!(fold.name(b"/p/g-0"), "g-0");
+        assert_eq!(fold.name(b"/p"), "/p", "never panics on a short key");
+    }
+
+    #[test]
+    fn losing_sync_keeps_the_records_and_says_so_once() {
+        let (mut fold, mut receiver) = fold();
+        fold.records.insert(
+            "g-0".into(),
+            GroupRecord::new(Some("a".into()), Some(token_of(5)), None),
+        );
+        fold.publish(true);
+        receiver.borrow_and_update();
+        fold.unsynced();
+        assert!(receiver.has_changed().unwrap());
+        let snapshot = receiver.borrow_and_update().clone();
+        assert!(!snapshot.is_synced());
+        assert_eq!(snapshot.records().len(), 1, "{snapshot:?}");
+        fold.unsynced();
+        assert!(!receiver.has_changed().unwrap(), "no second snapshot");
+    }
+}
