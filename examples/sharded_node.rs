@@ -31,8 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_coordination::{
-    CoordinationConfig, GetShards, LeaseProvider, ShardInfo, ShardedSettings, ShardedWorkers,
-    Shutdown, SingletonSettings,
+    CoordinationConfig, GetShards, Lease, LeaseProvider, ShardInfo, ShardedSettings,
+    ShardedWorkers, Shutdown, SingletonSettings,
 };
 
 /// Where the events go (`--events FILE`), and the pair of clocks to convert tokio's instants to
@@ -103,13 +103,15 @@ impl Actor for Worker {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let token = self.info.fencing_token.value();
-        self.events.log("start", &self.info.shard, token, now_ns(), "");
+        self.events
+            .log("start", &self.info.shard, token, now_ns(), "");
         ctx.run_interval(Duration::from_millis(50), |act, _| act.step());
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
         let token = self.info.fencing_token.value();
-        self.events.log("stop", &self.info.shard, token, now_ns(), "");
+        self.events
+            .log("stop", &self.info.shard, token, now_ns(), "");
     }
 }
 
