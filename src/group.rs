@@ -143,7 +143,8 @@ impl GroupSnapshot {
     }
 }
 
-/// A running watch of a group of lease records; see the [module documentation](self).
+/// A running watch of a group of lease records: one list and one watch for the whole group, whose
+/// snapshots can lag the store; see [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group).
 ///
 /// Clones share the watch; it ends (its resources released) when the last clone and the
 /// backend's own handle are dropped.

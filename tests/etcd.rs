@@ -1343,3 +1343,44 @@ async fn the_session_outlives_the_arbiter_that_used_it_first() {
     assert!(lease.release().await.unwrap());
     drop(on_first);
 }
+
+/// A group watch lives on its session's thread and does not keep the session alive: once the
+/// last handle of the session (here its lease) is gone, the watch ends
+/// ([`GroupError::Ended`](actix_coordination::GroupError)) instead of running on unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_watch_ends_with_its_session() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("group-end");
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let lease = session.lease(settings("g-0", "a", Duration::from_secs(5)));
+    assert!(lease.acquire().await.unwrap());
+    let mut watch = lease.watch_group("g-").unwrap();
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = watch.snapshot_and_mark();
+        if snapshot.get("g-0").and_then(|r| r.holder.as_deref()) == Some("a") {
+            break;
+        }
+        timeout(give_up - Instant::now(), watch.changed())
+            .await
+            .expect("the watch shows the holder within 30 s")
+            .unwrap();
+    }
+    assert!(lease.release().await.unwrap());
+    drop(lease);
+    drop(session);
+    let ended = async {
+        loop {
+            if let Err(error) = watch.changed().await {
+                return error;
+            }
+        }
+    };
+    let error = timeout(Duration::from_secs(30), ended)
+        .await
+        .expect("the watch ends within 30 s of its session");
+    assert!(
+        matches!(error, actix_coordination::GroupError::Ended),
+        "{error:?}"
+    );
+}

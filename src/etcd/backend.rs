@@ -13,7 +13,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
 use super::watch::HubEvent;
-use super::{observe, observe_txn, EtcdError, EtcdSession};
+use super::{observe, observe_txn, token_of, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
@@ -585,10 +585,6 @@ impl EtcdBackend {
     }
 }
 
-pub(super) fn token_of(revision: i64) -> FencingToken {
-    FencingToken::new(revision.unsigned_abs())
-}
-
 fn header_revision(response: &TxnResponse, operation: &'static str) -> Result<i64, EtcdError> {
     response
         .header()
@@ -934,7 +930,7 @@ impl LeaseBackend for EtcdBackend {
     /// group watch of that prefix on the session and run on the session's own thread (so it
     /// needs no runtime of the caller's); see [`EtcdLease`](super::EtcdLease), "Group watches".
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
-        super::group::watch_group(self.inner(), prefix)
+        self.inner().watch_group(prefix)
     }
 
     fn notifies_changes(&self) -> bool {

@@ -23,18 +23,18 @@
 //! until the session deletes it one TTL later, as contenders see it too.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use etcd_client::{Event, EventType, GetOptions, KeyValue};
+use etcd_client::{Client, Event, EventType, GetOptions, KeyValue};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::backend::token_of;
-use super::session::SessionInner;
-use super::watch::HubEvent;
-use super::{observe, EtcdError};
+use super::watch::{HubEvent, WatchHandle};
+use super::{observe, token_of, EtcdError};
 use crate::backend::BackendError;
 use crate::group::{
     group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch,
@@ -47,13 +47,67 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// A round (list and watch) that lasted this long before failing starts the pauses over.
 const HEALTHY_ROUND: Duration = Duration::from_secs(10);
 
-/// The session's group feeds, by group prefix (without the session's key prefix).
+/// What a feed needs of its session (the session implements it; a feed holds it weakly and ends
+/// when it is gone).
+pub(super) trait GroupSource: Send + Sync + 'static {
+    /// The session's client, connecting first if needed.
+    fn client(&self) -> impl Future<Output = Result<Client, EtcdError>> + Send;
+
+    /// The bound on one request.
+    fn io_timeout(&self) -> Duration;
+
+    /// Watches every key starting with `prefix` from `start_revision` over the session's shared
+    /// watch stream.
+    fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        start_revision: i64,
+    ) -> impl Future<Output = Result<WatchHandle, EtcdError>> + Send;
+}
+
+/// A session's group feeds, by group prefix (without the session's key prefix).
 #[derive(Default)]
 pub(super) struct GroupFeeds(Mutex<HashMap<String, Weak<Feed>>>);
 
 impl GroupFeeds {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Feed>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A watch of group `group` (keys starting with `key`; lease names are keys without their
+    /// first `strip` bytes): a new subscriber of its running feed, or a new feed on `runtime`
+    /// reading from `source`.
+    pub(super) fn watch<S: GroupSource>(
+        &self,
+        runtime: &Handle,
+        source: Weak<S>,
+        group: &str,
+        key: Vec<u8>,
+        strip: usize,
+    ) -> Result<GroupWatch, GroupError> {
+        let mut feeds = self.lock();
+        feeds.retain(|_, feed| feed.strong_count() > 0);
+        if let Some(feed) = feeds.get(group).and_then(Weak::upgrade) {
+            let mut receiver = feed.receiver.clone();
+            // `changed` resolves for snapshots newer than this watch.
+            receiver.borrow_and_update();
+            return Ok(GroupWatch::new(receiver, feed));
+        }
+        let (sender, receiver) = group_channel();
+        let fold = Fold {
+            key,
+            strip,
+            records: BTreeMap::new(),
+            sender,
+        };
+        let span = tracing::debug_span!("etcd_group_watch", group = %group);
+        let task = runtime.spawn(tracing::Instrument::instrument(feed(source, fold), span));
+        let feed = Arc::new(Feed {
+            receiver: receiver.clone(),
+            task: task.abort_handle(),
+        });
+        feeds.insert(group.to_owned(), Arc::downgrade(&feed));
+        Ok(GroupWatch::new(receiver, feed))
     }
 }
 
@@ -68,44 +122,6 @@ impl Drop for Feed {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// A watch of group `group` on `session`: a new subscriber of its running feed, or a new feed.
-///
-/// The feed runs on the session's own runtime, so no runtime of the caller's is needed.
-pub(super) fn watch_group(
-    session: &Arc<SessionInner>,
-    group: &str,
-) -> Result<GroupWatch, GroupError> {
-    let mut feeds = session.groups().lock();
-    feeds.retain(|_, feed| feed.strong_count() > 0);
-    if let Some(feed) = feeds.get(group).and_then(Weak::upgrade) {
-        let mut receiver = feed.receiver.clone();
-        // `changed` resolves for snapshots newer than this watch.
-        receiver.borrow_and_update();
-        return Ok(GroupWatch::new(receiver, feed));
-    }
-    let runtime = session
-        .runtime()
-        .map_err(|error| GroupError::Backend(Arc::new(Box::new(error))))?;
-    let (sender, receiver) = group_channel();
-    let fold = Fold {
-        key: session.settings().key(group),
-        strip: session.settings().prefix().len(),
-        records: BTreeMap::new(),
-        sender,
-    };
-    let span = tracing::debug_span!("etcd_group_watch", group = %group);
-    let task = runtime.spawn(tracing::Instrument::instrument(
-        feed(Arc::downgrade(session), fold),
-        span,
-    ));
-    let feed = Arc::new(Feed {
-        receiver: receiver.clone(),
-        task: task.abort_handle(),
-    });
-    feeds.insert(group.to_owned(), Arc::downgrade(&feed));
-    Ok(GroupWatch::new(receiver, feed))
 }
 
 /// The records of a group, folded from a range and the watch events after it.
@@ -179,7 +195,7 @@ enum Ended {
 }
 
 /// The feed's task: rounds of list and watch until the session is gone (or the task aborted).
-async fn feed(session: Weak<SessionInner>, mut fold: Fold) {
+async fn feed<S: GroupSource>(session: Weak<S>, mut fold: Fold) {
     let mut backoff = BACKOFF_START;
     loop {
         let started = Instant::now();
@@ -207,12 +223,12 @@ async fn feed(session: Weak<SessionInner>, mut fold: Fold) {
 }
 
 /// One range of the group, then its watch from the range's revision on, until it ends.
-async fn round(session: &Weak<SessionInner>, fold: &mut Fold) -> Ended {
+async fn round<S: GroupSource>(session: &Weak<S>, fold: &mut Fold) -> Ended {
     let mut watch = {
         let Some(inner) = session.upgrade() else {
             return Ended::SessionGone;
         };
-        let revision = match list(&inner, fold).await {
+        let revision = match list(&*inner, fold).await {
             Ok(revision) => revision,
             Err(error) => {
                 return Ended::Failed {
@@ -256,9 +272,9 @@ async fn round(session: &Weak<SessionInner>, fold: &mut Fold) -> Ended {
 }
 
 /// Lists the group with one range request and publishes it; returns the range's revision.
-async fn list(session: &SessionInner, fold: &mut Fold) -> Result<i64, EtcdError> {
+async fn list<S: GroupSource>(session: &S, fold: &mut Fold) -> Result<i64, EtcdError> {
     let mut kv = session.client().await?.kv_client();
-    let io_timeout = session.settings().connect_timeout();
+    let io_timeout = session.io_timeout();
     let options = GetOptions::new().with_prefix();
     let response = match timeout(io_timeout, kv.get(fold.key.clone(), Some(options))).await {
         Ok(response) => observe("range", response)

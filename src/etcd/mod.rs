@@ -19,7 +19,7 @@ pub use settings::{
 };
 
 use crate::backend::BackendError;
-use crate::lease::BoxError;
+use crate::lease::{BoxError, FencingToken};
 use crate::managed::ManagedLease;
 use crate::settings::LeaseSettings;
 use crate::shared::SharedLease;
@@ -35,6 +35,11 @@ pub(crate) fn observe<T>(
     let outcome = if result.is_ok() { "ok" } else { "error" };
     crate::metrics::backend_request(ETCD_BACKEND, verb, outcome);
     result
+}
+
+/// The fencing token of a tenure whose claim wrote the key at `revision` (its `mod_revision`).
+pub(crate) fn token_of(revision: i64) -> FencingToken {
+    FencingToken::new(revision.unsigned_abs())
 }
 
 /// Counts one transaction: `conflict` when its compare failed (a compare-and-swap refused).

@@ -37,9 +37,10 @@ use tokio::sync::{watch, Notify, OnceCell};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
-use super::group::GroupFeeds;
+use super::group::{GroupFeeds, GroupSource};
 use super::watch::{WatchHandle, WatchHub};
 use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
+use crate::group::{GroupError, GroupWatch};
 use crate::managed::ManagedLease;
 use crate::metrics;
 use crate::settings::LeaseSettings;
@@ -289,18 +290,25 @@ impl SessionInner {
         self.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The session's settings.
-    pub(super) fn settings(&self) -> &EtcdSettings {
-        &self.settings
-    }
-
-    /// The session's group watches (see [`super::group`]).
-    pub(super) fn groups(&self) -> &GroupFeeds {
-        &self.groups
+    /// A watch of the group of leases whose names start with `group`: a new subscriber of the
+    /// session's feed of that group, or a new feed on the session's runtime (see
+    /// [`super::group`]).
+    pub(super) fn watch_group(self: &Arc<Self>, group: &str) -> Result<GroupWatch, GroupError> {
+        let runtime = self
+            .runtime()
+            .map_err(|error| GroupError::Backend(Arc::new(Box::new(error))))?;
+        let source: Weak<Self> = Arc::downgrade(self);
+        self.groups.watch(
+            runtime,
+            source,
+            group,
+            self.settings.key(group),
+            self.settings.prefix().len(),
+        )
     }
 
     /// The session's runtime.
-    pub(super) fn runtime(&self) -> Result<&Handle, EtcdError> {
+    fn runtime(&self) -> Result<&Handle, EtcdError> {
         self.runtime
             .handle
             .as_ref()
@@ -328,15 +336,6 @@ impl SessionInner {
         deletes_only: bool,
     ) -> Result<WatchHandle, EtcdError> {
         Ok(self.hub().await?.watch(key, start_revision, deletes_only))
-    }
-
-    /// Watches every key starting with `prefix` over the session's shared watch stream.
-    pub(super) async fn watch_prefix(
-        &self,
-        prefix: Vec<u8>,
-        start_revision: i64,
-    ) -> Result<WatchHandle, EtcdError> {
-        Ok(self.hub().await?.watch_prefix(prefix, start_revision))
     }
 
     /// The session's watch hub, started on first use.
@@ -440,6 +439,24 @@ impl SessionInner {
         grant
             .usable(Instant::now())
             .then(|| Grant::register(grant, user, timing))
+    }
+}
+
+impl GroupSource for SessionInner {
+    async fn client(&self) -> Result<Client, EtcdError> {
+        SessionInner::client(self).await
+    }
+
+    fn io_timeout(&self) -> Duration {
+        self.settings.connect_timeout()
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        start_revision: i64,
+    ) -> Result<WatchHandle, EtcdError> {
+        Ok(self.hub().await?.watch_prefix(prefix, start_revision))
     }
 }
 
