@@ -17,10 +17,11 @@ use std::time::Duration;
 use actix::Actor;
 use actix_coordination::{
     is_valid_kubernetes_object_name as is_valid_object_name, kubernetes_object_name as object_name,
-    AcquireAttempt, BackendError, ClusterSingletonManager, CoordinationConfig, KubernetesBackend,
-    KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings, Lease, LeaseBackend,
-    LeaseError, LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome, RenewOutcome, Shutdown,
-    SingletonSettings, SingletonState, KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
+    AcquireAttempt, BackendError, ClusterSingletonManager, CoordinationConfig, GroupError,
+    KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings,
+    Lease, LeaseBackend, LeaseError, LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome,
+    RenewOutcome, Shutdown, SingletonSettings, SingletonState,
+    KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
     KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
 use common::contract::{next_renewal, Fixture, LostProbe};
@@ -1932,4 +1933,75 @@ async fn the_token_never_appears_in_real_log_output() {
         !output.contains(env.token.as_str()),
         "the token appears in the log output"
     );
+}
+
+/// A group watch of a session on a ready client runs its namespace watch on the runtime of the
+/// first user, as the session's leases do: outside a runtime it cannot start
+/// ([`GroupError::NoRuntime`]); one started on a runtime that then shuts down ends
+/// ([`GroupError::Ended`]: its watch is gone, nothing it shows stays current); and a new one,
+/// started from a runtime that runs, watches again and sees a claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_watch_of_a_ready_client_needs_a_runtime_and_ends_with_it() {
+    let _f = KubeFixture::new().await;
+    let session =
+        KubernetesSession::from_client(client(&env().url, &env().token), env().namespace.clone())
+            .unwrap();
+    let name = unique("ready-group");
+    let prefix = format!("{name}-");
+    let lease = session.lease(settings(&format!("{prefix}0"), "a"));
+    let (lease, outside) = {
+        let prefix = prefix.clone();
+        std::thread::spawn(move || {
+            let outside = lease.watch_group(&prefix).map(drop);
+            (lease, outside)
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(matches!(outside, Err(GroupError::NoRuntime)), "{outside:?}");
+
+    let (lease, mut ended) = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let watch = runtime.block_on(async {
+            let mut watch = lease.watch_group(&prefix).expect("a group watch");
+            common::contract::group_until(&mut watch, Duration::from_secs(30), "synced", |s, _| {
+                s.is_synced()
+            })
+            .await;
+            watch
+        });
+        drop(runtime);
+        (lease, watch)
+    })
+    .await
+    .unwrap();
+    // Its last snapshot (not synced) may still be unread; then it says it ended.
+    let result = timeout(Duration::from_secs(30), async {
+        loop {
+            if let Err(error) = ended.changed().await {
+                return error;
+            }
+        }
+    })
+    .await
+    .expect("the group watch ends with its runtime");
+    assert!(matches!(result, GroupError::Ended), "{result:?}");
+    assert!(!ended.snapshot().is_synced(), "{ended:?}");
+
+    let prefix = format!("{name}-");
+    let mut again = lease.watch_group(&prefix).expect("a group watch again");
+    assert!(lease.acquire().await.unwrap());
+    let token = lease.fencing_token();
+    let seen = common::contract::group_until(
+        &mut again,
+        Duration::from_secs(30),
+        "the claim, on the new watch",
+        |s, now| s.is_synced() && s.live_holder(lease.name(), now) == Some("a"),
+    )
+    .await;
+    assert_eq!(seen.get(lease.name()).unwrap().token, token);
+    assert!(lease.release().await.unwrap());
 }

@@ -9,14 +9,20 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix_coordination::{KubernetesLease, KubernetesSession, Lease, LeaseSettings};
+use actix_coordination::{
+    GroupSnapshot, GroupWatch, KubernetesLease, KubernetesSession, Lease, LeaseSettings,
+};
 use common::k8s::{
     acquire_all_and_watch, client, env, established_connections_to, through, unique,
 };
 use common::proxy::FaultProxy;
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Counts the bytes allocated and not yet freed, by every thread of the process.
@@ -352,4 +358,184 @@ async fn leases_of_a_client_session_share_one_watch() {
         before,
         "the watches end with their leases"
     );
+}
+
+/// `apiserver_request_total{resource="leases"}` of the API server's metrics, by verb.
+async fn lease_requests(admin: &kube::Client) -> BTreeMap<String, u64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(request).await.expect("metrics");
+    let mut by_verb = BTreeMap::new();
+    for (labels, value) in text
+        .lines()
+        .filter_map(|line| line.strip_prefix("apiserver_request_total{"))
+        .filter_map(|rest| rest.split_once("} "))
+        .filter(|(labels, _)| labels.contains("resource=\"leases\""))
+    {
+        let verb = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("verb=\""))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        *by_verb.entry(verb).or_insert(0) += value.trim().parse::<f64>().unwrap() as u64;
+    }
+    by_verb
+}
+
+/// Waits until the latest snapshot of `group` satisfies `check` (at the instant it is checked),
+/// within 30 s; that snapshot.
+async fn group_becomes(
+    group: &mut GroupWatch,
+    what: &str,
+    check: impl Fn(&GroupSnapshot, Instant) -> bool,
+) -> Arc<GroupSnapshot> {
+    timeout(Duration::from_secs(30), async {
+        loop {
+            let snapshot = group.snapshot_and_mark();
+            if check(&snapshot, Instant::now()) {
+                return snapshot;
+            }
+            group.changed().await.expect("the group watch runs");
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within 30 s: {:?}", group.snapshot()))
+}
+
+/// A group watch over 50 leases held by one session is a filter over the namespace watch the
+/// leases share: starting it and following it sends no request (the session's watch counters and
+/// the API server's counts of `LIST`, `WATCH`, `GET` and `CREATE` on leases stay as they were)
+/// and opens no watch. It sees a record another session (a separate client) claims, releases
+/// and deletes, and it keeps the namespace watch running after the leases are gone, until it is
+/// dropped itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_watch_adds_no_request() {
+    const HELD: usize = 50;
+    let _serial = SERIAL.lock().await;
+    let admin = client(&env().url, &env().admin_token);
+    // No lease watch of an earlier test of this process is left (an ending one counts a request).
+    let before_watches = lease_watches_become(&admin, 0).await;
+    let proxy = FaultProxy::start(env().upstream).await;
+    let session = KubernetesSession::new(through(&proxy)).unwrap();
+    let base = unique("scale-group");
+    let prefix = format!("{base}-");
+    let leases: Vec<KubernetesLease> = (0..HELD)
+        .map(|i| session.lease(settings(format!("{base}-{i}"))))
+        .collect();
+    acquire_and_watch(&leases).await;
+    assert_eq!(
+        lease_watches_become(&admin, before_watches + 1).await,
+        before_watches + 1
+    );
+    let quiet = |by_verb: &BTreeMap<String, u64>| -> BTreeMap<String, u64> {
+        by_verb
+            .iter()
+            .filter(|(verb, _)| ["LIST", "WATCH", "GET", "CREATE"].contains(&verb.as_str()))
+            .map(|(verb, n)| (verb.clone(), *n))
+            .collect()
+    };
+    let server_before = quiet(&lease_requests(&admin).await);
+    let watch_before = session.stats().watch;
+
+    let mut group = leases[0].watch_group(&prefix).expect("a group watch");
+    let all = group_becomes(&mut group, "every held lease", |s, now| {
+        s.is_synced()
+            && s.records().len() == HELD
+            && (0..HELD).all(|i| s.live_holder(&format!("{base}-{i}"), now) == Some("a"))
+    })
+    .await;
+    for lease in &leases {
+        let record = all.get(lease.name()).unwrap();
+        assert_eq!(record.token, lease.fencing_token(), "{record:?}");
+    }
+    let server_after = quiet(&lease_requests(&admin).await);
+    assert_eq!(server_after, server_before, "requests of the group watch");
+    assert_eq!(session.stats().watch, watch_before, "{:?}", session.stats());
+    assert_eq!(open_lease_watches(&admin).await, before_watches + 1);
+
+    // Another session, with a client of its own, claims, releases and deletes a record.
+    let other_session = KubernetesSession::new(through(&proxy)).unwrap();
+    assert_ne!(other_session.session_id(), session.session_id());
+    let other_name = format!("{base}-other");
+    let other = other_session.lease(
+        LeaseSettings::builder(&other_name, "b")
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    );
+    assert!(other.acquire().await.unwrap());
+    let token = other.fencing_token();
+    let seen = group_becomes(&mut group, "the other session's claim", |s, now| {
+        s.live_holder(&other_name, now) == Some("b")
+    })
+    .await;
+    assert_eq!(seen.get(&other_name).unwrap().token, token);
+    assert!(other.release().await.unwrap());
+    group_becomes(&mut group, "the other session's release", |s, _| {
+        s.get(&other_name).is_some_and(|r| r.holder.is_none())
+    })
+    .await;
+    let objects: kube::Api<LeaseObject> = kube::Api::namespaced(admin.clone(), &env().namespace);
+    objects
+        .delete(&other_name, &Default::default())
+        .await
+        .expect("delete");
+    group_becomes(&mut group, "the deletion", |s, _| {
+        s.get(&other_name).is_none() && s.records().len() == HELD
+    })
+    .await;
+    drop(other);
+    drop(other_session);
+    assert_eq!(
+        session.stats().watch,
+        watch_before,
+        "the group watch sent nothing: {:?}",
+        session.stats()
+    );
+
+    // The leases go; the group watch keeps the namespace watch (it still sees a client-go style
+    // object, without our annotation, created afterwards), until it goes too.
+    release_all(leases).await;
+    group_becomes(&mut group, "every release", |s, _| {
+        s.records().values().all(|r| r.holder.is_none())
+    })
+    .await;
+    let late = format!("{base}-late");
+    let object = LeaseObject {
+        metadata: ObjectMeta {
+            name: Some(late.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("c".into()),
+            lease_duration_seconds: Some(30),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    objects
+        .create(&Default::default(), &object)
+        .await
+        .expect("create");
+    group_becomes(
+        &mut group,
+        "an object created after the leases went",
+        |s, now| s.live_holder(&late, now) == Some("c"),
+    )
+    .await;
+    assert_eq!(
+        open_lease_watches(&admin).await,
+        before_watches + 1,
+        "the group watch keeps the namespace watch"
+    );
+    drop(group);
+    assert_eq!(
+        lease_watches_become(&admin, before_watches).await,
+        before_watches,
+        "the namespace watch ends with the last group watch"
+    );
+    drop(session);
+    objects
+        .delete(&late, &Default::default())
+        .await
+        .expect("delete");
 }

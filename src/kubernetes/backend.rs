@@ -18,6 +18,7 @@ use super::record::{
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
@@ -621,6 +622,17 @@ impl LeaseBackend for KubernetesBackend {
                 });
             }
         }
+    }
+
+    /// A filter over the namespace watch this backend's leases share (started if none runs):
+    /// no request of its own. See [`KubernetesLease`](super::KubernetesLease), "Groups".
+    fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
+        self.hub
+            .watch_group(&self.namespace, prefix)
+            .map_err(|error| match error {
+                KubernetesError::Runtime { .. } => GroupError::NoRuntime,
+                other => GroupError::Backend(Arc::new(Box::new(other))),
+            })
     }
 
     fn notifies_changes(&self) -> bool {

@@ -80,6 +80,20 @@ use super::KubernetesSession;
 /// received a version. A watch response that ends early is re-opened no sooner than
 /// [`KUBERNETES_WATCH_FLOOR`](crate::KUBERNETES_WATCH_FLOOR) after the previous one.
 ///
+/// # Groups
+///
+/// [`watch_group`](crate::Lease::watch_group) serves a group of leases (every object whose
+/// original lease name, the annotation
+/// [`KUBERNETES_LEASE_NAME_ANNOTATION`](crate::KUBERNETES_LEASE_NAME_ANNOTATION) or the object
+/// name for client-go's objects, starts with the prefix) from that same namespace watch, starting
+/// it if none runs: no request of its own (`a_group_watch_adds_no_request` in
+/// `tests/kubernetes_scale.rs`). For it the watch keeps a compact entry per object of the
+/// namespace (lease name, version, holder, token, when this process first received the version,
+/// not the object); a record's expiry is that instant plus its `leaseDurationSeconds`, as a
+/// contender judges a claim. The watch runs while a group watch or a lease uses it; a group
+/// watch whose namespace watch ended with its runtime ends
+/// ([`GroupError::Ended`](crate::GroupError::Ended)).
+///
 /// # Releasing keeps the object
 ///
 /// A release is a compare-and-swap that clears `holderIdentity`; the object stays, so

@@ -9,6 +9,8 @@
 //! * `record.rs`: the `Lease` object as written and read (holder, fencing token, duration).
 //! * `observed.rs`: what a backend knows of its object, and the observed-time expiry clock.
 //! * `watch.rs`: one namespace watch shared by the leases of a client.
+//! * `group.rs`: the namespace watch's index of every object, and the group watches served
+//!   from it ([`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group)).
 //! * `session.rs`: [`KubernetesSession`], one client per API server and credentials.
 //! * `client.rs`: the HTTP stack of a session (HTTP/2, `TCP_NODELAY`, its own runtime).
 //! * `settings.rs`, `name.rs`, `error.rs`: settings, object names, errors.
@@ -17,6 +19,7 @@
 mod backend;
 mod client;
 mod error;
+mod group;
 mod lease;
 mod name;
 mod observed;

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of};
+use super::record::{duration_of, holder_of, newer, older};
 use super::watch::{self, KubernetesWatchStats, Subscription, View};
 use super::{KubernetesBackend, KubernetesError};
 use crate::lease::{FencingToken, LostReason};
@@ -70,7 +70,7 @@ impl KubernetesBackend {
             view.version(),
             state.known.as_ref().and_then(|(v, _)| v.version()),
         ) {
-            if watch::older(new, known) {
+            if older(new, known) {
                 return;
             }
         }
@@ -196,10 +196,10 @@ impl KubernetesBackend {
         };
         let ours = self.lock().tenure_version.clone();
         if let (Some(seen), Some(ours)) = (view.version(), ours.as_deref()) {
-            if watch::newer(seen, ours) {
+            if newer(seen, ours) {
                 return Ok(Some(reason));
             }
-            if seen == ours || watch::older(seen, ours) {
+            if seen == ours || older(seen, ours) {
                 return Ok(None);
             }
         }

@@ -168,6 +168,21 @@ pub(super) fn duration_secs(ttl: Duration) -> i32 {
     i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
 }
 
+/// Whether `a` is an older `resourceVersion` than `b`. Versions are opaque to clients, but every
+/// API server backed by etcd writes etcd revisions; when either is not a number this says `false`
+/// (nothing is dropped, and a compare-and-swap catches a stale view).
+pub(super) fn older(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a < b,
+        _ => false,
+    }
+}
+
+/// Whether `a` is a newer `resourceVersion` than `b`, when both are numbers.
+pub(super) fn newer(a: &str, b: &str) -> bool {
+    older(b, a)
+}
+
 /// Now, at the microsecond precision the API server stores (so that a written value compares
 /// equal to what is read back).
 pub(super) fn now_micro() -> MicroTime {
@@ -203,6 +218,16 @@ pub(super) mod tests {
                 ..LeaseSpec::default()
             }),
         }
+    }
+
+    #[test]
+    fn versions_compare_only_as_numbers() {
+        assert!(older("9", "10"));
+        assert!(!older("10", "9"));
+        assert!(!older("10", "10"));
+        assert!(!older("x", "10"));
+        assert!(newer("11", "10"));
+        assert!(!newer("a", "b"));
     }
 
     #[test]

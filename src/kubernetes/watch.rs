@@ -38,8 +38,10 @@
 //! # Cost and bounds
 //!
 //! The watch asks for `Lease` objects of the whole namespace (a client-go holder's object has no
-//! label of ours to select on); events of objects no lease here subscribed to are dropped as they
-//! arrive, and only subscribed objects are buffered during a listing. A watch stream that ends
+//! label of ours to select on). Of every object it keeps a compact entry for group watches (see
+//! the `group` module: lease name, version, holder, token and when it was received, not the
+//! object); the object itself is kept and buffered during a listing only for names a lease here
+//! subscribed to. A watch stream that ends
 //! sooner than requested (a proxy or load balancer cutting long responses) is re-opened only
 //! [`WATCH_FLOOR`] after the previous one was opened, so such a proxy cannot turn the watch into a
 //! tight request loop; failures back off as kube's watcher does (0.8 s doubling to 30 s, like
@@ -63,7 +65,10 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::group::Index;
+use super::record::older;
 use super::KubernetesError;
+use crate::group::GroupWatch;
 
 /// The shortest time between the starts of two watch requests of one namespace watch.
 pub const WATCH_FLOOR: Duration = Duration::from_secs(1);
@@ -197,18 +202,7 @@ impl WatchHub {
         namespace: &str,
         object: &str,
     ) -> Result<Subscription, KubernetesError> {
-        let watch = {
-            let mut watches = lock(&self.watches);
-            watches.retain(|_, w| w.strong_count() > 0);
-            match watches.get(namespace).and_then(Weak::upgrade) {
-                Some(watch) if !watch.ended() => watch,
-                _ => {
-                    let watch = Arc::new(self.start(namespace)?);
-                    watches.insert(namespace.to_owned(), Arc::downgrade(&watch));
-                    watch
-                }
-            }
-        };
+        let watch = self.namespace_watch(namespace)?;
         let snapshots = {
             let mut registry = lock(&watch.state.registry);
             let entry = registry
@@ -235,6 +229,40 @@ impl WatchHub {
         })
     }
 
+    /// Watches the group of leases of `namespace` whose names start with `prefix`: a filter over
+    /// the namespace watch (started if no lease of this hub watches the namespace yet), with no
+    /// request of its own. The watch lives as long as the returned handle (and its clones) or a
+    /// lease's subscription does.
+    ///
+    /// # Errors
+    ///
+    /// [`KubernetesError::Runtime`] when the hub has no runtime of its own and this is not called
+    /// within a Tokio runtime.
+    pub(super) fn watch_group(
+        &self,
+        namespace: &str,
+        prefix: &str,
+    ) -> Result<GroupWatch, KubernetesError> {
+        let watch = self.namespace_watch(namespace)?;
+        let (id, receiver) = lock(&watch.state.index).subscribe(prefix);
+        tracing::debug!(%namespace, prefix, "watching a group of leases");
+        Ok(GroupWatch::new(receiver, GroupSubscription { watch, id }))
+    }
+
+    /// The running watch of `namespace`, started if there is none (or the last one ended).
+    fn namespace_watch(&self, namespace: &str) -> Result<Arc<NamespaceWatch>, KubernetesError> {
+        let mut watches = lock(&self.watches);
+        watches.retain(|_, w| w.strong_count() > 0);
+        Ok(match watches.get(namespace).and_then(Weak::upgrade) {
+            Some(watch) if !watch.ended() => watch,
+            _ => {
+                let watch = Arc::new(self.start(namespace)?);
+                watches.insert(namespace.to_owned(), Arc::downgrade(&watch));
+                watch
+            }
+        })
+    }
+
     fn start(&self, namespace: &str) -> Result<NamespaceWatch, KubernetesError> {
         let runtime = match &self.runtime {
             Some(runtime) => runtime.clone(),
@@ -246,6 +274,7 @@ impl WatchHub {
         let state = Arc::new(WatchState {
             id,
             registry: Mutex::default(),
+            index: Mutex::default(),
             status: watch::channel(Status::default()).0,
         });
         let floor = Floor {
@@ -292,6 +321,8 @@ struct WatchState {
     /// Unique in the process (see [`Snapshot::watch`]).
     id: u64,
     registry: Mutex<Registry>,
+    /// Every object of the namespace, for the group watches (see the `group` module).
+    index: Mutex<Index>,
     status: watch::Sender<Status>,
 }
 
@@ -306,6 +337,20 @@ impl Drop for EndWithTask {
             status.synced = false;
             status.ended = true;
         });
+        lock(&self.0.index).end();
+    }
+}
+
+/// What a [`GroupWatch`] keeps: the namespace watch running, and its group registered in the
+/// watch's index until the last clone of the group watch is dropped.
+struct GroupSubscription {
+    watch: Arc<NamespaceWatch>,
+    id: u64,
+}
+
+impl Drop for GroupSubscription {
+    fn drop(&mut self) {
+        lock(&self.watch.state.index).unsubscribe(self.id);
     }
 }
 
@@ -487,6 +532,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
             }
         };
         let mut registry = lock(&state.registry);
+        let mut index = lock(&state.index);
         match event {
             Event::Init => {
                 counters.listings.fetch_add(1, Ordering::Relaxed);
@@ -494,15 +540,21 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
                 state
                     .status
                     .send_if_modified(|s| std::mem::replace(&mut s.synced, false));
+                index.begin_listing();
             }
             Event::InitApply(lease) => {
-                if let (Some(listed), Some(name)) = (listed.as_mut(), lease.metadata.name.clone()) {
-                    if registry.objects.contains_key(&name) {
-                        listed.insert(name, View::Present(Arc::new(super::record::slim(lease))));
+                if let Some(name) = lease.metadata.name.clone() {
+                    index.listed(&name, &lease, at);
+                    if let Some(listed) = listed.as_mut() {
+                        if registry.objects.contains_key(&name) {
+                            let view = View::Present(Arc::new(super::record::slim(lease)));
+                            listed.insert(name, view);
+                        }
                     }
                 }
             }
             Event::InitDone => {
+                index.end_listing();
                 epoch = EPOCHS.fetch_add(1, Ordering::Relaxed) + 1;
                 // A subscribed object missing from the listing may have been created after the
                 // listing's snapshot: nothing is delivered for it, so what its leases knew is
@@ -519,6 +571,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
             }
             Event::Apply(lease) => {
                 if let Some(name) = lease.metadata.name.clone() {
+                    index.apply(&name, &lease, at);
                     state.deliver(
                         &mut registry,
                         &name,
@@ -531,6 +584,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
             Event::Delete(lease) => {
                 if let Some(name) = lease.metadata.name.clone() {
                     let version = lease.metadata.resource_version;
+                    index.delete(&name, version.as_deref());
                     state.deliver(&mut registry, &name, epoch, View::Absent { version }, at);
                 }
             }
@@ -607,34 +661,9 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether `a` is an older `resourceVersion` than `b`. Versions are opaque to clients, but every
-/// API server backed by etcd writes etcd revisions; when either is not a number this says `false`
-/// (nothing is dropped, and a compare-and-swap catches a stale view).
-pub(super) fn older(a: &str, b: &str) -> bool {
-    match (a.parse::<u64>(), b.parse::<u64>()) {
-        (Ok(a), Ok(b)) => a < b,
-        _ => false,
-    }
-}
-
-/// Whether `a` is a newer `resourceVersion` than `b`, when both are numbers.
-pub(super) fn newer(a: &str, b: &str) -> bool {
-    older(b, a)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn versions_compare_only_as_numbers() {
-        assert!(older("9", "10"));
-        assert!(!older("10", "9"));
-        assert!(!older("10", "10"));
-        assert!(!older("x", "10"));
-        assert!(newer("11", "10"));
-        assert!(!newer("a", "b"));
-    }
 
     #[test]
     fn watch_requests_are_recognised() {

@@ -1,0 +1,457 @@
+//! Groups of leases served from the namespace watch (see the crate's [`group`](crate::GroupWatch)
+//! documentation): a compact index of every `Lease` object of the namespace, folded from the
+//! watch's events, and the group watches of the namespace, each updated by the events of its
+//! records.
+//!
+//! # What is kept
+//!
+//! For every object of the namespace (not only those a lease of this process subscribed to: a
+//! group watch started on a running watch must know the objects listed before it, without a
+//! request): its lease name, `resourceVersion`, when this process first received that version,
+//! and the [`GroupRecord`] it makes: holder, fencing token (`leaseTransitions`, as a tenure's),
+//! and the expiry on this process's clock (first received + `leaseDurationSeconds`, as a contender
+//! judges a claim; `None` without a holder). Nothing of the object itself is kept. Without any
+//! group watch the index is still kept (a group watch started later needs it), whatever the
+//! namespace holds: give the leases a namespace of their own.
+//!
+//! An object counts as lease `L` only when it is `L`'s object: its name is
+//! [`object_name(L)`](super::object_name), where `L` is the annotation
+//! [`LEASE_NAME_ANNOTATION`](super::LEASE_NAME_ANNOTATION), or the object name for an object
+//! without it (client-go's). An object whose annotation names a lease of another object (a
+//! collision, which that lease itself refuses) belongs to no group, so a lease name has one record.
+//!
+//! # Cost
+//!
+//! An event touches its object's entry and the groups whose prefix its lease name starts with:
+//! each gets its new snapshot (a clone of its map of records). A listing (at start and after
+//! `410 Gone`) is buffered and replaces the index at its end, when every group is rebuilt once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::record::{duration_of, holder_of, older};
+use super::{object_name, LEASE_NAME_ANNOTATION};
+use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
+use crate::lease::FencingToken;
+
+/// What the index keeps of one object.
+#[derive(Debug, Clone)]
+struct Seen {
+    /// The lease the object is the object of.
+    lease: LeaseOf,
+    version: Option<String>,
+    /// When this process first received `version`.
+    first_seen: Instant,
+    record: GroupRecord,
+}
+
+impl Seen {
+    /// What `lease` (object `object`, received at `at`) makes, given what was known of it:
+    /// `None` when the object is older than what is known.
+    fn of(object: &str, lease: &LeaseObject, at: Instant, known: Option<&Seen>) -> Option<Seen> {
+        let version = lease.metadata.resource_version.clone();
+        let first_seen = match (known, version.as_deref()) {
+            (Some(known), Some(new)) => match known.version.as_deref() {
+                Some(old) if older(new, old) => return None,
+                Some(old) if old == new => known.first_seen,
+                _ => at,
+            },
+            _ => at,
+        };
+        let holder = holder_of(lease).map(str::to_owned);
+        let token = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .map(|t| FencingToken::new(t.max(0) as u64));
+        let expires_at = holder.as_ref().map(|_| first_seen + duration_of(lease));
+        Some(Seen {
+            lease: LeaseOf::of(object, lease),
+            version,
+            first_seen,
+            record: GroupRecord::new(holder, token, expires_at),
+        })
+    }
+}
+
+/// The lease an object is the object of (see the module docs).
+#[derive(Debug, Clone)]
+enum LeaseOf {
+    /// The lease of the object's own name (most objects: kept once, as the index's key).
+    Object,
+    /// A lease whose name maps to the object's name.
+    Named(Box<str>),
+    /// None: the object belongs to no group.
+    Nothing,
+}
+
+impl LeaseOf {
+    /// What object `object`, `lease`, is the object of.
+    fn of(object: &str, lease: &LeaseObject) -> Self {
+        match lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEASE_NAME_ANNOTATION))
+        {
+            None => LeaseOf::Object,
+            Some(name) if name == object => LeaseOf::Object,
+            Some(name) if object_name(name) == object => LeaseOf::Named(name.as_str().into()),
+            Some(_) => LeaseOf::Nothing,
+        }
+    }
+
+    /// The lease name, for object `object`.
+    fn name<'a>(&'a self, object: &'a str) -> Option<&'a str> {
+        match self {
+            LeaseOf::Object => Some(object),
+            LeaseOf::Named(name) => Some(name),
+            LeaseOf::Nothing => None,
+        }
+    }
+}
+
+/// The records of the group of `prefix` among `objects`.
+fn records_of(objects: &HashMap<String, Seen>, prefix: &str) -> BTreeMap<String, GroupRecord> {
+    objects
+        .iter()
+        .filter_map(|(object, seen)| {
+            let lease = seen.lease.name(object)?;
+            lease
+                .starts_with(prefix)
+                .then(|| (lease.to_owned(), seen.record.clone()))
+        })
+        .collect()
+}
+
+/// One group watch of the namespace.
+struct Group {
+    id: u64,
+    prefix: String,
+    records: BTreeMap<String, GroupRecord>,
+    sender: GroupSender,
+}
+
+impl Group {
+    fn contains(&self, lease: Option<&str>) -> bool {
+        lease.is_some_and(|l| l.starts_with(self.prefix.as_str()))
+    }
+
+    fn send(&self, synced: bool) {
+        self.sender
+            .send_replace(Arc::new(GroupSnapshot::new(self.records.clone(), synced)));
+    }
+}
+
+/// The index of a namespace watch, and its group watches.
+#[derive(Default)]
+pub(super) struct Index {
+    objects: HashMap<String, Seen>,
+    /// The objects of the listing in progress, if one is.
+    listing: Option<HashMap<String, Seen>>,
+    /// Listed, and not listing again.
+    synced: bool,
+    groups: Vec<Group>,
+    last_id: u64,
+}
+
+impl Index {
+    /// Adds a group watch of `prefix`: its id (for [`unsubscribe`](Self::unsubscribe)) and its
+    /// receiver, which has the group as known now.
+    pub(super) fn subscribe(&mut self, prefix: &str) -> (u64, watch::Receiver<Arc<GroupSnapshot>>) {
+        self.groups.retain(|g| !g.sender.is_closed());
+        self.last_id += 1;
+        let (sender, receiver) = group_channel();
+        let records = records_of(&self.objects, prefix);
+        let group = Group {
+            id: self.last_id,
+            prefix: prefix.to_owned(),
+            records,
+            sender,
+        };
+        group.send(self.synced);
+        self.groups.push(group);
+        (self.last_id, receiver)
+    }
+
+    /// Removes group watch `id`.
+    pub(super) fn unsubscribe(&mut self, id: u64) {
+        self.groups.retain(|g| g.id != id);
+    }
+
+    /// The watch ended: every group watch ends, its last snapshot not synced (its receivers see
+    /// the sender gone).
+    pub(super) fn end(&mut self) {
+        self.synced = false;
+        for group in self.groups.drain(..) {
+            group.send(false);
+        }
+    }
+
+    /// Object `object` is `lease`, received at `at` (a change after the listing).
+    pub(super) fn apply(&mut self, object: &str, lease: &LeaseObject, at: Instant) {
+        let known = self.objects.get(object);
+        let Some(seen) = Seen::of(object, lease, at, known) else {
+            return;
+        };
+        let old = self.objects.insert(object.to_owned(), seen);
+        self.changed(object, old);
+    }
+
+    /// Object `object` was deleted (`version`: of the deletion, if known).
+    pub(super) fn delete(&mut self, object: &str, version: Option<&str>) {
+        let newer_known = self.objects.get(object).is_some_and(|known| {
+            version
+                .zip(known.version.as_deref())
+                .is_some_and(|(gone, known)| older(gone, known))
+        });
+        if newer_known {
+            return;
+        }
+        if let Some(old) = self.objects.remove(object) {
+            self.changed(object, Some(old));
+        }
+    }
+
+    /// A listing starts: the groups are not synced until it ends.
+    pub(super) fn begin_listing(&mut self) {
+        self.listing = Some(HashMap::new());
+        if std::mem::replace(&mut self.synced, false) {
+            for group in &self.groups {
+                group.send(false);
+            }
+        }
+    }
+
+    /// The listing in progress has `lease`, received at `at`.
+    pub(super) fn listed(&mut self, object: &str, lease: &LeaseObject, at: Instant) {
+        let known = self.objects.get(object);
+        let listing = self.listing.get_or_insert_with(HashMap::new);
+        // An object older than what is known keeps what is known.
+        let seen = Seen::of(object, lease, at, known).or_else(|| known.cloned());
+        if let Some(seen) = seen {
+            listing.insert(object.to_owned(), seen);
+        }
+    }
+
+    /// The listing ended: it is what the namespace has (an object it lacks is gone), and every
+    /// group is rebuilt from it.
+    pub(super) fn end_listing(&mut self) {
+        self.objects = self.listing.take().unwrap_or_default();
+        self.synced = true;
+        self.groups.retain(|g| !g.sender.is_closed());
+        for group in &mut self.groups {
+            group.records = records_of(&self.objects, &group.prefix);
+            group.send(true);
+        }
+    }
+
+    /// Updates the groups of `object`, which was `old` (if known) and is what the index has now.
+    fn changed(&mut self, object: &str, old: Option<Seen>) {
+        let new = self.objects.get(object);
+        let old_lease = old.as_ref().and_then(|o| o.lease.name(object));
+        let new_lease = new.and_then(|n| n.lease.name(object));
+        let mut closed = false;
+        for group in &mut self.groups {
+            let (was, is) = (group.contains(old_lease), group.contains(new_lease));
+            if !was && !is {
+                continue;
+            }
+            let mut modified = false;
+            if was && old_lease != new_lease.filter(|_| is) {
+                modified |= old_lease.and_then(|l| group.records.remove(l)).is_some();
+            }
+            if let (true, Some(new), Some(lease)) = (is, new, new_lease) {
+                if group.records.get(lease) != Some(&new.record) {
+                    group.records.insert(lease.to_owned(), new.record.clone());
+                    modified = true;
+                }
+            }
+            if modified {
+                group.send(self.synced);
+                closed |= group.sender.is_closed();
+            }
+        }
+        if closed {
+            self.groups.retain(|g| !g.sender.is_closed());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn object(
+        name: Option<&str>,
+        version: &str,
+        holder: Option<&str>,
+        transitions: i32,
+    ) -> LeaseObject {
+        LeaseObject {
+            metadata: ObjectMeta {
+                resource_version: Some(version.into()),
+                annotations: name
+                    .map(|n| BTreeMap::from([(LEASE_NAME_ANNOTATION.to_owned(), n.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_transitions: Some(transitions),
+                lease_duration_seconds: Some(3),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    fn listed(index: &mut Index, objects: &[(&str, LeaseObject)]) {
+        index.begin_listing();
+        for (name, lease) in objects {
+            index.listed(name, lease, Instant::now());
+        }
+        index.end_listing();
+    }
+
+    fn holders(receiver: &watch::Receiver<Arc<GroupSnapshot>>) -> Vec<(String, Option<String>)> {
+        receiver
+            .borrow()
+            .records()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.holder.clone()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiry_counts_from_when_a_version_was_first_received() {
+        let mut index = Index::default();
+        let (_, mut group) = index.subscribe("g-");
+        assert!(!group.borrow_and_update().is_synced());
+        let start = Instant::now();
+        listed(&mut index, &[("g-0", object(None, "5", Some("a"), 2))]);
+        let snapshot = group.borrow_and_update().clone();
+        assert!(snapshot.is_synced());
+        let record = snapshot.get("g-0").unwrap();
+        assert_eq!(record.token, Some(FencingToken::new(2)));
+        assert_eq!(record.expires_at, Some(start + Duration::from_secs(3)));
+
+        // The same version again (a relist, or a late duplicate) keeps its clock.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        index.apply("g-0", &object(None, "5", Some("a"), 2), Instant::now());
+        assert!(!group.has_changed().unwrap(), "nothing new to send");
+        listed(&mut index, &[("g-0", object(None, "5", Some("a"), 2))]);
+        let record = group.borrow_and_update().get("g-0").unwrap().clone();
+        assert_eq!(record.expires_at, Some(start + Duration::from_secs(3)));
+        assert_eq!(
+            record.live_holder(start + Duration::from_secs(3)),
+            None,
+            "expired by the observer's clock"
+        );
+
+        // A renewal (a new version) starts it again, from when it arrived.
+        let renewed = Instant::now();
+        index.apply("g-0", &object(None, "6", Some("a"), 2), renewed);
+        let record = group.borrow_and_update().get("g-0").unwrap().clone();
+        assert_eq!(record.expires_at, Some(renewed + Duration::from_secs(3)));
+
+        // Released: no holder, no expiry, the tenure's token stays.
+        index.apply("g-0", &object(None, "7", None, 2), Instant::now());
+        let record = group.borrow_and_update().get("g-0").unwrap().clone();
+        assert_eq!(
+            record,
+            GroupRecord::new(None, Some(FencingToken::new(2)), None)
+        );
+    }
+
+    #[tokio::test]
+    async fn older_versions_are_ignored_and_deletions_remove_records() {
+        let mut index = Index::default();
+        listed(&mut index, &[]);
+        let (_, mut group) = index.subscribe("g-");
+        group.borrow_and_update();
+        index.apply("g-0", &object(None, "10", Some("b"), 4), Instant::now());
+        index.apply("g-0", &object(None, "9", Some("a"), 3), Instant::now());
+        assert_eq!(holders(&group), [("g-0".into(), Some("b".into()))]);
+        // A deletion older than what is known (the object was created again since) is ignored.
+        index.delete("g-0", Some("8"));
+        assert_eq!(group.borrow().records().len(), 1);
+        index.delete("g-0", Some("11"));
+        assert!(group.borrow_and_update().records().is_empty());
+        // Created again.
+        index.apply("g-0", &object(None, "12", Some("c"), 1), Instant::now());
+        assert_eq!(holders(&group), [("g-0".into(), Some("c".into()))]);
+        // A relist that lacks an object removes it.
+        listed(&mut index, &[]);
+        assert!(group.borrow_and_update().records().is_empty());
+        assert!(group.borrow().is_synced());
+    }
+
+    #[tokio::test]
+    async fn groups_are_by_lease_name_and_see_only_their_records() {
+        let mut index = Index::default();
+        let mapped = object_name("G-Jobs/0");
+        listed(
+            &mut index,
+            &[
+                // client-go's object: no annotation, its name is the lease name.
+                ("g-0", object(None, "1", Some("a"), 1)),
+                // A mapped name, in the group by its original lease name.
+                (&mapped, object(Some("G-Jobs/0"), "2", Some("b"), 1)),
+                // Same start, other group.
+                ("gx-0", object(None, "3", Some("c"), 1)),
+                // A collision: the annotation names a lease whose object is another one.
+                ("g-forged", object(Some("g-0"), "4", Some("d"), 1)),
+            ],
+        );
+        let (_, lower) = index.subscribe("g-");
+        let (_, upper) = index.subscribe("G-Jobs/");
+        assert_eq!(holders(&lower), [("g-0".into(), Some("a".into()))]);
+        assert_eq!(holders(&upper), [("G-Jobs/0".into(), Some("b".into()))]);
+        // An event of an object outside a group leaves its snapshot alone.
+        let mut lower = lower;
+        lower.borrow_and_update();
+        index.apply("gx-0", &object(None, "5", None, 1), Instant::now());
+        assert!(!lower.has_changed().unwrap());
+        index.delete(&mapped, None);
+        assert!(upper.borrow().records().is_empty());
+    }
+
+    #[tokio::test]
+    async fn relisting_unsyncs_and_dropped_or_ended_groups_are_forgotten() {
+        let mut index = Index::default();
+        listed(&mut index, &[("g-0", object(None, "1", Some("a"), 1))]);
+        let (id, mut group) = index.subscribe("g-");
+        assert!(group.borrow_and_update().is_synced());
+        index.begin_listing();
+        assert!(!group.borrow_and_update().is_synced());
+        assert_eq!(group.borrow().records().len(), 1, "kept while relisting");
+        index.listed("g-1", &object(None, "2", Some("b"), 1), Instant::now());
+        index.end_listing();
+        let snapshot = group.borrow_and_update().clone();
+        assert!(snapshot.is_synced());
+        assert_eq!(
+            snapshot.records().keys().collect::<Vec<_>>(),
+            ["g-1"],
+            "the listing replaces what was known"
+        );
+        index.unsubscribe(id);
+        assert!(index.groups.is_empty());
+        let (_, other) = index.subscribe("g-");
+        drop(other);
+        index.apply("g-2", &object(None, "3", Some("c"), 1), Instant::now());
+        assert!(index.groups.is_empty(), "a group nobody reads is forgotten");
+        let (_, mut ended) = index.subscribe("g-");
+        ended.borrow_and_update();
+        index.end();
+        assert!(!ended.borrow_and_update().is_synced(), "its last word");
+        assert!(ended.changed().await.is_err(), "the watch ended");
+    }
+}
