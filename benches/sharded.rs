@@ -413,7 +413,12 @@ fn main() {
             "stats": { "latency": join.json() },
             "values": { "moves": moves, "setup": setup },
         }),
-        &[Check::at_most("shard-join-moves", most_moves, 17.0, "moves")],
+        &[Check::at_most(
+            "shard-join-moves",
+            most_moves,
+            17.0,
+            "moves",
+        )],
     );
     let mut kill_check = Check::at_most("shard-kill-p99", kill.p99, ms(TTL) + 1000.0, "ms");
     if backend == "kubernetes" {
