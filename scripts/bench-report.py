@@ -268,6 +268,23 @@ def t_targets(d):
     row("frozen holder acting after `SIGCONT`", "never", frozen,
         ["frozen-acts", "frozen-ticks", "frozen-stopped"], ["pause"])
 
+    row("sharded workers: per-shard handover on a planned move (SIGTERM), median", "≤ 10 ms",
+        stat("shard-handover", "latency", "median", 1), ["shard-handover-median"],
+        ["shard-handover"])
+
+    def moves(backend, recs):
+        return f"{max(recs[-1]['values']['moves']):.0f} moves (16 shards to move)"
+
+    row("sharded workers: shards moved by a join (3 → 4 nodes, 64 shards)", "≤ 17", moves,
+        ["shard-join-moves"], ["shard-join"])
+
+    def kill_p99(backend, recs):
+        r = recs[-1]
+        return ms(r["stats"]["latency"]["p99"], 0) + f" (TTL {r['values']['ttl_ms'] / 1000:g} s)"
+
+    row("sharded workers: SIGKILLed node's shards running elsewhere, p99", "≤ TTL + 1 s",
+        kill_p99, ["shard-kill-p99"], ["shard-kill"])
+
     def scale(backend, recs):
         return "; ".join(
             f"{r['values']['leases']:,} held ({r['variant']}), {r['values']['lost']} lost"
@@ -392,6 +409,27 @@ def t_pause(d):
     header = ["backend", "rounds", "contender holds after `SIGSTOP`", "old holder's actions after `SIGCONT`",
               "its timer ticks after `SIGCONT`", "its singleton stopped after `SIGCONT`"]
     return table(header, rows) + "\n\n" + sources(used)
+
+
+def t_sharded(d):
+    rows, used = [], []
+    for backend, name in BACKENDS:
+        h, j, k = (d.get(m, backend) for m in ("shard-handover", "shard-join", "shard-kill"))
+        if not (h and j and k):
+            continue
+        used += [h, j, k]
+        hs, js, ks = (r["stats"]["latency"] for r in (h, j, k))
+        rows.append([
+            name, h["values"]["rounds"], hs["n"], ms(hs["min"], 1), f"**{ms(hs['median'], 1)}**",
+            ms(hs["p99"], 1), ms(hs["max"], 1),
+            f"{ms(js['median'], 0)} (max {ms(js['max'], 0)})",
+            " / ".join(f"{m:.0f}" for m in j["values"]["moves"]),
+            f"{ms(ks['median'], 0)} / **{ms(ks['p99'], 0)}**",
+        ])
+    header = ["backend", "rounds", "handovers", "min", "median", "p99", "max",
+              "join → balance, median", "moves per join", "SIGKILL → running elsewhere, median / p99"]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:"]
+    return table(header, rows, align) + "\n\n" + sources(used)
 
 
 def t_guard(d):
@@ -552,6 +590,7 @@ TABLES = {
     "failover": t_failover,
     "requests": t_requests,
     "pause": t_pause,
+    "sharded": t_sharded,
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,

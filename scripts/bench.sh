@@ -43,6 +43,7 @@ if [[ $mode == quick ]]; then
     export BENCH_HANDOFF_ROUNDS=${BENCH_HANDOFF_ROUNDS:-50} BENCH_FAILOVER_ROUNDS=${BENCH_FAILOVER_ROUNDS:-10}
     export BENCH_KILL_ROUNDS=${BENCH_KILL_ROUNDS:-5} BENCH_PAUSE_ROUNDS=${BENCH_PAUSE_ROUNDS:-1}
     export BENCH_WINDOW_SECS=${BENCH_WINDOW_SECS:-20}
+    export BENCH_SHARDED_ROUNDS=${BENCH_SHARDED_ROUNDS:-2}
 fi
 
 export BENCH_RESULTS_FILE=$PWD/$out/results.jsonl
@@ -97,6 +98,8 @@ bench handoff-memory --bench handoff -- memory handoff failover --check
 bench handoff-kubernetes --all-features --bench handoff -- kubernetes all --check
 bench handoff-etcd --all-features --bench handoff -- etcd all --check
 bench handoff-etcd-cluster --all-features --bench handoff -- etcd-cluster handoff failover kill --check
+bench sharded-kubernetes --all-features --bench sharded -- kubernetes --check
+bench sharded-etcd --all-features --bench sharded -- etcd --check
 if [[ $mode == quick ]]; then
     bench scale-memory --bench scale -- memory 10000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
