@@ -420,14 +420,7 @@ fn main() {
             "moves",
         )],
     );
-    let mut kill_check = Check::at_most("shard-kill-p99", kill.p99, ms(TTL) + 1000.0, "ms");
-    if backend == "kubernetes" {
-        kill_check = kill_check.known_miss(
-            "a survivor competes for a dead node's shards only once its member lease expired \
-             (one TTL), and judges a shard lease it never waited for from its first read (a \
-             second TTL)",
-        );
-    }
+    let kill_check = Check::at_most("shard-kill-p99", kill.p99, ms(TTL) + 1000.0, "ms");
     report.record(
         "shard-kill",
         &backend,
