@@ -195,7 +195,8 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
 ///   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
 ///   the lease's, whatever the nodes believe about each other.
 /// * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
-///   long as it runs; the live members are the holders of the member leases whose claims have not
+///   long as it runs, taken once its group watch has listed the group (so that it can compute
+///   its targets and compete as soon as the others count it); the live members are the holders of the member leases whose claims have not
 ///   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
 ///   per member per interval). A node that crashes drops out when its member lease expires; a node
 ///   shutting down releases its member lease first.
@@ -492,6 +493,18 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if !snapshot.is_synced() {
             return; // the watch's listing will send a change
         }
+        if self.member.is_none() {
+            // Join only now: the others target a member as soon as its member lease shows, so a
+            // node must be able to compute its targets and compete by then (a new process that
+            // joined before its watch had listed the group left the shards targeted to it idle
+            // for seconds after a graceful stop of another node: the sharded chaos runs).
+            tracing::info!(group = %self.group, node = %self.node, "the group is listed: joining");
+            self.member = Some(
+                ClusterSingletonManager::from_arc(Arc::clone(&self.member_lease), |_, _| Member)
+                    .settings(self.shard_settings())
+                    .start(),
+            );
+        }
         let now = Instant::now();
         let (members, holders, targets) = self.view(&snapshot, now);
         let mut candidates = Vec::new();
@@ -614,11 +627,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let settings = self.shard_settings();
-        self.member = Some(
-            ClusterSingletonManager::from_arc(Arc::clone(&self.member_lease), |_, _| Member)
-                .settings(settings.clone())
-                .start(),
-        );
+        // The member lease is taken once the group watch has listed the group (see `reconcile`).
         for shard in &mut self.shards {
             let factory = Rc::clone(&self.factory);
             let group = self.group.clone();
