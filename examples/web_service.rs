@@ -27,8 +27,14 @@
 //! `web-service-jobs`), `--owner ID` (default `$POD_NAME`, then the host name and process id),
 //! `--listen ADDR` (default `0.0.0.0:8080`). `$POD_NAMESPACE`, when set, replaces the `namespace`
 //! of the configuration's `kubernetes` sections (the pod's own namespace from the downward API).
+//! `--shutdown graceful` (the default) shuts down with [`GracefulShutdown`]; for comparison only
+//! (the README's "In an actix-web service" tells what goes wrong; `tests/web_service.rs` shows
+//! it), `--shutdown actix-web` leaves SIGTERM to actix-web alone (`handle_signals: false`), and
+//! `--shutdown both` lets actix-web and the manager (`handle_signals: true`) both handle it.
 //!
-//! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`).
+//! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`);
+//! `/shards` shows the `--shards N` partitions of work (default 8; 0: none) this replica runs and
+//! the group as it sees it (a [`ShardedWorkers`] group `<lease>-shards`).
 //! On SIGTERM or ctrl-c the crate's [`GracefulShutdown`] shuts down in this order: the manager
 //! stops the job, waits for it, and releases the lease (another replica takes over within a round
 //! trip); only then does the HTTP server stop, and the process exits. `/leases` and `/readyz` keep
@@ -42,9 +48,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GracefulShutdown,
-    HealthCheck, Lease, LeaseProvider, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
-    METRICS,
+    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GetGroupView,
+    GetShards, GracefulShutdown, HealthCheck, Lease, LeaseProvider, ShardInfo, ShardedWorkers,
+    SharedLease, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND, METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -91,12 +97,25 @@ impl Actor for Job {
     }
 }
 
+/// Who handles SIGTERM (`--shutdown`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ShutdownBy {
+    /// [`GracefulShutdown`]: the way to do it.
+    Graceful,
+    /// For comparison: actix-web's own signal handling; nothing releases the lease.
+    ActixWeb,
+    /// For comparison: actix-web's and the manager's (`handle_signals: true`), racing.
+    Both,
+}
+
 struct Args {
     config: Option<PathBuf>,
     config_key: String,
     lease: String,
     owner: String,
     listen: String,
+    shutdown: ShutdownBy,
+    shards: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -105,6 +124,8 @@ fn parse_args() -> Result<Args, String> {
     let mut lease = "web-service-jobs".to_owned();
     let mut owner = std::env::var("POD_NAME").ok();
     let mut listen = "0.0.0.0:8080".to_owned();
+    let mut shutdown = ShutdownBy::Graceful;
+    let mut shards = 8;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -114,6 +135,15 @@ fn parse_args() -> Result<Args, String> {
             "--lease" => lease = value()?,
             "--owner" => owner = Some(value()?),
             "--listen" => listen = value()?,
+            "--shards" => shards = value()?.parse().map_err(|e| format!("--shards: {e}"))?,
+            "--shutdown" => {
+                shutdown = match value()?.as_str() {
+                    "graceful" => ShutdownBy::Graceful,
+                    "actix-web" => ShutdownBy::ActixWeb,
+                    "both" => ShutdownBy::Both,
+                    other => return Err(format!("unknown --shutdown {other}")),
+                }
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -127,6 +157,8 @@ fn parse_args() -> Result<Args, String> {
         lease,
         owner,
         listen,
+        shutdown,
+        shards,
     })
 }
 
@@ -148,6 +180,39 @@ fn load_config(args: &Args) -> Result<CoordinationConfig, Box<dyn std::error::Er
         }
     }
     Ok(config)
+}
+
+/// A partition of the sharded work: it would consume its shard under the shard's token.
+struct Partition;
+
+impl Actor for Partition {
+    type Context = Context<Self>;
+}
+
+type Shards = Addr<ShardedWorkers<Partition, SharedLease>>;
+
+/// `/shards`: the shards running here with their tokens, and the group as this node sees it.
+async fn shards(workers: web::Data<Option<Shards>>) -> HttpResponse {
+    let Some(workers) = workers.as_ref() else {
+        return HttpResponse::NotFound().body("no sharded workers (--shards 0)");
+    };
+    let (Ok(here), Ok(view)) = (
+        workers.send(GetShards).await,
+        workers.send(GetGroupView).await,
+    ) else {
+        return HttpResponse::ServiceUnavailable().body("the sharded workers stopped");
+    };
+    let here: Vec<_> = here
+        .iter()
+        .map(|s| serde_json::json!({"shard": s.shard, "fencing_token": s.fencing_token.value()}))
+        .collect();
+    HttpResponse::Ok().json(serde_json::json!({
+        "here": here,
+        "synced": view.synced,
+        "members": view.members,
+        "holders": view.holders,
+        "targets": view.targets,
+    }))
 }
 
 async fn singleton(job: web::Data<Arc<JobState>>) -> HttpResponse {
@@ -181,7 +246,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR]";
+const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--shards N] [--shutdown graceful|actix-web|both]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().inspect_err(|_| eprintln!("{USAGE}"))?;
@@ -229,30 +294,63 @@ async fn serve(
         // Back off at most one TTL after errors, so that a waiting replica does not miss a
         // handover behind a long backoff.
         max_error_backoff: lease.settings().ttl(),
+        handle_signals: args.shutdown == ShutdownBy::Both,
         ..Default::default()
     })
     .health(&health)
     .start();
 
-    // The admin routes from the crate (feature `web`), and the job's own route.
+    // `--shards N` partitions of work spread over the replicas, each run exactly once (group
+    // `<lease>-shards`, leases configured like the singleton's). They do not report to the health
+    // check: readiness does not depend on how many shards a replica holds.
+    let workers: Option<Shards> = match args.shards {
+        0 => None,
+        n => Some(
+            ShardedWorkers::from_provider(
+                &provider,
+                &args.config_key,
+                format!("{}-shards", args.lease),
+                (0..n).map(|i| i.to_string()),
+                &args.owner,
+                |_: &ShardInfo, _| Partition,
+            )?
+            .start(),
+        ),
+    };
+
+    // The admin routes from the crate (feature `web`), and the job's own routes.
     let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
-    let server = HttpServer::new(move || {
+    let shards_data = web::Data::new(workers.clone());
+    let mut server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(Arc::clone(&job)))
+            .app_data(shards_data.clone())
             .configure(|cfg| admin.register(cfg))
             .route("/singleton", web::get().to(singleton))
+            .route("/shards", web::get().to(shards))
     })
     .workers(1)
-    // GracefulShutdown owns SIGTERM and SIGINT: the job stops and the lease is released before
-    // the server stops.
-    .disable_signals()
-    .shutdown_timeout(5)
-    .bind(&args.listen)?
-    .run();
+    .shutdown_timeout(5);
+    if args.shutdown == ShutdownBy::Graceful {
+        // GracefulShutdown owns SIGTERM and SIGINT: the job stops and the lease is released
+        // before the server stops.
+        server = server.disable_signals();
+    }
+    let server = server.bind(&args.listen)?.run();
     tracing::info!(listen = %args.listen, "http server listening");
-    GracefulShutdown::new()
-        .manager(lease.name(), manager)
-        .run(server)
-        .await?;
+    if args.shutdown == ShutdownBy::Graceful {
+        let mut shutdown = GracefulShutdown::new().manager(lease.name(), manager);
+        if let Some(workers) = workers {
+            shutdown = shutdown.manager(format!("{}-shards", args.lease), workers);
+        }
+        shutdown.run(server).await?;
+    } else {
+        // For comparison only: whatever the manager has not done when the server has stopped is
+        // dropped when `main` returns.
+        server.await?;
+        tracing::info!("http server stopped");
+        drop(manager);
+        drop(workers);
+    }
     Ok(())
 }

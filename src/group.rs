@@ -1,31 +1,4 @@
 //! Watching a group of lease records at once: who is alive and who holds what, from one watch.
-//!
-//! A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
-//! leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
-//! remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
-//! share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
-//! into a picture of the group ("which node holds which shard"), for
-//! [`ShardedWorkers`](crate::ShardedWorkers) and for status pages.
-//!
-//! # Cost
-//!
-//! A backend serves a group from one list and one watch for the whole group, never from a request
-//! per record per interval: on Kubernetes the namespace watch its leases already share (the
-//! group is a filter over it, no request of its own); on etcd one watch on the key prefix; in
-//! memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
-//! the capability; a backend that lacks it answers [`GroupError::Unsupported`].
-//!
-//! # Races and time
-//!
-//! A snapshot is what this process observed, up to the watch's delay: it can lag the store, and
-//! two processes can see different snapshots for a moment. It is meant for placement and for
-//! pictures, never for exclusivity (the lease of each record arbitrates that).
-//!
-//! A record's expiry is judged as a contender judges a claim: from when *this process* observed
-//! the record's current version, on its own monotonic clock, plus the duration the record states
-//! ([`GroupRecord::expires_at`]); never from a timestamp another machine wrote. A record whose
-//! holder stopped renewing therefore drops out of [`GroupSnapshot::live_holder`] at its expiry
-//! without any event: a consumer that cares wakes at [`GroupSnapshot::next_expiry`].
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -111,6 +84,19 @@ impl GroupSnapshot {
         Self { records, synced }
     }
 
+    /// For backend implementers: the records, to change in place. Sending a change of one record
+    /// costs O(log n), not a copy of the group, with
+    /// `sender.send_modify(|s| Arc::make_mut(s).records_mut().insert(..))`: the snapshot is copied
+    /// only while a reader still holds the previous one.
+    pub fn records_mut(&mut self) -> &mut BTreeMap<String, GroupRecord> {
+        &mut self.records
+    }
+
+    /// For backend implementers: marks whether the watch has listed the whole group.
+    pub fn set_synced(&mut self, synced: bool) {
+        self.synced = synced;
+    }
+
     /// Whether the watch has listed the whole group: before that, a missing record means nothing.
     pub fn is_synced(&self) -> bool {
         self.synced
@@ -119,6 +105,20 @@ impl GroupSnapshot {
     /// Every record, by lease name.
     pub fn records(&self) -> &BTreeMap<String, GroupRecord> {
         &self.records
+    }
+
+    /// The records whose lease names start with `prefix`, in name order (a range of the map, not
+    /// a scan of the group).
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a GroupRecord)> + 'a {
+        self.records
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(move |(name, _)| name.starts_with(prefix))
     }
 
     /// The record of lease `name`.
@@ -143,8 +143,35 @@ impl GroupSnapshot {
     }
 }
 
-/// A running watch of a group of lease records: one list and one watch for the whole group, whose
-/// snapshots can lag the store; see [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group).
+/// A running watch of a group of lease records.
+///
+/// A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
+/// leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
+/// remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
+/// share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
+/// into a picture of the group ("which node holds which shard"), for
+/// [`ShardedWorkers`](crate::ShardedWorkers) and for status pages.
+///
+/// # Cost
+///
+/// A backend serves a group from one list and one watch for the whole group, never from a request
+/// per record per interval: on Kubernetes the namespace watch its leases already share (the
+/// group is a filter over it, no request of its own); on etcd one range and one watch on the key
+/// prefix per group and session, shared by every watch of the group (etcd deletes a record with
+/// its holder's etcd lease, so its records carry no expiry); in memory the store itself. [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) is
+/// the capability; a backend that lacks it answers [`GroupError::Unsupported`].
+///
+/// # Races and time
+///
+/// A snapshot is what this process observed, up to the watch's delay: it can lag the store, and
+/// two processes can see different snapshots for a moment. It is meant for placement and for
+/// pictures, never for exclusivity (the lease of each record arbitrates that).
+///
+/// A record's expiry is judged as a contender judges a claim: from when *this process* observed
+/// the record's current version, on its own monotonic clock, plus the duration the record states
+/// ([`GroupRecord::expires_at`]); never from a timestamp another machine wrote. A record whose
+/// holder stopped renewing therefore drops out of [`GroupSnapshot::live_holder`] at its expiry
+/// without any event: a consumer that cares wakes at [`GroupSnapshot::next_expiry`].
 ///
 /// Clones share the watch; it ends (its resources released) when the last clone and the
 /// backend's own handle are dropped.
@@ -240,6 +267,10 @@ mod tests {
         assert_eq!(snapshot.live_holder("g-1", now + ttl * 100), Some("b"));
         assert_eq!(snapshot.live_holder("g-2", now), None);
         assert_eq!(snapshot.live_holder("g-3", now), None);
+        assert_eq!(snapshot.with_prefix("g-").count(), 3);
+        let names: Vec<&String> = snapshot.with_prefix("g-1").map(|(n, _)| n).collect();
+        assert_eq!(names, ["g-1"]);
+        assert_eq!(snapshot.with_prefix("h").count(), 0);
         assert_eq!(snapshot.next_expiry(now), Some(now + ttl));
         assert_eq!(snapshot.next_expiry(now + ttl), None);
     }

@@ -138,6 +138,32 @@ pub struct LeaseReport {
 /// [`HealthCheck::leases`] lists every registered lease as a [`LeaseReport`] (name, owner, the
 /// holder as last seen, whether this process holds it, its fencing token, the time left to its
 /// deadline), for status pages.
+///
+/// # Example
+///
+/// Register the leases (and managers, with
+/// [`ClusterSingletonManager::health`](crate::ClusterSingletonManager::health)), then serve the
+/// checks, for example on `/healthz` and `/readyz` (feature `web`: `AdminRoutes` does it):
+///
+/// ```
+/// use std::sync::Arc;
+/// use actix_coordination::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let lease = Arc::new(InMemoryLease::new(LeaseSettings::new("jobs", "node-1")?, &store));
+/// let health = HealthCheck::new();
+/// health.add_lease(&lease);
+///
+/// assert!(lease.acquire().await?);
+/// assert!(health.liveness().is_ok()); // the renewal task looks after the tenure
+/// assert!(health.readiness().is_ok());
+/// let report = &health.leases()[0];
+/// assert_eq!((report.name.as_str(), report.held), ("jobs", true));
+/// assert_eq!(report.holder.as_deref(), Some("node-1"));
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct HealthCheck {
     inner: Arc<Inner>,

@@ -17,9 +17,11 @@
 //!   the contract from [`ManagedLease`].
 //! * [`LeaseProvider`] loads leases from configuration by (name, config key, owner).
 //! * The actor layer: [`LeaseActor`] (a lease driven by messages), [`ClusterSingletonManager`]
-//!   (one singleton actor across a fleet, stopped on every end of its tenure) and
+//!   (one singleton actor across a fleet, stopped on every end of its tenure),
 //!   [`ShardCoordinator`] / [`CoordinatorGate`] (a coordinator that serves only under a live
-//!   tenure). They never act outside a tenure they have just checked.
+//!   tenure), [`ShardRegion`] (a lease per hosted shard) and [`ShardedWorkers`] (N workers
+//!   spread over the live nodes, each exactly once, membership and placement through the lease
+//!   store). They never act outside a tenure they have just checked.
 //! * Operations: [`HealthCheck`] (liveness and readiness the way client-go's `HealthzAdaptor`
 //!   does it, and [`LeaseReport`]s for status pages), metrics through the `metrics` facade with
 //!   the feature `metrics` (every one listed in [`METRICS`]), and a `lease_operation` tracing span
@@ -44,6 +46,58 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! Items behind a cargo feature say so on their page ("Available on crate feature … only", on
+//! docs.rs). The crate root lists every item; here they are by who needs them.
+//!
+//! # For users
+//!
+//! [`prelude`] holds what most programs import (every README snippet compiles with it).
+//!
+//! * The contract: [`Lease`] ([`acquire`](Lease::acquire), [`release`](Lease::release),
+//!   [`check_alive`](Lease::check_alive), [`on_lost`](Lease::on_lost)), [`FencingToken`],
+//!   [`LeaseLost`] and [`LostReason`], [`LeaseError`]; the tenure: [`TenureWatch`], [`Tenure`],
+//!   [`TenureGuard`], [`TenureEnd`]; [`SharedLease`] (one lease, many handles).
+//! * Leases: [`InMemoryStore`] / [`InMemoryLease`], `KubernetesLease` / `KubernetesSession` /
+//!   `KubernetesSettings` (feature `kubernetes`), `EtcdLease` / `EtcdSession` / `EtcdSettings`
+//!   (feature `etcd`); [`LeaseSettings`] and [`LeaseSettingsBuilder`]; from configuration:
+//!   [`LeaseProvider`], [`CoordinationConfig`], [`LeaseConfig`].
+//! * Actors: [`LeaseActor`] and its messages ([`Acquire`], [`Release`], [`CheckAlive`],
+//!   [`GetTenure`], [`SubscribeLeaseLost`], …); [`ClusterSingletonManager`] with
+//!   [`SingletonInfo`], [`SingletonSettings`], [`Shutdown`], [`SetEligible`], [`GetStatus`];
+//!   [`ShardCoordinator`] with [`RegisterRegion`], [`AllocateShard`], [`HostShard`], and
+//!   [`ShardRegion`] (a lease per hosted shard: [`HandOffShard`], [`GetHostedShards`]);
+//!   [`ShardedWorkers`] (N workers across the fleet, each exactly once: [`ShardInfo`],
+//!   [`ShardedSettings`], [`GetShards`], [`GetGroupView`]) on [`place`] and [`GroupWatch`]
+//!   ([`Lease::watch_group`]).
+//! * Operations: [`HealthCheck`] and [`LeaseReport`]; [`METRICS`], `describe_metrics` and the
+//!   histogram buckets (feature `metrics`); `AdminRoutes` and `GracefulShutdown` (feature `web`).
+//!
+//! # For backend implementers
+//!
+//! A new store implements [`LeaseBackend`] (single steps: [`AcquireAttempt`], [`RenewOutcome`],
+//! [`ReleaseOutcome`], errors through [`BackendError`]) and gets the whole contract from
+//! [`ManagedLease`] (renewal, local deadline, tenure, [`LeaseStats`]), and group watches through
+//! [`LeaseBackend::watch_group`] ([`group_channel`], [`GroupSender`], [`GroupSnapshot`],
+//! [`GroupRecord`], [`GroupError`]); a [`BackendFactory`]
+//! registered with [`LeaseProvider::register_backend`] makes it loadable from configuration. A
+//! lease that runs its own renewal publishes its tenure with [`TenurePublisher`] /
+//! [`PublishedTenure`] instead. A coordinator of your own takes its lease gate from
+//! [`CoordinatorGate`] ([`Submission`], [`Queued`], [`Responder`], [`GateState`]). The crate's
+//! backends are examples: [`InMemoryBackend`], `KubernetesBackend`, `EtcdBackend` (each with its
+//! tenure type) and their factories. The README's "Writing a backend" has the rules.
+//!
+//! # Testing and fault injection
+//!
+//! [`InMemoryStore`] injects faults per owner or for everyone ([`InMemoryFault`]:
+//! [`partition`](InMemoryStore::partition), [`pause`](InMemoryStore::pause),
+//! [`set_fault`](InMemoryStore::set_fault), [`force_take`](InMemoryStore::force_take),
+//! [`delete`](InMemoryStore::delete)) and shows the store as it is ([`InMemoryRecord`],
+//! [`InMemoryStats`]); [`LeaseStats`] and the Kubernetes stats (`KubernetesStats`,
+//! `KubernetesSessionStats`, `KubernetesWatchStats`) count requests, for tests that wait on
+//! events rather than time, and for cost checks.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod actors;
 mod backend;
@@ -61,8 +115,10 @@ mod shared;
 mod tenure;
 mod vocab;
 #[cfg(feature = "web")]
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 mod web;
 #[cfg(feature = "web")]
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 pub use web::{AdminRoutes, GracefulShutdown, DEFAULT_SHUTDOWN_TIMEOUT};
 
 pub use actors::{
@@ -74,8 +130,8 @@ pub use actors::{
     DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
-    GetGroupView, GetShards, GroupView, RunningShard, ShardInfo, ShardedError, ShardedSettings,
-    ShardedWorkers, DEFAULT_MAX_HANDOVERS,
+    GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
+    ShardRegion, ShardedError, ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};
@@ -90,6 +146,7 @@ pub use memory::{
     InMemoryStore, InMemoryTenure,
 };
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use metrics::describe_metrics;
 pub use metrics::{
     MetricDescription, MetricKind, METRICS, RENEWAL_DURATION_BUCKETS, RENEWAL_MARGIN_BUCKETS,
@@ -108,8 +165,10 @@ pub use settings::{
 pub use shared::SharedLease;
 pub use tenure::{PublishedTenure, Tenure, TenureEnd, TenureGuard, TenurePublisher, TenureWatch};
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 mod etcd;
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use etcd::{
     provider_factory as etcd_provider_factory, EtcdBackend, EtcdConfig, EtcdError, EtcdLease,
     EtcdSession, EtcdSettings, EtcdSettingsBuilder, EtcdTenure,
@@ -117,8 +176,10 @@ pub use etcd::{
     ETCD_BACKEND,
 };
 #[cfg(feature = "kubernetes")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kubernetes")))]
 mod kubernetes;
 #[cfg(feature = "kubernetes")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kubernetes")))]
 pub use kubernetes::{
     is_valid_object_name as is_valid_kubernetes_object_name, kubernetes_client,
     object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
@@ -142,6 +203,7 @@ pub mod prelude {
         SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
     pub use crate::{AdminRoutes, GracefulShutdown};
 }
 

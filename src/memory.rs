@@ -325,22 +325,31 @@ impl StoreState {
     /// the watches nobody reads any more).
     fn publish(&mut self, name: &str) {
         self.groups.retain(|(_, sender)| !sender.is_closed());
+        let Some(record) = self.records.get(name).map(Self::group_record) else {
+            return;
+        };
         for (prefix, sender) in &self.groups {
             if name.starts_with(prefix.as_str()) {
-                sender.send_replace(Arc::new(Self::snapshot(&self.records, prefix)));
+                // In place (O(log n)) unless a reader still holds the previous snapshot.
+                sender.send_modify(|snapshot| {
+                    Arc::make_mut(snapshot)
+                        .records_mut()
+                        .insert(name.to_owned(), record.clone());
+                });
             }
         }
+    }
+
+    fn group_record(r: &Record) -> GroupRecord {
+        let token = (r.token > 0).then(|| FencingToken::new(r.token));
+        GroupRecord::new(r.holder.clone(), token, r.expires_at)
     }
 
     fn snapshot(records: &HashMap<String, Record>, prefix: &str) -> GroupSnapshot {
         let records = records
             .iter()
             .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(name, r)| {
-                let token = (r.token > 0).then(|| FencingToken::new(r.token));
-                let record = GroupRecord::new(r.holder.clone(), token, r.expires_at);
-                (name.clone(), record)
-            })
+            .map(|(name, r)| (name.clone(), Self::group_record(r)))
             .collect();
         GroupSnapshot::new(records, true)
     }
@@ -363,9 +372,18 @@ pub struct InMemoryBackend {
     store: InMemoryStore,
 }
 
+/// The verbs of the in-memory store's requests and their outcomes, for the `backend_requests`
+/// metric.
+const IN_MEMORY_REQUESTS: metrics::BackendRequests = &[
+    ("acquire", &["ok", "conflict", "error"]),
+    ("renew", &["ok", "conflict", "error"]),
+    ("release", &["ok", "conflict", "error"]),
+];
+
 impl InMemoryBackend {
     /// The backend for leases on `store`.
     pub fn new(store: &InMemoryStore) -> Self {
+        metrics::backend_registered(IN_MEMORY_BACKEND, IN_MEMORY_REQUESTS);
         Self {
             store: store.clone(),
         }

@@ -228,6 +228,7 @@ pub const METRICS: &[MetricDescription] = &[
 /// (exporters such as Prometheus print them as `# HELP`). Call it once, after installing the
 /// recorder.
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
     for metric in METRICS {
         let unit = match metric.kind {
@@ -281,6 +282,12 @@ pub(crate) const SHARD_MOVE_REASONS: &[&str] = &["rebalance", "shutdown", "lost"
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) const SINGLETON_STOP_REASONS: &[&str] = &["stopped", "stop_timeout"];
 
+/// The `verb` label values of a backend's requests, each with the `outcome` values it can be
+/// counted with in `backend_requests_total`; the verbs that can answer `conflict` are its
+/// compare-and-swap writes, counted in `cas_conflicts_total` too.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) type BackendRequests = &'static [(&'static str, &'static [&'static str])];
+
 #[cfg(feature = "metrics")]
 mod emit {
     use super::*;
@@ -290,10 +297,14 @@ mod emit {
         ::metrics::SharedString::from(Arc::clone(&label.0))
     }
 
-    /// Records every series of a new lease at zero, so that absence alerts and `rate()` see
-    /// the lease from its start (a series that was never recorded does not exist).
+    /// Records every series of a new lease at zero (and registers its histograms, whose buckets
+    /// an exporter then shows at zero), so that absence alerts and `rate()` see the lease from
+    /// its start (a series that was never recorded does not exist).
     pub(crate) fn lease_registered(label: &LeaseLabel) {
         gauge!(LEASE_HELD, "lease" => lease(label)).increment(0.0);
+        // Registered without an observation: an exporter shows them with empty buckets.
+        drop(histogram!(RENEWAL_DURATION, "lease" => lease(label)));
+        drop(histogram!(RENEWAL_MARGIN, "lease" => lease(label)));
         for &outcome in ACQUIRE_OUTCOMES {
             counter!(ACQUIRE_ATTEMPTS, "lease" => lease(label), "outcome" => outcome).increment(0);
         }
@@ -305,6 +316,20 @@ mod emit {
         }
         for &outcome in RELEASE_OUTCOMES {
             counter!(RELEASES, "lease" => lease(label), "outcome" => outcome).increment(0);
+        }
+    }
+
+    /// Records every request counter of a new backend at zero (`requests`: its verbs and their
+    /// outcomes), so that a `rate()` over them sees the first request, and the first conflict.
+    pub(crate) fn backend_registered(backend: &'static str, requests: BackendRequests) {
+        for &(verb, outcomes) in requests {
+            for &outcome in outcomes {
+                counter!(BACKEND_REQUESTS, "backend" => backend, "verb" => verb, "outcome" => outcome)
+                    .increment(0);
+            }
+            if outcomes.contains(&"conflict") {
+                counter!(CAS_CONFLICTS, "backend" => backend, "verb" => verb).increment(0);
+            }
         }
     }
 
@@ -428,6 +453,9 @@ mod emit {
 
     #[inline(always)]
     pub(crate) fn lease_registered(_: &LeaseLabel) {}
+    #[inline(always)]
+    #[allow(dead_code)]
+    pub(crate) fn backend_registered(_: &'static str, _: BackendRequests) {}
     #[inline(always)]
     pub(crate) fn publisher_registered(_: &LeaseLabel) {}
     #[inline(always)]

@@ -1,41 +1,4 @@
-//! Placement without a coordinator: from the live members, every node computes the same target
-//! member for every shard.
-//!
-//! [`place`] is a pure function of three inputs every node of a group can see in the lease store
-//! (the shard ids, the live members, and who holds which shard now); nodes that see the same
-//! inputs compute the same targets, with no coordinator and no message between them. Nodes that
-//! see different inputs for a moment (a membership change still propagating) compute different
-//! targets for a moment: that costs balance, never exclusivity, since each shard's own lease
-//! decides who runs it.
-//!
-//! # The rule
-//!
-//! 1. **An ideal assignment** from the members alone, by rendezvous (highest random weight)
-//!    hashing with capacities: every (shard, member) pair gets a score, a stable 64-bit hash of
-//!    both ids; the pairs are taken from the highest score down, and a pair is assigned when its
-//!    shard is still free and its member below its capacity. With `n` shards and `m` members the
-//!    capacities are `n / m`, and `n / m + 1` for the first `n % m` members to reach `n / m`:
-//!    every member gets `⌊n/m⌋` or `⌈n/m⌉` shards (a spread within ±1 of `n / m`).
-//! 2. **Quotas** are the ideal assignment's counts.
-//! 3. **Keep**: a live member keeps the shards it holds now, up to its quota: first those the ideal
-//!    assignment gives it, then the others by their score.
-//! 4. **Fill**: each shard left over (free, held by a member that is gone, or over a quota) goes to
-//!    its ideal member when that one has room, else to the member with room and the highest score.
-//!
-//! What follows (property-tested below, `cargo test --lib placement`):
-//!
-//! * the targets are a fixed point: once every shard runs on its target, nothing moves;
-//! * a member that leaves moves exactly its own shards (everyone else is within its new quota);
-//! * a member that joins takes exactly its quota from the others, which keep all else: the
-//!   fewest moves any balanced placement allows (16 of 64 when a 4th member joins 3);
-//! * a member that leaves and comes back gets back the shards it had, once everyone runs on the
-//!   targets (the keep step prefers the ideal assignment, which depends on the members alone),
-//!   except at most one when the shards do not divide evenly: a member that stayed keeps the one
-//!   extra shard rather than move it back (one move less).
-//!
-//! The hash is FNV-1a over the shard id, a zero byte and the member id, finished with the
-//! SplitMix64 mixer: stable across processes, platforms and versions of this crate (a change
-//! would move shards during a rolling update, so it is pinned by a test).
+//! Placement without a coordinator: every node computes the same target member per shard.
 
 use std::collections::BTreeMap;
 
@@ -54,7 +17,43 @@ pub fn placement_score(shard: &str, member: &str) -> u64 {
     hash ^ (hash >> 31)
 }
 
-/// The target member of every shard; see the [module documentation](self).
+/// The target member of every shard: placement without a coordinator.
+///
+/// [`place`] is a pure function of three inputs every node of a group can see in the lease store
+/// (the shard ids, the live members, and who holds which shard now); nodes that see the same
+/// inputs compute the same targets, with no coordinator and no message between them. Nodes that
+/// see different inputs for a moment (a membership change still propagating) compute different
+/// targets for a moment: that costs balance, never exclusivity, since each shard's own lease
+/// decides who runs it.
+///
+/// # The rule
+///
+/// 1. **An ideal assignment** from the members alone, by rendezvous (highest random weight)
+///    hashing with capacities: every (shard, member) pair gets a score, a stable 64-bit hash of
+///    both ids; the pairs are taken from the highest score down, and a pair is assigned when its
+///    shard is still free and its member below its capacity. With `n` shards and `m` members the
+///    capacities are `n / m`, and `n / m + 1` for the first `n % m` members to reach `n / m`:
+///    every member gets `⌊n/m⌋` or `⌈n/m⌉` shards (a spread within ±1 of `n / m`).
+/// 2. **Quotas** are the ideal assignment's counts.
+/// 3. **Keep**: a live member keeps the shards it holds now, up to its quota: first those the ideal
+///    assignment gives it, then the others by their score.
+/// 4. **Fill**: each shard left over (free, held by a member that is gone, or over a quota) goes to
+///    its ideal member when that one has room, else to the member with room and the highest score.
+///
+/// What follows (property-tested below, `cargo test --lib placement`):
+///
+/// * the targets are a fixed point: once every shard runs on its target, nothing moves;
+/// * a member that leaves moves exactly its own shards (everyone else is within its new quota);
+/// * a member that joins takes exactly its quota from the others, which keep all else: the
+///   fewest moves any balanced placement allows (16 of 64 when a 4th member joins 3);
+/// * a member that leaves and comes back gets back the shards it had, once everyone runs on the
+///   targets (the keep step prefers the ideal assignment, which depends on the members alone),
+///   except at most one when the shards do not divide evenly: a member that stayed keeps the one
+///   extra shard rather than move it back (one move less).
+///
+/// The hash is FNV-1a over the shard id, a zero byte and the member id, finished with the
+/// SplitMix64 mixer: stable across processes, platforms and versions of this crate (a change
+/// would move shards during a rolling update, so it is pinned by a test).
 ///
 /// `shards` are the shard ids (their order does not change the targets, only the order of the
 /// answer), `members` the live members (duplicates are ignored), and `holder` tells who holds a

@@ -16,6 +16,7 @@ use crate::vocab::LeaseError;
 
 /// The default bound of [`GracefulShutdown`]'s releases: the time a manager or a lease gets to
 /// stop and release before the shutdown goes on without it (logged).
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -28,6 +29,7 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 ///
 /// Cheap to clone: build it once and call [`register`](AdminRoutes::register) (or
 /// [`scope`](AdminRoutes::scope)) in the `HttpServer` factory (once per worker).
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 #[derive(Clone)]
 pub struct AdminRoutes {
     health: HealthCheck,
@@ -149,6 +151,7 @@ type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<bool, Leas
 ///     Ok(())
 /// }
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 pub struct GracefulShutdown {
     steps: Vec<(String, Release)>,
     timeout: Duration,

@@ -419,6 +419,17 @@ async fn a_group_watch_costs_one_range_and_one_watch() {
     observer.suspend_watches_for_tests(true);
     snapshot_until(&mut watch, within, "unsynced", |s| !s.is_synced()).await;
     assert!(members[3].release().await.unwrap());
+    // Listing still works, watching does not: no snapshot claims to follow the group (checked
+    // over a bounded second, several rounds of list and watch attempts).
+    let quiet_until = Instant::now() + Duration::from_secs(1);
+    while let Ok(changed) = timeout(quiet_until - Instant::now(), watch.changed()).await {
+        changed.expect("the group watch runs");
+        let snapshot = watch.snapshot_and_mark();
+        assert!(
+            !snapshot.is_synced(),
+            "synced without a watch: {snapshot:?}"
+        );
+    }
     observer.suspend_watches_for_tests(false);
     snapshot_until(&mut watch, within, "synced again, without fleet-3", |s| {
         s.is_synced() && s.get("fleet-3").is_none() && s.records().len() == GROUP_SIZE - 2

@@ -2005,3 +2005,53 @@ async fn a_group_watch_of_a_ready_client_needs_a_runtime_and_ends_with_it() {
     assert_eq!(seen.get(lease.name()).unwrap().token, token);
     assert!(lease.release().await.unwrap());
 }
+
+/// A lease that never watched its object judges the expiry of another holder's claim from when
+/// its session's namespace watch first received the claim's version, not from its own first read
+/// of it: `b`'s session watches the namespace (a group watch keeps it running, as a sharded node's
+/// does) while `a` holds and then stops renewing (cut off); `b` first reads the object half a TTL
+/// later and still takes it about one TTL after `a`'s last renewal, not one TTL after that read
+/// (a sharded node took a dead node's shards after 2 × TTL before: tests/sharded_processes.rs).
+/// The half-TTL pause before `b`'s first attempt is the scenario, not a wait for a result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_never_watched_its_object_counts_expiry_from_its_sessions_first_sight() {
+    let fixture = KubeFixture::new().await;
+    let ttl = Duration::from_secs(8);
+    let timed = |owner: &str, name: &str| {
+        LeaseSettings::builder(name, owner)
+            .ttl(ttl)
+            .renewal_interval(Duration::from_secs(2))
+            .acquire_retries(0)
+            .build()
+            .unwrap()
+    };
+    let name = unique("first-sight");
+    let a = fixture.lease(timed("a", &name)).await;
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
+    let b = session.lease(timed("b", &name));
+    let mut group = b.watch_group(&name).expect("a group watch");
+    assert!(a.acquire().await.unwrap());
+    common::contract::group_until(
+        &mut group,
+        Duration::from_secs(30),
+        "b's session sees a",
+        |s, now| s.live_holder(&name, now) == Some("a"),
+    )
+    .await;
+    next_renewal(&a, Duration::from_secs(10)).await;
+    fixture.partition("a").await;
+    let cut = Instant::now();
+    sleep(ttl / 2).await;
+    assert!(
+        b.acquire_within(ttl * 3).await.unwrap(),
+        "b takes the lease"
+    );
+    let took = cut.elapsed();
+    assert!(
+        took < ttl + ttl / 4,
+        "b took the lease {took:?} after a's last renewal: it counted from its own first read"
+    );
+    assert!(!a.check_alive());
+    fixture.heal("a").await;
+    assert!(b.release().await.unwrap());
+}

@@ -682,6 +682,119 @@ async fn every_series_exists_at_zero_from_registration() {
     }
 }
 
+/// Every request counter of a backend exists, at zero, from the moment the backend is built,
+/// before its first request: a `rate()` over `cas_conflicts_total` sees the first conflict. A
+/// recorder of this test's own (the process's one has seen requests of other tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_request_counters_exist_at_zero_from_when_a_backend_is_built() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _leases = metrics::with_local_recorder(&recorder, || {
+        let settings = || in_memory_settings("backend-registered", "a");
+        let store = InMemoryStore::new();
+        let memory = store.lease(settings());
+        // Neither connects when built; nothing is sent below.
+        let etcd = EtcdSession::new(
+            actix_coordination::EtcdSettings::builder(["http://127.0.0.1:1"])
+                .build()
+                .unwrap(),
+        )
+        .lease(settings());
+        let kubernetes =
+            KubernetesLease::new(settings(), common::k8s::settings_at("https://127.0.0.1:1"))
+                .unwrap();
+        (memory, etcd, kubernetes)
+    });
+    let recorded: BTreeMap<Series, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            match value {
+                DebugValue::Counter(n) => Some(((key.name().to_owned(), labels), n)),
+                _ => None,
+            }
+        })
+        .collect();
+    let requests = |backend: &str, verbs: &[(&str, &[&str])]| {
+        verbs
+            .iter()
+            .flat_map(|(verb, outcomes)| {
+                outcomes.iter().map(move |outcome| {
+                    series(
+                        "actix_coordination_backend_requests_total",
+                        &[("backend", backend), ("verb", verb), ("outcome", outcome)],
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let conflicts = |backend: &str, verbs: &[&str]| {
+        verbs
+            .iter()
+            .map(|verb| {
+                series(
+                    "actix_coordination_cas_conflicts_total",
+                    &[("backend", backend), ("verb", verb)],
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let reads: &[&str] = &["ok", "not_found", "error"];
+    let writes: &[&str] = &["ok", "conflict", "not_found", "error"];
+    let in_memory: &[&str] = &["ok", "conflict", "error"];
+    let expected = [
+        requests(
+            "in-memory",
+            &[
+                ("acquire", in_memory),
+                ("renew", in_memory),
+                ("release", in_memory),
+            ],
+        ),
+        conflicts("in-memory", &["acquire", "renew", "release"]),
+        requests(
+            "etcd",
+            &[
+                ("range", &["ok", "error"]),
+                ("txn", &["ok", "conflict", "error"]),
+                ("lease_grant", &["ok", "error"]),
+                ("lease_keep_alive", &["ok", "not_found", "error"]),
+            ],
+        ),
+        conflicts("etcd", &["txn"]),
+        requests(
+            "kubernetes",
+            &[
+                ("get", reads),
+                ("list", reads),
+                ("watch", reads),
+                ("create", writes),
+                ("update", writes),
+            ],
+        ),
+        conflicts("kubernetes", &["create", "update"]),
+    ]
+    .concat();
+    for series in &expected {
+        assert_eq!(
+            recorded.get(series),
+            Some(&0),
+            "{series:?} exists at zero once its backend is built: {recorded:?}"
+        );
+    }
+    let backend_series = recorded
+        .keys()
+        .filter(|(name, _)| name.contains("backend_requests") || name.contains("cas_conflicts"))
+        .count();
+    assert_eq!(backend_series, expected.len(), "{recorded:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn coordinator_gate_metrics_count_admissions_and_refusals() {
     let _turn = serial().await;

@@ -63,3 +63,47 @@ async fn pass_reset_and_blackhole() {
     let mut healed = TcpStream::connect(proxy.addr()).await.unwrap();
     assert_eq!(round_trip(&mut healed).await.unwrap(), b"ping");
 }
+
+/// `SlowRequests` delays what the client sends (the server gets it late), `SlowAnswers` what the
+/// server sends (the server got it at once): measured at the server, whose arrival times are the
+/// difference.
+#[tokio::test]
+async fn slow_requests_reach_the_server_late_and_slow_answers_at_once() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let (arrivals, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let arrivals = arrivals.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    let _ = arrivals.send(tokio::time::Instant::now());
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let delay = Duration::from_millis(500);
+    let proxy = FaultProxy::start(server).await;
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(round_trip(&mut s).await.unwrap(), b"ping");
+    let _ = arrived.recv().await;
+
+    proxy.set_mode(ProxyMode::SlowRequests(delay));
+    let sent = tokio::time::Instant::now();
+    assert_eq!(round_trip(&mut s).await.unwrap(), b"ping");
+    let at_server = arrived.recv().await.unwrap();
+    assert!(at_server - sent >= delay, "{:?}", at_server - sent);
+
+    proxy.set_mode(ProxyMode::SlowAnswers(delay));
+    let sent = tokio::time::Instant::now();
+    assert_eq!(round_trip(&mut s).await.unwrap(), b"ping");
+    let answered = sent.elapsed();
+    let at_server = arrived.recv().await.unwrap();
+    assert!(answered >= delay, "{answered:?}");
+    // Arrived before the answer was let through, whatever the load.
+    assert!(at_server - sent < answered, "{:?}", at_server - sent);
+}

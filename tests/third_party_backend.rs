@@ -82,6 +82,11 @@ struct MinimalFixture {
 impl Fixture for MinimalFixture {
     type Lease = MinimalLease;
 
+    /// The minimal backend keeps the trait's default: no group watches.
+    fn watches_groups(&self) -> bool {
+        false
+    }
+
     fn settings(&self, name: &str, owner: &str) -> LeaseSettings {
         LeaseSettings::builder(name, owner)
             .ttl(Duration::from_secs(9))

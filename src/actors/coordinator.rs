@@ -99,6 +99,42 @@ enum Answer {
 /// `actix::Supervisor::start(|_| ShardCoordinator::new(lease))` it is restarted after it stops
 /// (a panic in a handler is not caught by actix and is not restarted): it competes again from
 /// scratch.
+///
+/// # Example
+///
+/// ```
+/// use actix::prelude::*;
+/// use actix_coordination::prelude::*;
+///
+/// /// A region: hosts the shards the coordinator allocates to it.
+/// struct Region;
+/// impl Actor for Region {
+///     type Context = Context<Self>;
+/// }
+/// impl Handler<HostShard> for Region {
+///     type Result = ();
+///     fn handle(&mut self, host: HostShard, _: &mut Context<Self>) {
+///         // Start the shard's entities; stamp their writes with `host.fencing_token`.
+///         let _ = (host.shard, host.fencing_token);
+///     }
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// System::new().block_on(async {
+///     let store = InMemoryStore::new();
+///     let settings = LeaseSettings::new("shard-coordinator", "node-1")?;
+///     let coordinator = ShardCoordinator::new(InMemoryLease::new(settings, &store)).start();
+///     // Requests wait (in a bounded queue) until the coordinator holds its lease.
+///     coordinator.send(RegisterRegion(Region.start().recipient())).await??;
+///     let home = coordinator.send(AllocateShard("customer-42".into())).await??;
+///     assert_eq!(home.shard, "customer-42");
+///     // Asked again, it answers where the shard already is.
+///     let again = coordinator.send(AllocateShard("customer-42".into())).await??;
+///     assert_eq!(again.region, home.region);
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })
+/// # }
+/// ```
 pub struct ShardCoordinator<L: Lease> {
     gate: CoordinatorGate<L, Request, Answer>,
     regions: Vec<Recipient<HostShard>>,

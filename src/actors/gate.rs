@@ -119,6 +119,37 @@ pub enum Submission<Req, Res> {
 /// 4. when it stops, it refuses everything for good ([`close`](Self::close)).
 ///
 /// [`ShardCoordinator`](crate::ShardCoordinator) is a complete coordinator built that way.
+///
+/// # Example
+///
+/// The steps in order, outside an actor (a coordinator calls them from its handlers):
+///
+/// ```
+/// use std::sync::Arc;
+/// use actix_coordination::prelude::*;
+/// use actix_coordination::{CoordinatorGate, Submission};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = InMemoryStore::new();
+/// let lease = Arc::new(InMemoryLease::new(LeaseSettings::new("coordinator", "node-1")?, &store));
+/// let mut gate: CoordinatorGate<_, &str, u32> = CoordinatorGate::new(Arc::clone(&lease));
+///
+/// // 1. Not held yet: the request waits.
+/// let Submission::Queued(answer) = gate.submit("shard-1") else { unreachable!() };
+/// // 2. Held: open the gate with the tenure's guard, then check it before each step.
+/// assert!(lease.acquire().await?);
+/// let (token, queued) = gate.open(lease.tenure().guard().expect("held")).expect("alive");
+/// for (_shard, responder) in queued {
+///     gate.admit()?;
+///     responder.send(Ok(7)); // allocated under `token`
+/// }
+/// assert_eq!(answer.await?, Ok(7));
+/// // 3. The tenure ends (here a release): back to acquiring.
+/// lease.release().await?;
+/// assert!(gate.tenure_ended(token));
+/// assert_eq!(gate.admit(), Err(GateError::NotHeld));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct CoordinatorGate<L: Lease, Req, Res> {
     lease: Arc<L>,

@@ -5,6 +5,7 @@ mod compete;
 mod coordinator;
 mod gate;
 mod lease_actor;
+mod region;
 mod sharded;
 mod singleton;
 
@@ -20,6 +21,7 @@ pub use lease_actor::{
     Acquire, CheckAlive, GetFencingToken, GetTenure, LeaseActor, Release, SubscribeLeaseLost,
     SubscriptionId, UnsubscribeLeaseLost,
 };
+pub use region::{GetHostedShards, HandOffShard, ShardRegion};
 pub use sharded::{
     GetGroupView, GetShards, GroupView, RunningShard, ShardInfo, ShardedError, ShardedSettings,
     ShardedWorkers, DEFAULT_MAX_HANDOVERS,

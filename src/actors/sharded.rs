@@ -1,36 +1,4 @@
-//! [`ShardedWorkers`]: run N numbered workers across a fleet, each exactly once, spread evenly
-//! over the live nodes (Akka's Sharded Daemon Process, on leases).
-//!
-//! # The model
-//!
-//! * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
-//!   the worker of a shard only under that lease's tenure, with every rule of
-//!   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
-//!   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
-//!   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
-//!   the lease's, whatever the nodes believe about each other.
-//! * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
-//!   long as it runs; the live members are the holders of the member leases whose claims have not
-//!   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
-//!   per member per interval). A node that crashes drops out when its member lease expires; a node
-//!   shutting down releases its member lease first.
-//! * **Placement without a coordinator.** Every node computes the same targets from the same
-//!   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
-//!   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
-//!   watch wakes it, no polling) and hands over a shard whose target is another live node: it
-//!   stops the worker and releases the lease, and the target, already waiting, claims it within a
-//!   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
-//!   once (released and not yet seen claimed by their target), so a join never empties a node at
-//!   once.
-//! * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
-//!   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
-//!   waits until the views agree).
-//!
-//! # Shutdown
-//!
-//! [`Shutdown`] releases the member lease first (the others re-target this node's shards and
-//! start waiting for them), then shuts every shard down (the worker stops, then its lease is
-//! released, and the waiting target claims it at once).
+//! [`ShardedWorkers`]: N numbered workers across a fleet, each exactly once, spread evenly over the live nodes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
@@ -215,8 +183,39 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     was_held: bool,
 }
 
-/// Runs a group of numbered workers across the fleet, each exactly once; see the
-/// [module documentation](self).
+/// Runs a group of numbered workers across the fleet, each exactly once, spread evenly over the
+/// live nodes (Akka's Sharded Daemon Process, on leases).
+///
+/// # The model
+///
+/// * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
+///   the worker of a shard only under that lease's tenure, with every rule of
+///   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
+///   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
+///   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
+///   the lease's, whatever the nodes believe about each other.
+/// * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
+///   long as it runs; the live members are the holders of the member leases whose claims have not
+///   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
+///   per member per interval). A node that crashes drops out when its member lease expires; a node
+///   shutting down releases its member lease first.
+/// * **Placement without a coordinator.** Every node computes the same targets from the same
+///   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
+///   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
+///   watch wakes it, no polling) and hands over a shard whose target is another live node: it
+///   stops the worker and releases the lease, and the target, already waiting, claims it within a
+///   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
+///   once (released and not yet seen claimed by their target), so a join never empties a node at
+///   once.
+/// * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
+///   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
+///   waits until the views agree).
+///
+/// # Shutdown
+///
+/// [`Shutdown`] releases the member lease first (the others re-target this node's shards and
+/// start waiting for them), then shuts every shard down (the worker stops, then its lease is
+/// released, and the waiting target claims it at once).
 ///
 /// # Example
 ///
@@ -263,7 +262,12 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
+    /// The last placement: its members, holders and targets.
+    placed: Option<Placement>,
 }
+
+/// Members, holders per shard, and the target (an index into the members) per shard.
+type Placement = (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>);
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Shards `"0"` to `count - 1` of `group`; see [`new`](Self::new).
@@ -378,6 +382,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             shutting_down: false,
             label,
             held_reported: 0,
+            placed: None,
         })
     }
 
@@ -404,15 +409,17 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     }
 
     /// The live members, holders and targets of the current view.
+    ///
+    /// The targets are computed again only when the members or the holders changed: a group
+    /// watch delivers every renewal of every record (on Kubernetes a renewal is a write), and
+    /// those change neither.
     fn view(
-        &self,
+        &mut self,
         snapshot: &GroupSnapshot,
         now: Instant,
     ) -> (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>) {
         let mut members: BTreeSet<String> = snapshot
-            .records()
-            .iter()
-            .filter(|(name, _)| name.starts_with(&self.member_prefix))
+            .with_prefix(&self.member_prefix)
             .filter_map(|(_, record)| record.live_holder(now).map(str::to_owned))
             .collect();
         // This node's own membership is what its member lease says now (the view may lag).
@@ -436,6 +443,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     .map(str::to_owned)
             })
             .collect();
+        if let Some((m, h, targets)) = &self.placed {
+            if *m == members && *h == holders {
+                return (members, holders, targets.clone());
+            }
+        }
         let by_id: HashMap<&str, &str> = self
             .shards
             .iter()
@@ -444,6 +456,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect();
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
         let targets = place(&ids, &members, |id| by_id.get(id).copied());
+        self.placed = Some((members.clone(), holders.clone(), targets.clone()));
         (members, holders, targets)
     }
 

@@ -384,6 +384,7 @@ enum Claim {
 impl EtcdBackend {
     /// The backend of lease `name` on `session`: key `<prefix><name>`.
     pub fn new(session: &EtcdSession, name: &str) -> Self {
+        crate::metrics::backend_registered(super::ETCD_BACKEND, super::ETCD_REQUESTS);
         Self {
             key: session.settings().key(name),
             session: session.clone(),

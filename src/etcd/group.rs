@@ -3,12 +3,12 @@
 //!
 //! Group `g` of a session whose key prefix is `p` ([`EtcdSettings::prefix`](super::EtcdSettings))
 //! is every key starting with `p` + `g`. The first watch of a group starts its *feed*: a task on
-//! the session's own runtime that lists the group with one range request, publishes the records
-//! as a synced snapshot, and watches the prefix from the revision after the range's (so nothing
-//! written between the two is missed) on the session's shared watch stream
-//! ([`WatchHub`](super::watch::WatchHub)), folding every event into the records and publishing
-//! a snapshot per watch response. Further watches of the group subscribe to the same feed;
-//! dropping the last one aborts the task, which cancels its etcd watch.
+//! the session's own runtime that lists the group with one range request and watches the prefix
+//! from the revision after the range's (so nothing written between the two is missed) on the
+//! session's shared watch stream ([`WatchHub`](super::watch::WatchHub)). Once etcd created the
+//! watch it publishes the listed records as a synced snapshot, then folds every event into them
+//! and publishes a snapshot per watch response. Further watches of the group subscribe to the
+//! same feed; dropping the last one aborts the task, which cancels its etcd watch.
 //!
 //! When the watch breaks or etcd cancels it (its start revision was compacted, the stream broke,
 //! etcd is unreachable), the feed publishes the records it has as not synced, then lists and
@@ -139,12 +139,12 @@ impl Fold {
         String::from_utf8_lossy(key.get(self.strip..).unwrap_or(key)).into_owned()
     }
 
+    /// The group as listed; published (as synced) once its watch is created.
     fn listed(&mut self, kvs: &[KeyValue]) {
         self.records = kvs
             .iter()
             .map(|kv| (self.name(kv.key()), record(kv)))
             .collect();
-        self.publish(true);
     }
 
     fn apply(&mut self, events: &[Event]) {
@@ -256,7 +256,8 @@ async fn round<S: GroupSource>(session: &Weak<S>, fold: &mut Fold) -> Ended {
             transient: true,
         };
         match watch.next().await {
-            Some(HubEvent::Created) => {}
+            // Listed, and followed from the list's revision on.
+            Some(HubEvent::Created) => fold.publish(true),
             Some(HubEvent::Events(events)) => fold.apply(&events),
             Some(HubEvent::Canceled {
                 compact_revision, ..
@@ -271,7 +272,7 @@ async fn round<S: GroupSource>(session: &Weak<S>, fold: &mut Fold) -> Ended {
     }
 }
 
-/// Lists the group with one range request and publishes it; returns the range's revision.
+/// Lists the group with one range request; returns the range's revision.
 async fn list<S: GroupSource>(session: &S, fold: &mut Fold) -> Result<i64, EtcdError> {
     let mut kv = session.client().await?.kv_client();
     let io_timeout = session.io_timeout();

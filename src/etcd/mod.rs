@@ -27,6 +27,14 @@ use crate::shared::SharedLease;
 /// The name of the etcd backend in configuration (`backend = "etcd"`).
 pub const ETCD_BACKEND: &str = "etcd";
 
+/// The verbs of the requests to etcd and their outcomes, for the `backend_requests` metric.
+pub(crate) const ETCD_REQUESTS: crate::metrics::BackendRequests = &[
+    ("range", &["ok", "error"]),
+    ("txn", &["ok", "conflict", "error"]),
+    ("lease_grant", &["ok", "error"]),
+    ("lease_keep_alive", &["ok", "not_found", "error"]),
+];
+
 /// Counts one request to etcd in the `backend_requests` metric (`ok` or `error`).
 pub(crate) fn observe<T>(
     verb: &'static str,

@@ -158,6 +158,10 @@ impl KubernetesBackend {
     }
 
     pub(super) fn build(name: &str, client: ClientSource, namespace: String) -> Self {
+        crate::metrics::backend_registered(
+            super::KUBERNETES_BACKEND,
+            super::client::KUBERNETES_REQUESTS,
+        );
         let hub = match &client {
             ClientSource::Ready(client) => Arc::new(WatchHub::new(client.clone(), None)),
             ClientSource::Session(session) => Arc::clone(session.hub()),

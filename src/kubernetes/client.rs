@@ -381,6 +381,16 @@ impl tower::Service<http::Request<kube::client::Body>> for Lanes {
 
 /// The `verb` label of a request to the API server, as Kubernetes' audit log names them: `watch`,
 /// `list` (a collection), `get` (an object), `create`, `update`, `patch`, `delete`.
+/// The verbs of the requests this crate sends to the API server and their outcomes, for the
+/// `backend_requests` metric (`conflict`: a 409, on the writes).
+pub(super) const KUBERNETES_REQUESTS: metrics::BackendRequests = &[
+    ("get", &["ok", "not_found", "error"]),
+    ("list", &["ok", "not_found", "error"]),
+    ("watch", &["ok", "not_found", "error"]),
+    ("create", &["ok", "conflict", "not_found", "error"]),
+    ("update", &["ok", "conflict", "not_found", "error"]),
+];
+
 fn verb(method: &http::Method, uri: &http::Uri, is_watch: bool) -> &'static str {
     match *method {
         _ if is_watch => "watch",

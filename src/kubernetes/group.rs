@@ -23,7 +23,8 @@
 //! # Cost
 //!
 //! An event touches its object's entry and the groups whose prefix its lease name starts with:
-//! each gets its new snapshot (a clone of its map of records). A listing (at start and after
+//! each gets its new snapshot (changed in place: a copy of its map of records only while a reader
+//! still holds the previous snapshot). A listing (at start and after
 //! `410 Gone`) is buffered and replaces the index at its end, when every group is rebuilt once.
 
 use std::collections::{BTreeMap, HashMap};
@@ -128,11 +129,11 @@ fn records_of(objects: &HashMap<String, Seen>, prefix: &str) -> BTreeMap<String,
         .collect()
 }
 
-/// One group watch of the namespace.
+/// One group watch of the namespace; its records live in the snapshot its sender holds, changed
+/// in place (copied only while a reader still holds the previous snapshot).
 struct Group {
     id: u64,
     prefix: String,
-    records: BTreeMap<String, GroupRecord>,
     sender: GroupSender,
 }
 
@@ -141,9 +142,16 @@ impl Group {
         lease.is_some_and(|l| l.starts_with(self.prefix.as_str()))
     }
 
+    /// Sends the snapshot as it is, marked `synced` or not.
     fn send(&self, synced: bool) {
         self.sender
-            .send_replace(Arc::new(GroupSnapshot::new(self.records.clone(), synced)));
+            .send_modify(|snapshot| Arc::make_mut(snapshot).set_synced(synced));
+    }
+
+    /// Replaces every record and sends.
+    fn replace(&self, records: BTreeMap<String, GroupRecord>, synced: bool) {
+        self.sender
+            .send_replace(Arc::new(GroupSnapshot::new(records, synced)));
     }
 }
 
@@ -166,16 +174,23 @@ impl Index {
         self.groups.retain(|g| !g.sender.is_closed());
         self.last_id += 1;
         let (sender, receiver) = group_channel();
-        let records = records_of(&self.objects, prefix);
         let group = Group {
             id: self.last_id,
             prefix: prefix.to_owned(),
-            records,
             sender,
         };
-        group.send(self.synced);
+        group.replace(records_of(&self.objects, prefix), self.synced);
         self.groups.push(group);
         (self.last_id, receiver)
+    }
+
+    /// When this process first received version `version` of object `object`, if the index
+    /// has that version.
+    pub(super) fn first_seen(&self, object: &str, version: &str) -> Option<Instant> {
+        self.objects
+            .get(object)
+            .filter(|seen| seen.version.as_deref() == Some(version))
+            .map(|seen| seen.first_seen)
     }
 
     /// Removes group watch `id`.
@@ -244,9 +259,8 @@ impl Index {
         self.objects = self.listing.take().unwrap_or_default();
         self.synced = true;
         self.groups.retain(|g| !g.sender.is_closed());
-        for group in &mut self.groups {
-            group.records = records_of(&self.objects, &group.prefix);
-            group.send(true);
+        for group in &self.groups {
+            group.replace(records_of(&self.objects, &group.prefix), true);
         }
     }
 
@@ -261,20 +275,28 @@ impl Index {
             if !was && !is {
                 continue;
             }
-            let mut modified = false;
-            if was && old_lease != new_lease.filter(|_| is) {
-                modified |= old_lease.and_then(|l| group.records.remove(l)).is_some();
-            }
-            if let (true, Some(new), Some(lease)) = (is, new, new_lease) {
-                if group.records.get(lease) != Some(&new.record) {
-                    group.records.insert(lease.to_owned(), new.record.clone());
-                    modified = true;
+            let synced = self.synced;
+            group.sender.send_if_modified(|snapshot| {
+                let mut modified = false;
+                if was && old_lease != new_lease.filter(|_| is) {
+                    if let Some(lease) = old_lease.filter(|l| snapshot.get(l).is_some()) {
+                        Arc::make_mut(snapshot).records_mut().remove(lease);
+                        modified = true;
+                    }
                 }
-            }
-            if modified {
-                group.send(self.synced);
-                closed |= group.sender.is_closed();
-            }
+                if let (true, Some(new), Some(lease)) = (is, new, new_lease) {
+                    if snapshot.get(lease) != Some(&new.record) {
+                        let records = Arc::make_mut(snapshot).records_mut();
+                        records.insert(lease.to_owned(), new.record.clone());
+                        modified = true;
+                    }
+                }
+                if modified && snapshot.is_synced() != synced {
+                    Arc::make_mut(snapshot).set_synced(synced);
+                }
+                modified
+            });
+            closed |= group.sender.is_closed();
         }
         if closed {
             self.groups.retain(|g| !g.sender.is_closed());

@@ -65,6 +65,13 @@ impl KubernetesBackend {
     /// Records what is known of the object, unless it is older than what is known already; the
     /// expiry clock of a version starts when this instance first saw it (`at`).
     pub(super) fn learn(&self, view: View, at: Instant, epoch: u64) {
+        // The namespace watch of this lease's hub may have received this version before this
+        // lease did (a lease that never waited for its object learns it by a read): its expiry
+        // clock starts when this process first received it, whichever way.
+        let at = view
+            .version()
+            .and_then(|v| self.hub.first_seen(&self.namespace, &self.object, v))
+            .map_or(at, |seen| seen.min(at));
         let mut state = self.lock();
         if let (Some(new), Some(known)) = (
             view.version(),

@@ -249,6 +249,23 @@ impl WatchHub {
         Ok(GroupWatch::new(receiver, GroupSubscription { watch, id }))
     }
 
+    /// When the running watch of `namespace` (if any; none is started) first received version
+    /// `version` of object `object`: a lease that never watched its object may have been
+    /// observing it all along through the namespace watch of its hub.
+    pub(super) fn first_seen(
+        &self,
+        namespace: &str,
+        object: &str,
+        version: &str,
+    ) -> Option<Instant> {
+        let watch = lock(&self.watches).get(namespace).and_then(Weak::upgrade)?;
+        if watch.ended() {
+            return None;
+        }
+        let seen = lock(&watch.state.index).first_seen(object, version);
+        seen
+    }
+
     /// The running watch of `namespace`, started if there is none (or the last one ended).
     fn namespace_watch(&self, namespace: &str) -> Result<Arc<NamespaceWatch>, KubernetesError> {
         let mut watches = lock(&self.watches);

@@ -56,6 +56,14 @@ pub trait Fixture {
     /// A lease name no other test uses.
     fn unique_name(&self, base: &str) -> String;
 
+    /// Whether the backend watches groups of records ([`LeaseBackend::watch_group`]); one that
+    /// does not must say so with `GroupError::Unsupported`.
+    ///
+    /// [`LeaseBackend::watch_group`]: actix_coordination::LeaseBackend::watch_group
+    fn watches_groups(&self) -> bool {
+        true
+    }
+
     /// Returns once every lease in `leases` decides its next attempt from the same state of their
     /// object (for backends whose leases decide from a watch-fed view, once each view has caught
     /// up with the others); at once for the others.
@@ -634,6 +642,17 @@ pub async fn group_watch_shows_holders_releases_and_expiries<F: Fixture>(f: &F) 
     let b = lease(f, &second, "b").await;
     // Same start, not in the group: `<group>x-0` does not start with `<group>-`.
     let outsider = lease(f, &format!("{group}x-0"), "c").await;
+    if !f.watches_groups() {
+        let refused = a.watch_group(&prefix);
+        assert!(
+            matches!(
+                refused,
+                Err(actix_coordination::GroupError::Unsupported { .. })
+            ),
+            "a backend without group watches says so: {refused:?}"
+        );
+        return;
+    }
     let mut watch = a.watch_group(&prefix).expect("the backend watches groups");
     let within = f.settings(&first, "a").ttl() * 4 + f.slack() + Duration::from_secs(10);
     group_until(&mut watch, within, "synced", |s, _| s.is_synced()).await;

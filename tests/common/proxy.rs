@@ -1,7 +1,8 @@
 //! A TCP fault proxy on loopback, put between one client and a real server to inject network
 //! faults: pass traffic, reset every connection (a partition the client notices at once),
-//! blackhole it (a partition or a paused peer: requests never answer), or delay the answers (the
-//! server applies a request at once, its answer comes late).
+//! blackhole it (a partition or a paused peer: requests never answer), delay the answers (the
+//! server applies a request at once, its answer comes late) or delay the requests (the server
+//! applies a request late, and answers it at once then).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,10 @@ pub enum ProxyMode {
     /// Forward both ways, each chunk from the server this long after it arrived (latency: the
     /// chunks that arrive meanwhile are not delayed further).
     SlowAnswers(Duration),
+    /// Forward both ways, each chunk from the client this long after it arrived (latency, as
+    /// with `SlowAnswers`): the server applies a request late. Chunks still delayed when the
+    /// client's connection ends are dropped (they never reach the server).
+    SlowRequests(Duration),
     /// Forward requests to the server but drop its answers (the server applies them, the client
     /// never hears back); connections are reset when the mode changes again.
     DropAnswers,
@@ -120,8 +125,12 @@ async fn serve(
             return reset(client);
         }
         ProxyMode::SlowAnswers(d) => delay = Some(d),
-        ProxyMode::Pass | ProxyMode::DropAnswers => {}
+        ProxyMode::Pass | ProxyMode::DropAnswers | ProxyMode::SlowRequests(_) => {}
     }
+    let mut request_delay = match current {
+        ProxyMode::SlowRequests(d) => Some(d),
+        _ => None,
+    };
     let mut drop_answers = current == ProxyMode::DropAnswers;
     let Ok(server) = TcpStream::connect(upstream).await else {
         return reset(client);
@@ -145,6 +154,18 @@ async fn serve(
         cw
     });
     let (mut sr, mut sw) = server.into_split();
+    // Requests go through a queue the same way.
+    let (requests, mut queued_up) =
+        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let upstream_writer = tokio::spawn(async move {
+        while let Some((at, chunk)) = queued_up.recv().await {
+            tokio::time::sleep_until(at).await;
+            if sw.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        sw
+    });
     let mut cbuf = vec![0u8; 16 * 1024];
     let mut sbuf = vec![0u8; 16 * 1024];
     loop {
@@ -157,7 +178,8 @@ async fn serve(
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     bytes_up.fetch_add(n as u64, Ordering::SeqCst);
-                    if sw.write_all(&cbuf[..n]).await.is_err() { break } else { continue }
+                    let at = tokio::time::Instant::now() + request_delay.unwrap_or_default();
+                    if requests.send((at, cbuf[..n].to_vec())).is_err() { break } else { continue }
                 }
             },
             n = sr.read(&mut sbuf) => match n {
@@ -177,8 +199,9 @@ async fn serve(
         }
         match new_mode {
             ProxyMode::DropAnswers => drop_answers = true,
-            ProxyMode::Pass => delay = None,
-            ProxyMode::SlowAnswers(d) => delay = Some(d),
+            ProxyMode::Pass => (delay, request_delay) = (None, None),
+            ProxyMode::SlowAnswers(d) => (delay, request_delay) = (Some(d), None),
+            ProxyMode::SlowRequests(d) => (delay, request_delay) = (None, Some(d)),
             ProxyMode::Reset => break,
             ProxyMode::Blackhole => {
                 // Go silent until the mode changes again, then drop the connection.
@@ -188,8 +211,10 @@ async fn serve(
         }
     }
     drop(answers);
+    drop(requests);
     writer.abort();
-    if let Ok(cw) = writer.await {
+    upstream_writer.abort();
+    if let (Ok(cw), Ok(sw)) = (writer.await, upstream_writer.await) {
         if let (Ok(client), Ok(_)) = (cr.reunite(cw), sr.reunite(sw)) {
             reset(client);
         }
