@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::chaos::{self, ChaosBackend, ChaosReport, Fault, NodeMode, Violation};
+use common::shard_check::ShardedReport;
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -274,6 +275,69 @@ async fn chaos_kubernetes() {
     println!("chaos on kubernetes, seed {seed}");
     let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
     summarize(&report);
+}
+
+/// The shards of a sharded run's group.
+const SHARDS: usize = 16;
+
+/// A sharded run's summary checks, as [`summarize`]'s: every shard ran and moved, every kind of
+/// fault hit a node acting on a shard, a paused holder's workers stopped, a clock fault showed.
+fn summarize_sharded(report: &ShardedReport) {
+    assert_eq!(report.shards.len(), SHARDS, "not every shard ran");
+    let moved = report
+        .shards
+        .values()
+        .filter(|r| r.tenures.len() >= 2)
+        .count();
+    assert!(moved > 0, "no shard ever moved");
+    let met = report.kinds_met();
+    let missed: Vec<Fault> = Fault::ALL
+        .iter()
+        .copied()
+        .filter(|k| !met.contains(k))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "these kinds of fault never hit a node acting on a shard: {missed:?}"
+    );
+    assert!(
+        report.shards.values().any(|r| !r.pause_stops.is_empty()),
+        "no paused holder's worker was resumed and stopped"
+    );
+    let skews: Vec<i128> = report.clock_skews.iter().flatten().copied().collect();
+    assert!(
+        skews
+            .iter()
+            .any(|s| s.unsigned_abs() > report.ttl.as_nanos()),
+        "no clock fault showed in a node's events: {:?}",
+        report.clock_skews
+    );
+}
+
+/// Three `sharded_node` processes run a group of 16 shards on etcd under every kind of fault;
+/// every shard's events are checked on their own (issue 24: exactly once per shard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sharded_etcd() {
+    let mut backend = EtcdChaos {
+        etcd: common::etcd::EtcdProcess::start("sharded").await,
+    };
+    let seed = seed();
+    println!("sharded chaos on etcd, {SHARDS} shards, seed {seed}");
+    let report = chaos::run_sharded(&mut backend, 3, SHARDS, TTL, length(), seed).await;
+    summarize_sharded(&report);
+}
+
+/// The same on Kubernetes (a private kube-apiserver on the test cluster's etcd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sharded_kubernetes() {
+    let mut backend = KubernetesChaos {
+        apiserver: None,
+        token_file: PathBuf::new(),
+    };
+    let seed = seed();
+    println!("sharded chaos on kubernetes, {SHARDS} shards, seed {seed}");
+    let report = chaos::run_sharded(&mut backend, 3, SHARDS, TTL, length(), seed).await;
+    summarize_sharded(&report);
 }
 
 /// A frozen holder (SIGSTOP past its TTL) whose singleton runs on a `run_interval` timer: once
