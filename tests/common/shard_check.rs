@@ -364,7 +364,7 @@ impl ShardedReport {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             let _ = writeln!(
                 out,
-                "paused holders: {} (shard tenures), ticks or steps after the resume: {}, worker stopped after the resume: {:.1} / {:.1} / {:.1} ms (min / median / max)",
+                "paused holders: {}, ticks or steps after the resume: {}, worker stopped after the resume: {:.1} / {:.1} / {:.1} ms (min / median / max; shard tenures)",
                 stops.len(),
                 stops.iter().map(|(_, ran)| ran).sum::<usize>(),
                 ms(min),
