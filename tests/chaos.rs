@@ -5,6 +5,11 @@
 //! `tests/common/chaos_check.rs`, themselves tested on hand-written logs in
 //! `tests/chaos_checker.rs`), and draws the timeline (`target/chaos/<backend>-<pid>/timeline.svg`).
 //! `unsafe_node_is_caught_etcd` shows that a node whose singleton ignores its guard is caught.
+//! `chaos_sharded_etcd` and `chaos_sharded_kubernetes` run `sharded_node` processes (a group of 16
+//! shards, each under its own lease) with the same faults, and check every shard's events on
+//! their own with the same verdicts (issue 24: exactly once per shard; `tests/common/shard_check.rs`,
+//! tested in `tests/chaos_checker.rs`); each shard gets its own timeline
+//! (`target/chaos/<backend>-sharded-<pid>/shards/<shard>/timeline.svg`).
 //!
 //! The test suite runs a short run per backend: at least 40 s and until every kind of fault has
 //! hit an acting holder once (the schedule opens with every kind in a seeded order).

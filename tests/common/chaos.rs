@@ -9,7 +9,9 @@
 //! every step the guard allowed, so the harness can prove afterwards (with the verdicts of
 //! `chaos_check.rs`) that no two singletons ever ran at once, no two processes ever acted at once,
 //! and a frozen holder ran nothing after it was resumed. It draws the timeline as an SVG and writes
-//! every figure of docs/chaos/RESULTS.md to `summary.txt`.
+//! every figure of docs/chaos/RESULTS.md to `summary.txt`. [`run_sharded`] does the same with
+//! `examples/sharded_node.rs` processes (a group of shards, each under its own lease) and checks
+//! every shard's events on their own (`shard_check.rs`).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
