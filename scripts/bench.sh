@@ -13,6 +13,10 @@
 #   scripts/bench.sh chaos-long at least 1,000 faults per backend (CHAOS_FAULTS), the three backends
 #                               at once (about 100 minutes on 2 cores); prints the table of
 #                               docs/chaos/RESULTS.md (scripts/chaos-summary.py)
+#   scripts/bench.sh chaos-sharded  sharded nodes (examples/sharded_node.rs, 16 shards): at least
+#                               300 faults per backend (CHAOS_FAULTS), etcd and Kubernetes at once
+#                               (about 40 minutes on 2 cores); every shard checked on its own;
+#                               prints the table of docs/chaos/RESULTS.md
 #
 # Every bench runs with --check: the script goes on after a bench that missed a target or failed,
 # and exits with status 1 at the end if any did (a documented known miss does not count).
@@ -22,10 +26,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=${1:-full}
 case $mode in
-    full | quick | chaos | chaos-long) ;;
+    full | quick | chaos | chaos-long | chaos-sharded) ;;
     --inner) ;;
     *)
-        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
@@ -79,6 +83,20 @@ if [[ $mode == chaos-long ]]; then
         cargo test --all-features --test chaos -- --exact chaos_etcd chaos_kubernetes chaos_etcd_cluster \
         --test-threads=3 --nocapture 2>&1 | tee -a "$log" || status=1
     # The run directories this run made, named in the summaries it printed.
+    mapfile -t dirs < <(grep -o 'timeline: [^ ]*/target/chaos/[^/ ]*' "$log" | sed 's/^timeline: //' | sort -u)
+    python3 scripts/chaos-summary.py "${dirs[@]}" | tee -a "$log" || status=1
+    exit $status
+fi
+
+if [[ $mode == chaos-sharded ]]; then
+    log=$out/chaos-sharded.log
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD 2>/dev/null || commit="$commit+changes"
+    echo "=== chaos-sharded: ${CHAOS_FAULTS:-300} faults per backend ($(date -u +%FT%TZ), commit $commit, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
+    status=0
+    CHAOS_FAULTS=${CHAOS_FAULTS:-300} CHAOS_SECONDS=${CHAOS_SECONDS:-0} CHAOS_SEED=${CHAOS_SEED:-20261126} \
+        cargo test --all-features --test chaos -- --exact chaos_sharded_etcd chaos_sharded_kubernetes \
+        --test-threads=2 --nocapture 2>&1 | tee -a "$log" || status=1
     mapfile -t dirs < <(grep -o 'timeline: [^ ]*/target/chaos/[^/ ]*' "$log" | sed 's/^timeline: //' | sort -u)
     python3 scripts/chaos-summary.py "${dirs[@]}" | tee -a "$log" || status=1
     exit $status

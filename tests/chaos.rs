@@ -5,6 +5,11 @@
 //! `tests/common/chaos_check.rs`, themselves tested on hand-written logs in
 //! `tests/chaos_checker.rs`), and draws the timeline (`target/chaos/<backend>-<pid>/timeline.svg`).
 //! `unsafe_node_is_caught_etcd` shows that a node whose singleton ignores its guard is caught.
+//! `chaos_sharded_etcd` and `chaos_sharded_kubernetes` run `sharded_node` processes (a group of 16
+//! shards, each under its own lease) with the same faults, and check every shard's events on
+//! their own with the same verdicts (issue 24: exactly once per shard; `tests/common/shard_check.rs`,
+//! tested in `tests/chaos_checker.rs`); each shard gets its own timeline
+//! (`target/chaos/<backend>-sharded-<pid>/shards/<shard>/timeline.svg`).
 //!
 //! The test suite runs a short run per backend: at least 40 s and until every kind of fault has
 //! hit an acting holder once (the schedule opens with every kind in a seeded order).
@@ -22,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::chaos::{self, ChaosBackend, ChaosReport, Fault, NodeMode, Violation};
+use common::shard_check::ShardedReport;
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -274,6 +280,69 @@ async fn chaos_kubernetes() {
     println!("chaos on kubernetes, seed {seed}");
     let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
     summarize(&report);
+}
+
+/// The shards of a sharded run's group.
+const SHARDS: usize = 16;
+
+/// A sharded run's summary checks, as [`summarize`]'s: every shard ran and moved, every kind of
+/// fault hit a node acting on a shard, a paused holder's workers stopped, a clock fault showed.
+fn summarize_sharded(report: &ShardedReport) {
+    assert_eq!(report.shards.len(), SHARDS, "not every shard ran");
+    let moved = report
+        .shards
+        .values()
+        .filter(|r| r.tenures.len() >= 2)
+        .count();
+    assert!(moved > 0, "no shard ever moved");
+    let met = report.kinds_met();
+    let missed: Vec<Fault> = Fault::ALL
+        .iter()
+        .copied()
+        .filter(|k| !met.contains(k))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "these kinds of fault never hit a node acting on a shard: {missed:?}"
+    );
+    assert!(
+        report.shards.values().any(|r| !r.pause_stops.is_empty()),
+        "no paused holder's worker was resumed and stopped"
+    );
+    let skews: Vec<i128> = report.clock_skews.iter().flatten().copied().collect();
+    assert!(
+        skews
+            .iter()
+            .any(|s| s.unsigned_abs() > report.ttl.as_nanos()),
+        "no clock fault showed in a node's events: {:?}",
+        report.clock_skews
+    );
+}
+
+/// Three `sharded_node` processes run a group of 16 shards on etcd under every kind of fault;
+/// every shard's events are checked on their own (issue 24: exactly once per shard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sharded_etcd() {
+    let mut backend = EtcdChaos {
+        etcd: common::etcd::EtcdProcess::start("sharded").await,
+    };
+    let seed = seed();
+    println!("sharded chaos on etcd, {SHARDS} shards, seed {seed}");
+    let report = chaos::run_sharded(&mut backend, 3, SHARDS, TTL, length(), seed).await;
+    summarize_sharded(&report);
+}
+
+/// The same on Kubernetes (a private kube-apiserver on the test cluster's etcd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sharded_kubernetes() {
+    let mut backend = KubernetesChaos {
+        apiserver: None,
+        token_file: PathBuf::new(),
+    };
+    let seed = seed();
+    println!("sharded chaos on kubernetes, {SHARDS} shards, seed {seed}");
+    let report = chaos::run_sharded(&mut backend, 3, SHARDS, TTL, length(), seed).await;
+    summarize_sharded(&report);
 }
 
 /// A frozen holder (SIGSTOP past its TTL) whose singleton runs on a `run_interval` timer: once

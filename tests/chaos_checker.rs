@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::chaos_check::*;
+use common::shard_check::*;
 
 const MS: u128 = 1_000_000;
 
@@ -691,13 +692,200 @@ fn faults_and_run_info_round_trip_and_older_logs_get_their_holder() {
 /// Re-checks a finished run with today's verdicts and prints its summary:
 /// `CHAOS_RUN_DIR=target/chaos/etcd-1234 cargo test --test chaos_checker reanalyze -- --ignored
 /// --nocapture` (a run made before `run.json` existed takes its seed and length from its old
-/// `summary.txt`). Fails on a violation.
+/// `summary.txt`; a run of sharded nodes, `<backend>-sharded`, is checked per shard). Fails on a
+/// violation.
 #[test]
 #[ignore = "needs CHAOS_RUN_DIR, a chaos run's directory"]
 fn reanalyze() {
     let dir = PathBuf::from(std::env::var("CHAOS_RUN_DIR").expect("CHAOS_RUN_DIR"));
     let info = RunInfo::read(&dir).expect("run.json or summary.txt in CHAOS_RUN_DIR");
+    if info.backend.ends_with("-sharded") {
+        // A run of sharded nodes: every shard checked on its own.
+        let report = analyze_sharded(&dir, &info);
+        print!("{}", report.summary());
+        assert!(report.violations.is_empty());
+        return;
+    }
     let report = analyze(&dir, &info);
     print!("{}", report.summary());
     assert!(report.violations.is_empty());
+}
+
+/// A sharded node's worker of `shard`, as `examples/sharded_node.rs` logs it: `start` at
+/// `start_ms`, a step (`act`, which is its tick too) every 50 ms from `start_ms + 50` to
+/// `last_ms`, `stop` 10 ms later.
+fn worker(owner: &str, shard: u32, token: u64, start_ms: u128, last_ms: u128) -> String {
+    let line = |event: &str, ms: u128| {
+        format!(
+            "{{\"owner\":\"{owner}\",\"event\":\"{event}\",\"shard\":\"{shard}\",\"token\":{token},\"t_ns\":{},\"wall_ns\":1,\"pid\":7}}\n",
+            ms * MS
+        )
+    };
+    let mut text = line("start", start_ms);
+    let mut t = start_ms + 50;
+    while t <= last_ms {
+        text.push_str(&line("act", t));
+        t += 50;
+    }
+    text.push_str(&line("stop", last_ms + 10));
+    text
+}
+
+/// Two sharded nodes' logs: node-0.0 runs shards 0 and 1, node-1.0 runs shards 2 and 3, all at
+/// once, with tokens that have nothing to do with each other across shards; shard 1 moves to
+/// node-1.0 (a handover, its token rising).
+fn clean_sharded_logs() -> [String; 2] {
+    [
+        worker("node-0.0", 0, 9, 0, 6000) + &worker("node-0.0", 1, 4, 0, 2000),
+        worker("node-1.0", 2, 2, 0, 6000)
+            + &worker("node-1.0", 3, 1, 100, 6000)
+            + &worker("node-1.0", 1, 5, 2100, 6000),
+    ]
+}
+
+/// Each shard's events are checked on their own: workers of different shards run at once with
+/// unrelated tokens (one log of them all would be a run of overlaps and falling tokens), and a
+/// handover on one shard passes.
+#[test]
+fn each_shard_is_checked_on_its_own() {
+    let logs = clean_sharded_logs();
+    let by_shard = shard_events(logs.iter().map(String::as_str));
+    assert_eq!(
+        shard_order(by_shard.keys()),
+        ["0", "1", "2", "3"].iter().collect::<Vec<_>>()
+    );
+    // An `act` line is its tick too, as a singleton's tick + act pair.
+    let ticks = tick_counts(&by_shard["1"]);
+    assert_eq!(
+        (ticks.ticks, ticks.acts, ticks.refused),
+        (40 + 78, 40 + 78, 0)
+    );
+    assert_eq!(check_shards(&by_shard, &[]), Ok(()));
+    assert_eq!(tenures(&by_shard["1"]).len(), 2);
+    // The same lines taken as one lease's log: overlaps everywhere.
+    let merged: Vec<NodeEvent> = log(by_shard.values().cloned().collect());
+    assert!(check_run(&merged, &[]).is_err());
+}
+
+/// An overlap on one shard is caught and named by its shard: node-1.0 starts shard 2's worker
+/// while node-0.0's still acts there (with a higher token, so only the overlap is wrong).
+#[test]
+fn an_overlap_on_one_shard_is_reported_with_its_shard() {
+    let [a, b] = clean_sharded_logs();
+    let a = a + &worker("node-0.0", 2, 3, 4000, 7000);
+    let by_shard = shard_events([a.as_str(), b.as_str()]);
+    let violations = check_shards(&by_shard, &[]).unwrap_err();
+    assert!(violations.iter().all(|v| v.shard == "2"), "{violations:#?}");
+    assert!(
+        violations.iter().any(|v| matches!(&v.violation,
+            Violation::StepsOverlap { earlier, later }
+                if earlier.owner == "node-1.0" && later.owner == "node-0.0")),
+        "{violations:#?}"
+    );
+    assert!(violations
+        .iter()
+        .any(|v| matches!(v.violation, Violation::LifetimesOverlap { .. })));
+    let text = describe_shards(&violations);
+    assert!(
+        text.contains("shard 2: steps overlap: node-1.0 (token 2)"),
+        "{text}"
+    );
+}
+
+/// A falling token on one shard is caught and named by its shard: shard 3 moves to node-0.0
+/// (after node-1.0's worker stopped: no overlap) with a lower token than node-1.0 had.
+#[test]
+fn a_falling_token_on_one_shard_is_reported_with_its_shard() {
+    let logs = [
+        worker("node-0.0", 0, 9, 0, 6000)
+            + &worker("node-0.0", 1, 4, 0, 2000)
+            + &worker("node-0.0", 3, 6, 7000, 8000),
+        worker("node-1.0", 2, 2, 0, 6000)
+            + &worker("node-1.0", 3, 7, 100, 6000)
+            + &worker("node-1.0", 1, 5, 2100, 6000),
+    ];
+    let by_shard = shard_events(logs.iter().map(String::as_str));
+    let violations = check_shards(&by_shard, &[]).unwrap_err();
+    assert!(violations.iter().all(|v| v.shard == "3"), "{violations:#?}");
+    let falling = violations
+        .iter()
+        .find(|v| {
+            matches!(&v.violation,
+            Violation::TokenNotRising { earlier, later } if earlier.token == 7 && later.token == 6)
+        })
+        .unwrap_or_else(|| panic!("{violations:#?}"));
+    assert!(
+        falling.to_string().starts_with("shard 3: token not rising"),
+        "{falling}"
+    );
+    // Its worker also ticked after the newer tenure (token 7) acted.
+    assert!(violations
+        .iter()
+        .any(|v| matches!(v.violation, Violation::TickAfterTakeover { token: 6, .. })));
+}
+
+/// A sharded run's report: a fault on a node meets the shards that node acts on, and only
+/// those; the summary reads as a singleton run's (so `scripts/chaos-summary.py` reads it), with
+/// tenures, takeovers and kept tenures counted per shard.
+#[test]
+fn a_fault_meets_the_shards_of_the_node_it_hits() {
+    let logs = clean_sharded_logs();
+    let by_shard = shard_events(logs.iter().map(String::as_str));
+    let info = RunInfo {
+        backend: "etcd-sharded".into(),
+        seed: 5,
+        ttl: Duration::from_secs(3),
+        nodes: 2,
+        duration: Duration::from_secs(8),
+        wall_offset_ns: None,
+        span_ns: None,
+    };
+    // node-0.0 killed at 2.02 s (it acts on shards 0 and 1): shard 1 moves at 2.15 s; shard 0
+    // (same process in this log) acts on.
+    let kill = fault(Fault::Kill, Some(("node-0.0", 0)), 2020, 2030);
+    let report = sharded_report(&info, &by_shard, &[kill]);
+    let holders: Vec<(&str, Option<(String, u64)>)> = report
+        .shards
+        .iter()
+        .map(|(s, r)| (s.as_str(), r.faults[0].holder.clone()))
+        .collect();
+    assert_eq!(
+        holders,
+        vec![
+            ("0", Some(("node-0.0".to_owned(), 9))),
+            ("1", Some(("node-0.0".to_owned(), 4))),
+            ("2", None),
+            ("3", None),
+        ]
+    );
+    assert_eq!(
+        report.shards["1"].outcomes[0].takeover.unwrap().after,
+        Duration::from_millis(130)
+    );
+    assert_eq!(report.shards["0"].outcomes[0].takeover, None);
+    assert_eq!(report.kinds_met(), BTreeSet::from([Fault::Kill]));
+    let summary = report.summary();
+    let lines: Vec<&str> = summary.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "etcd-sharded chaos run: seed 5, ttl 3s, 2 nodes, 8s, 1 faults, 5 tenures (4 shards"
+        ),
+        "{summary}"
+    );
+    assert!(
+        lines[1].starts_with("verdict: no violation on any of the 4 shards"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("closest handover between processes: 0.150s on shard 1"),
+        "{summary}"
+    );
+    // One fault, at a holder; one shard tenure taken over, one kept.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.split_whitespace().take(5).collect::<Vec<_>>()
+                == ["Kill", "1", "1", "1", "1"]),
+        "{summary}"
+    );
 }

@@ -9,7 +9,9 @@
 //! every step the guard allowed, so the harness can prove afterwards (with the verdicts of
 //! `chaos_check.rs`) that no two singletons ever ran at once, no two processes ever acted at once,
 //! and a frozen holder ran nothing after it was resumed. It draws the timeline as an SVG and writes
-//! every figure of docs/chaos/RESULTS.md to `summary.txt`.
+//! every figure of docs/chaos/RESULTS.md to `summary.txt`. [`run_sharded`] does the same with
+//! `examples/sharded_node.rs` processes (a group of shards, each under its own lease) and checks
+//! every shard's events on their own (`shard_check.rs`).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -156,17 +158,37 @@ pub enum NodeMode {
     IgnoreGuard,
 }
 
+/// What the nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// `singleton_node`: one singleton under the run's lease.
+    Singleton(NodeMode),
+    /// `sharded_node`: a group of `shards` workers named after the run's lease, each shard under
+    /// its own lease, spread over the nodes (`--config-key singleton`: the backend's configuration
+    /// is the same). Its event lines name their shard ([`super::shard_check`]).
+    Sharded { shards: usize },
+}
+
+impl Program {
+    fn binary(self) -> PathBuf {
+        match self {
+            Program::Singleton(_) => node_binary(),
+            Program::Sharded { .. } => super::example_binary("sharded_node"),
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn spawn_node<B: ChaosBackend>(
     backend: &B,
-    bin: &Path,
+    program: Program,
     dir: &Path,
     lease: &str,
     ttl: Duration,
     index: usize,
     generation: usize,
-    mode: NodeMode,
 ) -> Node {
+    let bin = program.binary();
     let owner = format!("node-{index}.{generation}");
     let events = dir.join(format!("{owner}.jsonl"));
     let net = NodeNet::create();
@@ -181,20 +203,24 @@ async fn spawn_node<B: ChaosBackend>(
     std::fs::write(&config, backend.config_toml(&addrs, ttl)).unwrap();
     let log = std::fs::File::create(dir.join(format!("{owner}.log"))).unwrap();
     // `ip netns exec` runs the node as the same process (signals reach it) in its namespace.
-    let mut command = net.command(bin);
-    command
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--lease",
-            lease,
-            "--owner",
-            &owner,
-        ])
-        .args(["--events", events.to_str().unwrap()]);
-    if mode == NodeMode::IgnoreGuard {
-        command.arg("--unsafe-ignore-guard");
+    let mut command = net.command(&bin);
+    command.args(["--config", config.to_str().unwrap()]);
+    match program {
+        Program::Singleton(mode) => {
+            command.args(["--lease", lease]);
+            if mode == NodeMode::IgnoreGuard {
+                command.arg("--unsafe-ignore-guard");
+            }
+        }
+        Program::Sharded { shards } => {
+            command
+                .args(["--config-key", "singleton", "--group", lease])
+                .args(["--shards", &shards.to_string()]);
+        }
     }
+    command
+        .args(["--owner", &owner])
+        .args(["--events", events.to_str().unwrap()]);
     let child = command
         .env("RUST_LOG", "actix_coordination=debug")
         .env("NO_COLOR", "1")
@@ -206,7 +232,7 @@ async fn spawn_node<B: ChaosBackend>(
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .expect("start singleton_node");
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
     Node {
         owner,
         child,
@@ -268,11 +294,49 @@ pub struct RunLength {
 /// A page of a long run's timeline: ten minutes.
 const PAGE: u128 = 600_000_000_000;
 
+/// The events of the last seconds of every log written to in the last two seconds (at most the
+/// last 256 KiB of each), sorted by time: enough for [`holder_at`], which looks back 500 ms, and
+/// cheap however long the run (a sharded node logs a line per shard every 50 ms).
+fn recent_events(paths: &[PathBuf]) -> Vec<NodeEvent> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 256 * 1024;
+    let mut events = Vec::new();
+    for path in paths {
+        let Ok(mut file) = std::fs::File::open(path) else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else { continue };
+        let fresh = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_none_or(|age| age < Duration::from_secs(2));
+        if !fresh {
+            continue;
+        }
+        let from = meta.len().saturating_sub(TAIL);
+        let mut bytes = Vec::new();
+        if file.seek(SeekFrom::Start(from)).is_err() || file.read_to_end(&mut bytes).is_err() {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        // A tail that starts inside a line: its first line is cut.
+        let text = match (from, text.find('\n')) {
+            (0, _) => &text[..],
+            (_, Some(end)) => &text[end + 1..],
+            (_, None) => "",
+        };
+        events.extend(parse_events(text));
+    }
+    events.sort_by_key(|e| e.t_ns);
+    events
+}
+
 /// Waits (at most `within`) until some node acts, so that the next fault meets a holder.
 async fn settle(all_events: &[PathBuf], within: Duration) {
     let give_up = Instant::now() + within;
     while Instant::now() < give_up {
-        if holder_at(&read_events(all_events), now_ns(), None).is_some() {
+        if holder_at(&recent_events(all_events), now_ns(), None).is_some() {
             return;
         }
         sleep(Duration::from_millis(100)).await;
@@ -290,8 +354,116 @@ pub async fn run<B: ChaosBackend>(
     length: RunLength,
     seed: u64,
 ) -> ChaosReport {
-    let bin = node_binary();
-    let (dir, lease) = prepare_run(backend, "chaos").await;
+    let program = Program::Singleton(NodeMode::Safe);
+    let (dir, info) = drive(backend, nodes, ttl, length, seed, program).await;
+    let (start_ns, end_ns) = info.span_ns.expect("a run's span");
+    // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
+    // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
+    let mut report = analyze(&dir, &info);
+    let pages = page_count(start_ns, end_ns);
+    if pages > 1 {
+        report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
+    }
+    // The figures first: a run's summary survives whatever happens to its pictures.
+    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    print!("{}", report.summary());
+    draw_timeline(&dir, &info, &report, start_ns, end_ns);
+    assert!(
+        report.violations.is_empty(),
+        "{}\n(run directory: {})",
+        describe(&report.violations),
+        dir.display()
+    );
+    assert_graceful_handovers(&report.outcomes, ttl);
+    report
+}
+
+/// [`run`] with `nodes` processes of `examples/sharded_node.rs`, a group of `shards` workers
+/// ([`Program::Sharded`]): the same faults, aimed at a node whose workers act; then every shard's
+/// events are checked on their own with every verdict ([`super::shard_check`]). Writes
+/// `summary.txt` and a timeline per shard (`shards/<shard>/timeline.svg`, pages for a long run),
+/// then panics on any violation (naming its shard) or a graceful stop whose shards were not
+/// handed over well before the TTL; returns what it saw otherwise.
+pub async fn run_sharded<B: ChaosBackend>(
+    backend: &mut B,
+    nodes: usize,
+    shards: usize,
+    ttl: Duration,
+    length: RunLength,
+    seed: u64,
+) -> super::shard_check::ShardedReport {
+    use super::shard_check::{analyze_sharded, describe_shards, shard_order};
+    let (dir, info) = drive(
+        backend,
+        nodes,
+        ttl,
+        length,
+        seed,
+        Program::Sharded { shards },
+    )
+    .await;
+    let (start_ns, end_ns) = info.span_ns.expect("a run's span");
+    let mut report = analyze_sharded(&dir, &info);
+    let page = if page_count(start_ns, end_ns) > 1 {
+        "timeline-01.svg"
+    } else {
+        "timeline.svg"
+    };
+    if let Some(first) = shard_order(report.shards.keys()).first() {
+        report.svg = dir.join("shards").join(first.as_str()).join(page);
+    }
+    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
+    print!("{}", report.summary());
+    for (shard, shard_report) in &report.shards {
+        let shard_dir = dir.join("shards").join(shard);
+        std::fs::create_dir_all(&shard_dir).unwrap();
+        let info = RunInfo {
+            backend: format!("{}, shard {shard}", info.backend),
+            ..info.clone()
+        };
+        draw_timeline(&shard_dir, &info, shard_report, start_ns, end_ns);
+    }
+    assert!(
+        report.violations.is_empty(),
+        "{}\n(run directory: {})",
+        describe_shards(&report.violations),
+        dir.display()
+    );
+    for shard_report in report.shards.values() {
+        assert_graceful_handovers(&shard_report.outcomes, ttl);
+    }
+    report
+}
+
+/// A graceful stop hands over at once (the release wakes a waiting node's watch), not after the
+/// TTL like a crash.
+pub fn assert_graceful_handovers(outcomes: &[FaultOutcome], ttl: Duration) {
+    for o in outcomes {
+        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
+            assert!(
+                t.after < ttl / 2,
+                "a graceful stop took {:?} to hand over (ttl {ttl:?})",
+                t.after
+            );
+        }
+    }
+}
+
+/// The run itself: starts the nodes, injects the faults, stops the nodes gracefully; writes
+/// `faults.jsonl` and `run.json`. Returns the run's directory and what `run.json` says.
+async fn drive<B: ChaosBackend>(
+    backend: &mut B,
+    nodes: usize,
+    ttl: Duration,
+    length: RunLength,
+    seed: u64,
+    program: Program,
+) -> (PathBuf, RunInfo) {
+    let kind = match program {
+        Program::Singleton(_) => "chaos",
+        Program::Sharded { .. } => "sharded",
+    };
+    let (dir, lease) = prepare_run(backend, kind).await;
     // The kinds of fault come from their own generator, so that a seed replays them whatever
     // the other draws (waits, targets when nobody acts).
     let mut schedule = FaultSchedule::with_kinds(seed, &backend.fault_kinds());
@@ -302,17 +474,7 @@ pub async fn run<B: ChaosBackend>(
     // Before the first node starts: it may act before the last one is up.
     let start_ns = now_ns();
     for i in 0..nodes {
-        let node = spawn_node(
-            backend,
-            &bin,
-            &dir,
-            &lease,
-            ttl,
-            i,
-            generation,
-            NodeMode::Safe,
-        )
-        .await;
+        let node = spawn_node(backend, program, &dir, &lease, ttl, i, generation).await;
         all_events.push(node.events.clone());
         running.push(node);
     }
@@ -329,7 +491,7 @@ pub async fn run<B: ChaosBackend>(
     {
         sleep(Duration::from_millis(rng.u64(500..2000))).await;
         // The tenure acting right now, if any.
-        let holder = holder_at(&read_events(&all_events), now_ns(), None);
+        let holder = holder_at(&recent_events(&all_events), now_ns(), None);
         let at_holder = holder
             .as_ref()
             .and_then(|(h, _)| running.iter().position(|n| &n.owner == h));
@@ -401,17 +563,8 @@ pub async fn run<B: ChaosBackend>(
         }
         if replace {
             generation += 1;
-            let replacement = spawn_node(
-                backend,
-                &bin,
-                &dir,
-                &lease,
-                ttl,
-                target,
-                generation,
-                NodeMode::Safe,
-            )
-            .await;
+            let replacement =
+                spawn_node(backend, program, &dir, &lease, ttl, target, generation).await;
             all_events.push(replacement.events.clone());
             running.insert(target, replacement);
         }
@@ -454,7 +607,10 @@ pub async fn run<B: ChaosBackend>(
     let fault_log: String = faults.iter().map(fault_line).collect();
     std::fs::write(dir.join("faults.jsonl"), fault_log).unwrap();
     let info = RunInfo {
-        backend: backend.name().to_owned(),
+        backend: match program {
+            Program::Singleton(_) => backend.name().to_owned(),
+            Program::Sharded { .. } => format!("{}-sharded", backend.name()),
+        },
         seed,
         ttl,
         nodes,
@@ -463,39 +619,11 @@ pub async fn run<B: ChaosBackend>(
         span_ns: Some((start_ns, end_ns)),
     };
     std::fs::write(dir.join("run.json"), info.to_json()).unwrap();
-    // Every verdict: steps and lifetimes never overlap, tokens rise, no tick after a newer
-    // tenure acted, and a paused holder runs nothing at all under its old token once resumed.
-    let mut report = analyze(&dir, &info);
-    let pages = page_count(start_ns, end_ns);
-    if pages > 1 {
-        report.svg = dir.join(format!("timeline-01.svg .. timeline-{pages:02}.svg"));
-    }
-    // The figures first: a run's summary survives whatever happens to its pictures.
-    std::fs::write(dir.join("summary.txt"), report.summary()).unwrap();
-    print!("{}", report.summary());
-    draw_timeline(&dir, &info, &report, start_ns, end_ns);
-    assert!(
-        report.violations.is_empty(),
-        "{}\n(run directory: {})",
-        describe(&report.violations),
-        dir.display()
-    );
-    // A graceful stop hands over at once (the release wakes a waiting node's watch), not after
-    // the TTL like a crash.
-    for o in &report.outcomes {
-        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
-            assert!(
-                t.after < ttl / 2,
-                "a graceful stop took {:?} to hand over (ttl {ttl:?})",
-                t.after
-            );
-        }
-    }
-    report
+    (dir, info)
 }
 
 /// How many pages of [`PAGE`] a run's timeline takes.
-fn page_count(start_ns: u128, end_ns: u128) -> u128 {
+pub fn page_count(start_ns: u128, end_ns: u128) -> u128 {
     end_ns.saturating_sub(start_ns).div_ceil(PAGE).max(1)
 }
 
@@ -591,10 +719,10 @@ pub async fn pause_run<B: ChaosBackend>(
         NodeMode::Safe => "pause",
         NodeMode::IgnoreGuard => "unsafe",
     };
-    let bin = node_binary();
     let (dir, lease) = prepare_run(backend, kind).await;
     let start_ns = now_ns();
-    let mut nodes = vec![spawn_node(backend, &bin, &dir, &lease, ttl, 0, 0, holder_mode).await];
+    let first = Program::Singleton(holder_mode);
+    let mut nodes = vec![spawn_node(backend, first, &dir, &lease, ttl, 0, 0).await];
     let mut paths = vec![nodes[0].events.clone()];
     let first_act = |paths: &[PathBuf], owner: &str, after: u128| {
         read_events(paths)
@@ -614,7 +742,8 @@ pub async fn pause_run<B: ChaosBackend>(
         check();
         sleep(Duration::from_millis(20)).await;
     };
-    nodes.push(spawn_node(backend, &bin, &dir, &lease, ttl, 1, 0, NodeMode::Safe).await);
+    let other = Program::Singleton(NodeMode::Safe);
+    nodes.push(spawn_node(backend, other, &dir, &lease, ttl, 1, 0).await);
     paths.push(nodes[1].events.clone());
     let stopped_ns = now_ns();
     signal(nodes[0].child.id(), "STOP");

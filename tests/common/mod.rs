@@ -19,6 +19,7 @@ pub mod logs;
 #[cfg(all(feature = "etcd", feature = "kubernetes"))]
 pub mod netns;
 pub mod proxy;
+pub mod shard_check;
 
 /// The example `name`, built with every feature (cheap when up to date) and copied once per test
 /// process to `target/examples-bin/<pid>/`: the target directory may be shared with other
