@@ -33,7 +33,7 @@
 //! `--shutdown both` lets actix-web and the manager (`handle_signals: true`) both handle it.
 //!
 //! `/healthz`, `/readyz`, `/leases` and `/metrics` are the crate's [`AdminRoutes`] (feature `web`);
-//! `/shards` shows the `--shards N` partitions of work (default 8; 0: none) this replica runs and
+//! `/shards` shows the `--shards N` partitions of work (none by default) this replica runs and
 //! the group as it sees it (a [`ShardedWorkers`] group `<lease>-shards`).
 //! On SIGTERM or ctrl-c the crate's [`GracefulShutdown`] shuts down in this order: the manager
 //! stops the job, waits for it, and releases the lease (another replica takes over within a round
@@ -125,7 +125,7 @@ fn parse_args() -> Result<Args, String> {
     let mut owner = std::env::var("POD_NAME").ok();
     let mut listen = "0.0.0.0:8080".to_owned();
     let mut shutdown = ShutdownBy::Graceful;
-    let mut shards = 8;
+    let mut shards = 0;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -300,7 +300,7 @@ async fn serve(
     .health(&health)
     .start();
 
-    // `--shards N` partitions of work spread over the replicas, each run exactly once (group
+    // `--shards N` (default 0: none) partitions of work spread over the replicas, each run exactly once (group
     // `<lease>-shards`, leases configured like the singleton's). They do not report to the health
     // check: readiness does not depend on how many shards a replica holds.
     let workers: Option<Shards> = match args.shards {

@@ -18,6 +18,9 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, Instant};
 
+/// The example's arguments for a group of 8 sharded partitions (`/shards`).
+const SHARDED: &[&str] = &["--shards", "8"];
+
 fn binary() -> PathBuf {
     common::example_binary("web_service")
 }
@@ -67,7 +70,7 @@ impl Service {
         Self::start_with(dir, owner, config, lease, env, &[]).await
     }
 
-    /// [`Service::start`] with more arguments.
+    /// [`Service::start`] with more arguments (for example [`SHARDED`]).
     async fn start_with(
         dir: &Path,
         owner: &str,
@@ -261,7 +264,7 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
     )
     .unwrap();
     let lease = "routes-jobs";
-    let mut solo = Service::start(&dir, "solo", &config, lease, &[]).await;
+    let mut solo = Service::start_with(&dir, "solo", &config, lease, &[], SHARDED).await;
 
     assert_eq!(solo.get("/healthz").await, (200, "ok".to_owned()));
     assert_eq!(solo.get("/readyz").await, (200, "ok".to_owned()));
@@ -361,7 +364,8 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
     solo.terminate().await;
     let log = solo.log_text();
     let stopped = line_of(&log, "job stopped");
-    let released = line_of(&log, "lease released");
+    // The singleton's lease (the example's partitions log releases of their leases too).
+    let released = line_of(&log, &format!("lease released lease={lease} "));
     let server_stopped = line_of(&log, "http server stopped");
     assert!(stopped < released && released < server_stopped, "{log}");
     assert!(log.contains("released=true"), "{log}");
@@ -376,14 +380,14 @@ async fn two_instances_one_leader(
     ttl: Duration,
     env: &[(&str, &str)],
 ) {
-    let mut a = Service::start(dir, "node-a", config, lease, env).await;
+    let mut a = Service::start_with(dir, "node-a", config, lease, env, SHARDED).await;
     let first = until(
         Duration::from_secs(20),
         || a.lease(lease),
         |r| r["held"] == true,
     )
     .await;
-    let b = Service::start(dir, "node-b", config, lease, env).await;
+    let b = Service::start_with(dir, "node-b", config, lease, env, SHARDED).await;
 
     // Exactly one leads: b sees a as the holder, runs no job, and both are live and ready.
     let follower = until(
@@ -409,17 +413,15 @@ async fn two_instances_one_leader(
             |s| {
                 s["here"].as_array().unwrap().len() == 4
                     && s["members"].as_array().unwrap().len() == 2
+                    && s["holders"]
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .all(|h| !h.is_null())
             },
         )
         .await;
-        assert!(
-            shards["holders"]
-                .as_object()
-                .unwrap()
-                .values()
-                .all(|h| !h.is_null()),
-            "{shards}"
-        );
+        assert_eq!(shards["holders"].as_object().unwrap().len(), 8, "{shards}");
         assert_eq!(service.get("/readyz").await.0, 200);
     }
 
@@ -559,26 +561,27 @@ async fn a_slow_release_completes_before_the_server_stops(
     // construction), and only then did the HTTP server stop.
     let log = a.log_text();
     let stopped = line_of(&log, "job stopped");
-    let released = line_of(&log, "lease released");
+    // The singleton's lease (the example's partitions log releases of their leases too).
+    let released = line_of(&log, &format!("lease released lease={lease} "));
     let server_stopped = line_of(&log, "http server stopped");
     assert!(stopped < released && released < server_stopped, "{log}");
     assert!(log.contains("released=true"), "{log}");
     let requested = time_of(&log, "termination requested");
-    let release_took = time_of(&log, "lease released") - requested;
+    let release_took = time_of(&log, &format!("lease released lease={lease} ")) - requested;
     assert!(
         release_took >= SLOW_RELEASE.as_secs_f64(),
         "the release was not slowed ({release_took} s): {log}"
     );
     // What the numbers were (not asserted: timings belong in benches).
-    let server_took =
-        time_of(&log, "http server stopped") - time_of(&log, "shutdown: lease released");
+    let server_took = time_of(&log, "http server stopped")
+        - time_of(&log, &format!("shutdown: lease released lease={lease} "));
     let b_log = b.log_text();
     let acquired_after_a = b_log
         .lines()
         .rfind(|l| l.contains("lease acquired"))
         .map(|l| time_of(l, "lease acquired"))
         .unwrap_or_else(|| panic!("b never logged an acquisition: {b_log}"));
-    let takeover = acquired_after_a - time_of(&log, "lease released");
+    let takeover = acquired_after_a - time_of(&log, &format!("lease released lease={lease} "));
     eprintln!(
         "measured: release {:.0} ms (slowed by {SLOW_RELEASE:?}), http server stop after it {:.1} ms, \
          takeover by node-b {:.1} ms after node-a logged the release, {took:?} after the SIGTERM",
@@ -699,7 +702,10 @@ async fn without_the_helper_the_lease_is_not_released(mode: &str) {
     a.terminate().await;
     let log = a.log_text();
     assert!(log.contains("http server stopped"), "{log}");
-    assert!(!log.contains("lease released"), "{log}");
+    assert!(
+        !log.contains(&format!("lease released lease={lease} ")),
+        "{log}"
+    );
     let follower = b.lease(lease).await;
     assert_eq!(follower["holder"], "node-a", "{follower}");
     assert_eq!(follower["held"], false, "{follower}");
