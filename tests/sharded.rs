@@ -63,10 +63,15 @@ fn settings(name: &str, node: &str) -> LeaseSettings {
 }
 
 fn start_node(store: &InMemoryStore, node: &str, log: &Log) -> Node {
+    start_in(store, GROUP, SHARDS, node, log)
+}
+
+/// A node of `group` (`shards` shards) on `store`, its workers logging into `log`.
+fn start_in(store: &InMemoryStore, group: &str, shards: usize, node: &str, log: &Log) -> Node {
     let (store, owner, log) = (store.clone(), node.to_owned(), log.clone());
     ShardedWorkers::with_count(
-        GROUP,
-        SHARDS,
+        group,
+        shards,
         move |name: &str| store.lease(settings(name, &owner)),
         move |shard: &ShardInfo, _: &mut Context<Worker>| {
             assert!(
@@ -482,32 +487,7 @@ fn random_schedules_keep_every_shard_exactly_once_and_settle_balanced() {
             let mut rng = fastrand::Rng::with_seed(seed);
             let store = InMemoryStore::new();
             let log = Log::default();
-            let start = |name: &str| -> Node {
-                let (store, owner, log) = (store.clone(), name.to_owned(), log.clone());
-                ShardedWorkers::with_count(
-                    "model",
-                    SHARDS,
-                    move |lease: &str| store.lease(settings(lease, &owner)),
-                    move |shard: &ShardInfo, _: &mut Context<Worker>| {
-                        assert!(shard.guard.check_alive());
-                        log.borrow_mut().push((
-                            Instant::now(),
-                            shard.shard.clone(),
-                            shard.owner.clone(),
-                            Event::Started {
-                                token: shard.fencing_token,
-                            },
-                        ));
-                        Worker {
-                            shard: shard.shard.clone(),
-                            node: shard.owner.clone(),
-                            log: log.clone(),
-                        }
-                    },
-                )
-                .unwrap()
-                .start()
-            };
+            let start = |name: &str| start_in(&store, "model", SHARDS, name, &log);
             let mut live: BTreeMap<String, Node> = BTreeMap::new();
             let mut next = 1;
             for _ in 0..3 {
