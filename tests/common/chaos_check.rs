@@ -762,15 +762,64 @@ pub fn event_logs(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The acting tenure (owner, token) whose last step came within 500 ms before `t_ns`, of `owner`
-/// if given: how the harness finds the holder a fault meets.
+/// if given: how the harness finds the holder a fault meets. The tenure is the one in force at
+/// `t_ns` ([`tenure_at`]): a holder whose tenure ended after its last step and that took the lease
+/// again before the fault (a new token, not acted under yet) is met under its new token, and one
+/// whose tenure ended with no new one met no holder.
 pub fn holder_at(events: &[NodeEvent], t_ns: u128, owner: Option<&str>) -> Option<(String, u64)> {
-    events
+    let act = events
         .iter()
         .rev()
         .filter(|e| e.t_ns < t_ns)
         .take_while(|e| e.t_ns + 500_000_000 >= t_ns)
-        .find(|e| e.kind == EventKind::Act && owner.is_none_or(|o| e.owner == o))
-        .map(|e| (e.owner.clone(), e.token))
+        .find(|e| e.kind == EventKind::Act && owner.is_none_or(|o| e.owner == o))?;
+    let token = tenure_at(events, &act.owner, act.token, act.t_ns, t_ns)?;
+    Some((act.owner.clone(), token))
+}
+
+/// The token `owner` holds at `t_ns`, given that it acted under `token` at `acted_ns`: its
+/// `start` and `stop` events in between move it to a new tenure or end it (`None`).
+pub fn tenure_at(
+    events: &[NodeEvent],
+    owner: &str,
+    token: u64,
+    acted_ns: u128,
+    t_ns: u128,
+) -> Option<u64> {
+    let mut current = Some(token);
+    let mut between: Vec<&NodeEvent> = events
+        .iter()
+        .filter(|e| e.owner == owner && e.t_ns > acted_ns && e.t_ns < t_ns)
+        .collect();
+    between.sort_by_key(|e| e.t_ns);
+    for e in between {
+        match e.kind {
+            EventKind::Start => current = Some(e.token),
+            EventKind::Stop if current == Some(e.token) => current = None,
+            _ => {}
+        }
+    }
+    current
+}
+
+/// A recorded holder as the events show it at the fault ([`tenure_at`] from its last step before
+/// `t_ns`): the harness reads the nodes' events a few milliseconds late, so a holder that took the
+/// lease again just before the fault was recorded under the token it last acted with.
+pub fn recorded_holder_at(
+    events: &[NodeEvent],
+    (owner, token): (String, u64),
+    t_ns: u128,
+) -> Option<(String, u64)> {
+    let Some(act) = events
+        .iter()
+        .rev()
+        .filter(|e| e.t_ns < t_ns)
+        .find(|e| e.kind == EventKind::Act && e.owner == owner && e.token == token)
+    else {
+        return Some((owner, token));
+    };
+    let now = tenure_at(events, &owner, token, act.t_ns, t_ns)?;
+    Some((owner, now))
 }
 
 /// One line of `faults.jsonl`.
@@ -804,7 +853,7 @@ pub fn parse_faults(text: &str, events: &[NodeEvent]) -> Vec<FaultRecord> {
                 v["holder"]
                     .as_str()
                     .zip(v["holder_token"].as_u64())
-                    .map(|(o, t)| (o.to_owned(), t))
+                    .and_then(|(o, t)| recorded_holder_at(events, (o.to_owned(), t), start_ns))
             } else {
                 holder_at(events, start_ns, owner.as_deref())
             };
