@@ -19,8 +19,8 @@
 //!    balance (every node runs 16 shards), and the moves it took (worker starts);
 //! 2. **handover**: SIGTERM to one of the four: for each of its shards, the time from its worker's
 //!    `stop` on the leaving node to the new worker's `start` on another (both on
-//!    `CLOCK_MONOTONIC`, logged by the nodes): how long the shard ran nowhere. Target (issue 24):
-//!    median ≤ 10 ms;
+//!    `CLOCK_MONOTONIC`, logged by the nodes): how long the shard ran nowhere. Targets (issue 24):
+//!    median ≤ 10 ms, each (the maximum) ≤ 100 ms;
 //! 3. **kill**: SIGKILL to another one: for each of its shards, the time from the kill to the new
 //!    worker's `start`. Target: within TTL + 1 s (p99).
 //!
@@ -169,7 +169,11 @@ impl Fleet {
             .args(["--config", self.config.to_str().unwrap()])
             .args(["--group", &self.group, "--shards", &SHARDS.to_string()])
             .args(["--owner", owner, "--events", events.to_str().unwrap()])
-            .env("RUST_LOG", "actix_coordination=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_RUST_LOG")
+                    .unwrap_or_else(|_| "actix_coordination=info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -402,6 +406,8 @@ fn main() {
         }),
         &[
             Check::at_most("shard-handover-median", handover.median, 10.0, "ms"),
+            // Issue 24: "a SIGTERMed node's shards (and only those) move, each within 100 ms".
+            Check::at_most("shard-handover-max", handover.max, 100.0, "ms"),
         ],
     );
     report.record(

@@ -272,6 +272,10 @@ def t_targets(d):
         stat("shard-handover", "latency", "median", 1), ["shard-handover-median"],
         ["shard-handover"])
 
+    row("sharded workers: per-shard handover on a planned move (SIGTERM), slowest", "≤ 100 ms",
+        stat("shard-handover", "latency", "max", 1), ["shard-handover-max"],
+        ["shard-handover"])
+
     def moves(backend, recs):
         return f"{max(recs[-1]['values']['moves']):.0f} moves (16 shards to move)"
 

@@ -220,6 +220,55 @@ async fn waiting_contender_is_woken_by_the_release() {
     assert!(b.release().await.unwrap());
 }
 
+/// A waiting contender watches its key from "now", not from the revision it saw the key held at
+/// (etcd delivers a watch that starts in the past only when its catch-up loop next runs, every
+/// 100 ms, once anything was written since: a planned move of 16 shards waited 95 ms per shard).
+/// A release between the contender's attempt and its watch's start, with the store written again
+/// after it, is found by the one read the wait then makes: the wait ends at once, not at its
+/// deadline nor after the retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_before_the_waiters_watch_starts_is_not_missed() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("wake-gap");
+    let mut admin = admin_client(&endpoint).await;
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let sa = settings("gap", "a", Duration::from_secs(10));
+    let sb = LeaseSettings::builder("gap", "b")
+        .ttl(Duration::from_secs(10))
+        .acquire_retry_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let a = EtcdBackend::new(&session_a, "gap");
+    let b = EtcdBackend::new(&session_b, "gap");
+    let AcquireAttempt::Acquired { tenure, .. } = a.try_acquire(&sa).await.unwrap() else {
+        panic!("a fresh key is free")
+    };
+    assert!(matches!(
+        b.try_acquire(&sb).await.unwrap(),
+        AcquireAttempt::HeldByOther { .. }
+    ));
+    // Released, and the store written after it, before b starts waiting.
+    assert_eq!(
+        a.release(&sa, tenure).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    admin
+        .put(format!("{prefix}unrelated"), "x", None)
+        .await
+        .unwrap();
+    timeout(
+        Duration::from_secs(30),
+        b.wait_for_change(&sb, Instant::now() + Duration::from_secs(300)),
+    )
+    .await
+    .expect("the wait ended on the release that came before it, not at its deadline");
+    assert!(matches!(
+        b.try_acquire(&sb).await.unwrap(),
+        AcquireAttempt::Acquired { .. }
+    ));
+}
+
 /// Two clients race for one lease 100 times: one winner each round, the key says so, tokens grow.
 /// The backends' counters show that each round was decided by etcd: the loser too sent its
 /// claiming transaction, and etcd refused it (its compare found the winner's key).

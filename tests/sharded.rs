@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    FencingToken, GetGroupView, GetShards, InMemoryLease, InMemoryStore, LeaseSettings, ShardInfo,
-    ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
+    FencingToken, GetGroupView, GetShards, InMemoryFault, InMemoryLease, InMemoryStore,
+    LeaseSettings, ShardInfo, ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
+    DEFAULT_MAX_HANDOVERS,
 };
 use common::run_paused;
 use tokio::time::{sleep, Instant};
@@ -281,6 +282,69 @@ fn a_node_shutting_down_hands_over_exactly_its_shards_at_once() {
             "{:?}",
             counts(&after)
         );
+        assert_exactly_once(&log);
+    });
+}
+
+/// A node shutting down hands its shards over `max_handovers` (4) at a time: with every call of
+/// the leaving node taking 50 ms, its workers stop in batches of at most 4 per 50 ms (not all 21
+/// at once, each waiting behind every other's release), the workers not yet handed over run on
+/// meanwhile, and each shard is down for about one release, not for the whole shutdown.
+#[test]
+fn a_node_shutting_down_hands_over_max_handovers_shards_at_a_time() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let nodes = three_settled(&store, &log).await;
+        let leaving = counts(&holders(&store))["node-2"];
+        let call = Duration::from_millis(50);
+        store.set_owner_fault("node-2", Some(InMemoryFault::Delay(call)));
+        let signalled = Instant::now();
+        assert!(nodes[1].send(Shutdown).await.unwrap().unwrap());
+        let done = Instant::now();
+        until(Duration::from_secs(30), "node-2's shards move", || {
+            let held = holders(&store);
+            held.len() == SHARDS && running(&log) == held
+        })
+        .await;
+        let entries = log.borrow().clone();
+        let stops: Vec<(Instant, String)> = entries
+            .iter()
+            .filter(|(at, _, node, event)| {
+                *at >= signalled && node == "node-2" && *event == Event::Stopped
+            })
+            .map(|(at, shard, _, _)| (*at, shard.clone()))
+            .collect();
+        assert_eq!(stops.len(), leaving, "every worker of node-2 stopped");
+        for (at, _) in &stops {
+            let batch = stops
+                .iter()
+                .filter(|(other, _)| *other >= *at && *other < *at + call)
+                .count();
+            assert!(
+                batch <= DEFAULT_MAX_HANDOVERS,
+                "{batch} workers stopped within one release of each other: {stops:?}"
+            );
+        }
+        // The shutdown took a release per batch; each shard was down for about one release.
+        assert!(done - signalled >= call * (leaving / DEFAULT_MAX_HANDOVERS) as u32);
+        for (stopped, shard) in &stops {
+            let started = entries
+                .iter()
+                .find(|(at, s, node, event)| {
+                    at >= stopped
+                        && s == shard
+                        && node != "node-2"
+                        && matches!(event, Event::Started { .. })
+                })
+                .map(|(at, ..)| *at)
+                .expect("the shard started elsewhere");
+            assert!(
+                started - *stopped <= call + Duration::from_millis(10),
+                "shard {shard} was down for {:?}",
+                started - *stopped
+            );
+        }
         assert_exactly_once(&log);
     });
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::future::join_all;
+use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
 use super::singleton::{
@@ -47,7 +47,9 @@ pub struct ShardInfo {
 pub struct ShardedSettings {
     /// How many shards a node hands over at once: released and not yet seen claimed by their
     /// target (default [`DEFAULT_MAX_HANDOVERS`], at least 1). A handover whose target has not
-    /// claimed the shard within the lease's TTL stops counting.
+    /// claimed the shard within the lease's TTL stops counting. [`Shutdown`] too releases at most
+    /// this many shards at a time (the others' workers run on until their turn), so a node
+    /// holding `n` shards shuts down in about `n / max_handovers` release round trips.
     pub max_handovers: usize,
     /// The settings of each shard's manager: stop timeout, restarts, retry delay, backoff
     /// (`handle_signals` is ignored: shut the group down with [`Shutdown`]).
@@ -215,8 +217,10 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
 /// # Shutdown
 ///
 /// [`Shutdown`] releases the member lease first (the others re-target this node's shards and
-/// start waiting for them), then shuts every shard down (the worker stops, then its lease is
-/// released, and the waiting target claims it at once).
+/// start waiting for them), then shuts the shards down [`ShardedSettings::max_handovers`] at a
+/// time (each one's worker stops, then its lease is released, and the waiting target claims it at
+/// once; the workers of the shards not yet handed over run on under their tenures meanwhile, so
+/// that each shard is down for one release and one claim, not behind every other shard's release).
 ///
 /// # Example
 ///
@@ -476,6 +480,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             return;
         }
         shard.eligible = eligible;
+        tracing::debug!(group = %self.group, shard = %shard.id, eligible, "shard eligibility changed");
         if let Some(manager) = &shard.manager {
             manager.do_send(SetEligible(eligible));
         }
@@ -722,8 +727,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
     }
 }
 
-/// Releases the member lease first, then shuts every shard down (its worker stops, then its
-/// lease is released); answers `Ok(true)` when everything was released, else the first error
+/// Releases the member lease first, then shuts the shards down `max_handovers` at a time (each
+/// one's worker stops, then its lease is released); answers `Ok(true)` when everything was released, else the first error
 /// (`Ok(false)` when a lease was held by another owner), and stops.
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
     type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
@@ -740,12 +745,20 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
             .filter_map(|s| s.manager.clone())
             .collect();
         let group = self.group.clone();
+        let limit = self.settings.max_handovers;
         let work = async move {
             let mut result = Ok(true);
             if let Some(member) = member {
                 result = member.send(Shutdown).await.unwrap_or(Ok(true));
             }
-            for answer in join_all(managers.iter().map(|m| m.send(Shutdown))).await {
+            // At most `max_handovers` shards at a time: the others' workers run on under their
+            // tenures until their turn, so that each shard is down for one release and one claim,
+            // not behind every other shard's release.
+            let answers: Vec<_> = stream::iter(managers.iter().map(|m| m.send(Shutdown)))
+                .buffer_unordered(limit)
+                .collect()
+                .await;
+            for answer in answers {
                 let answer = answer.unwrap_or(Ok(true));
                 result = match (result, answer) {
                     (Err(e), _) | (Ok(_), Err(e)) => Err(e),

@@ -569,6 +569,14 @@ impl EtcdBackend {
         }))
     }
 
+    /// Reads the key: whether it is absent (free).
+    async fn key_is_absent(&self) -> Result<bool, EtcdError> {
+        let mut kv = self.inner().client().await?.kv_client();
+        let response = observe("range", kv.get(self.key.clone(), None).await)
+            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
+        Ok(response.kvs().is_empty())
+    }
+
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
     async fn loss_now(&self, token: FencingToken) -> Result<(Option<LostReason>, i64), EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
@@ -723,6 +731,7 @@ impl LeaseBackend for EtcdBackend {
                     });
                 }
                 Ok(Claim::Held { holder, revision }) => {
+                    tracing::trace!(key = %self.key_lossy(), ?holder, revision, "the claim found the key held");
                     *self.lock_observed() = Some(revision);
                     self.seen_held.fetch_add(1, Ordering::Relaxed);
                     return Ok(AcquireAttempt::HeldByOther {
@@ -866,7 +875,7 @@ impl LeaseBackend for EtcdBackend {
                 event = watch.next() => event,
             };
             match event {
-                Some(HubEvent::Created) => watch_ok.set(true),
+                Some(HubEvent::Created { .. }) => watch_ok.set(true),
                 Some(HubEvent::Events(events)) => {
                     // Every write after our claim is someone else's: the tenure never writes.
                     if let Some(event) = events.first() {
@@ -942,33 +951,45 @@ impl LeaseBackend for EtcdBackend {
         // Without a working watch, try again after the retry delay, not only at `not_after`
         // (which is the caller's whole deadline when it relies on the notification).
         let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
-        // Resume from the revision at which the key was seen held, so that a deletion between
-        // that attempt and this watch is not missed.
+        // The store's revision at which the key was seen held.
         let Some(seen) = self.lock_observed().take() else {
+            tracing::trace!(key = %self.key_lossy(), "no revision seen: waiting for the retry delay");
             return sleep_until(retry_at).await;
         };
+        // The watch starts from "now", not from `seen + 1`: etcd delivers the events of a watch
+        // that starts in the past (once anything was written after its start revision) only when
+        // its watcher catch-up loop next runs, every 100 ms, so that a release came up to 100 ms
+        // late to a contender of a busy store (a planned move of 16 shards: 95 ms per shard). A
+        // deletion between `seen` and the watch's start is found by one read, made only when the
+        // store was written meanwhile (the watch's creation reports the revision it starts at).
         let wait = async {
-            let Ok(mut watch) = self
-                .inner()
-                .watch(self.key.clone(), seen.saturating_add(1), true)
-                .await
-            else {
+            let Ok(mut watch) = self.inner().watch(self.key.clone(), 0, true).await else {
                 return sleep_until(retry_at).await;
             };
             loop {
                 match watch.next().await {
-                    Some(HubEvent::Created) => {}
-                    // Deleted (released, expired): try again now. A compacted history also
-                    // means "look again".
+                    Some(HubEvent::Created { revision }) if revision > seen => {
+                        match self.key_is_absent().await {
+                            Ok(true) => {
+                                tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was deleted before its watch started");
+                                self.seen_deleted.store(true, Ordering::Relaxed);
+                                return;
+                            }
+                            // Still held (by anyone): its deletion comes through the watch.
+                            Ok(false) => {}
+                            Err(_) => return sleep_until(retry_at).await,
+                        }
+                    }
+                    Some(HubEvent::Created { .. }) => {}
+                    // Deleted (released, expired): try again now.
                     Some(HubEvent::Events(_)) => {
+                        tracing::trace!(key = %self.key_lossy(), "the key was deleted");
                         self.seen_deleted.store(true, Ordering::Relaxed);
                         return;
                     }
-                    Some(HubEvent::Canceled {
-                        compact_revision, ..
-                    }) if compact_revision > 0 => return,
-                    Some(HubEvent::Canceled { .. } | HubEvent::Broken(_)) | None => {
-                        return sleep_until(retry_at).await
+                    other @ (Some(HubEvent::Canceled { .. } | HubEvent::Broken(_)) | None) => {
+                        tracing::trace!(key = %self.key_lossy(), ?other, "the key's watch ended: waiting for the retry delay");
+                        return sleep_until(retry_at).await;
                     }
                 }
             }

@@ -257,7 +257,7 @@ async fn round<S: GroupSource>(session: &Weak<S>, fold: &mut Fold) -> Ended {
         };
         match watch.next().await {
             // Listed, and followed from the list's revision on.
-            Some(HubEvent::Created) => fold.publish(true),
+            Some(HubEvent::Created { .. }) => fold.publish(true),
             Some(HubEvent::Events(events)) => fold.apply(&events),
             Some(HubEvent::Canceled {
                 compact_revision, ..

@@ -22,8 +22,9 @@ use tokio::time::timeout;
 /// What a watcher receives.
 #[derive(Debug)]
 pub(super) enum HubEvent {
-    /// etcd created the watch.
-    Created,
+    /// etcd created the watch; `revision` is the store's revision then (a watch from "now"
+    /// reports every change after it).
+    Created { revision: i64 },
     /// Changes of the watched key (or keys, for a prefix), in revision order.
     Events(Vec<Event>),
     /// etcd cancelled the watch; `compact_revision > 0` when the start revision was compacted.
@@ -328,7 +329,8 @@ impl Hub {
         };
         // A watcher whose handle is gone is removed by its cancel command.
         if response.created() {
-            let _ = watcher.events.send(HubEvent::Created);
+            let revision = response.header().map_or(0, |h| h.revision());
+            let _ = watcher.events.send(HubEvent::Created { revision });
         }
         if !response.events().is_empty() {
             let _ = watcher
