@@ -48,6 +48,7 @@ if [[ $mode == quick ]]; then
     export BENCH_KILL_ROUNDS=${BENCH_KILL_ROUNDS:-5} BENCH_PAUSE_ROUNDS=${BENCH_PAUSE_ROUNDS:-1}
     export BENCH_WINDOW_SECS=${BENCH_WINDOW_SECS:-20}
     export BENCH_SHARDED_ROUNDS=${BENCH_SHARDED_ROUNDS:-2}
+    export BENCH_IDLE_WINDOW_SECS=${BENCH_IDLE_WINDOW_SECS:-30} BENCH_FLEET_WINDOW_SECS=${BENCH_FLEET_WINDOW_SECS:-30}
 fi
 
 export BENCH_RESULTS_FILE=$PWD/$out/results.jsonl
@@ -118,6 +119,8 @@ bench handoff-etcd --all-features --bench handoff -- etcd all --check
 bench handoff-etcd-cluster --all-features --bench handoff -- etcd-cluster handoff failover kill --check
 bench sharded-kubernetes --all-features --bench sharded -- kubernetes --check
 bench sharded-etcd --all-features --bench sharded -- etcd --check
+bench fleet-etcd --all-features --bench fleet -- etcd --check
+bench fleet-kubernetes --all-features --bench fleet -- kubernetes --check
 if [[ $mode == quick ]]; then
     bench scale-memory --bench scale -- memory 10000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
