@@ -4,9 +4,9 @@
 # traffic is counted), runs the benches against them and in memory, and always stops the servers.
 #
 # Usage:
-#   scripts/bench.sh            everything (about 45 minutes on 2 cores); then merges the results
+#   scripts/bench.sh            everything (about 60 minutes on 2 cores); then merges the results
 #                               into benches/data/results.jsonl and regenerates BENCHMARKS.md
-#   scripts/bench.sh quick      fewer rounds and shorter windows (about 12 minutes); writes a
+#   scripts/bench.sh quick      fewer rounds and shorter windows (about 20 minutes); writes a
 #                               preview, target/bench-results/BENCHMARKS.quick.md, not BENCHMARKS.md
 #   scripts/bench.sh chaos      the 600 s chaos runs of docs/chaos/RESULTS.md (about 35 minutes: one
 #                               each on etcd, Kubernetes, a three-member etcd cluster; CHAOS_BACKENDS)
