@@ -289,6 +289,28 @@ def t_targets(d):
     row("sharded workers: SIGKILLed node's shards running elsewhere, p99", "≤ TTL + 1 s",
         kill_p99, ["shard-kill-p99"], ["shard-kill"])
 
+    def idle(backend, recs):
+        v = recs[-1]["values"]
+        return (f"{num(v['renewals_per_minute'])} renewals, {num(v['other_per_minute'])} other"
+                + (f", {v['watch_opens']:.0f} watch opened" if backend == "kubernetes" else ""))
+
+    row("sharded workers: idle member's requests per minute (renewal 10 s), on its own server",
+        "6 renewals, 0 other", idle,
+        ["idle-member-renewals", "idle-member-other", "idle-member-watch-opens"], ["idle-member"])
+
+    def lost(backend, recs):
+        v = recs[-1]["values"]
+        return f"{v['lost']} lost, {v['wrong_nodes']} nodes off {v['shards'] // v['nodes']}"
+
+    row("sharded workers: 8 processes × 1,024 shards held 60 s: shards lost, nodes off 128",
+        "0, 0", lost, ["fleet-lost", "fleet-nodes"], ["fleet"])
+
+    def memory(backend, recs):
+        return f"{recs[-1]['values']['memory_per_shard_bytes'] / 1000:.1f} KB"
+
+    row("sharded workers: memory per held shard (8 processes × 1,024 shards)", "≤ 64 KB", memory,
+        ["fleet-memory-per-shard"], ["fleet"])
+
     def scale(backend, recs):
         return "; ".join(
             f"{r['values']['leases']:,} held ({r['variant']}), {r['values']['lost']} lost"
@@ -434,6 +456,70 @@ def t_sharded(d):
               "join → balance, median", "moves per join", "SIGKILL → running elsewhere, median / p99"]
     align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:"]
     return table(header, rows, align) + "\n\n" + sources(used)
+
+
+def t_fleet(d):
+    rows, used = [], []
+    for backend, name in BACKENDS:
+        r = d.get("fleet", backend)
+        if not r:
+            continue
+        used.append(r)
+        v = r["values"]
+        rss = sorted(v["rss_bytes"])
+        reqs = ", ".join(f"{k.removeprefix('received ')} {x:.1f}"
+                         for k, x in sorted(v["server_requests_per_s"].items())
+                         if not k.startswith("started ") and x >= 0.05) or "–"
+        server = v.get("server_cpu_percent")
+        rows.append([
+            name, f"{v['nodes']} × {v['shards']:,}", f"{v['ttl_s']} s / {v['renewal_s']} s",
+            f"{v['settle_s']:.1f} s ({v['starts_to_settle']:,} starts)", f"{v['window_s']:.0f} s",
+            f"**{v['lost']}**", f"**{v['wrong_nodes']}**",
+            f"{rss[0] / 1e6:.1f}–{rss[-1] / 1e6:.1f} MB", f"{v['idle_rss_bytes'] / 1e6:.1f} MB",
+            f"**{v['memory_per_shard_bytes'] / 1000:.1f} KB**",
+            f"{v['per_group_shard_per_node_bytes'] / 1000:.1f} KB / {v['per_held_shard_extra_bytes'] / 1000:.1f} KB"
+            f" (alone with 1,024: {v['solo_rss_bytes'] / 1e6:.1f} MB)",
+            f"{v['nodes_cpu_percent']:.0f} %", f"{server:.0f} %" if server is not None else "–",
+            reqs, f"{v['load_at_start']} → {v['load_at_end']}",
+        ])
+    header = ["backend", "nodes × shards", "TTL / renewal", "all running, 128 per node, after",
+              "window", "shards lost", "nodes off 128", "RSS per node", "idle member's RSS",
+              "memory per held shard", "split: every shard of the group, in each node / holding it",
+              "nodes' CPU (8 together, of one core)",
+              "server's CPU", "server's requests / s in the window (etcd: messages)", "load average"]
+    align = ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---",
+             "---:", "---:", "---", "---"]
+    out = table(header, rows, align)
+    rows = []
+    for backend, name in BACKENDS:
+        r = d.get("idle-member", backend)
+        if not r:
+            continue
+        used.append(r)
+        v = r["values"]
+        # etcd: the messages received (a call's or a stream's opening is its first message).
+        fmt = lambda c: ", ".join(
+            f"{k.removeprefix('received ')} {x:.0f}" for k, x in sorted(c.items())
+            if not k.startswith("started ")
+        ) or "nothing"
+        opened = lambda c: ", ".join(
+            f"{k.removeprefix('started ')} {x:.0f}" for k, x in sorted(c.items())
+            if k.startswith("started ")
+        )
+        rows.append([
+            name, v["method"], f"{v['ttl_s']} s / {v['renewal_s']} s", f"{v['window_s']:.0f} s",
+            fmt(v["window"]) + (f" (opened: {opened(v['window'])})" if opened(v["window"]) else ""),
+            f"**{num(v['renewals_per_minute'])}**",
+            f"**{num(v['other_per_minute'])}**",
+            f"{v['watch_opens']:.0f}" if backend == "kubernetes" else "–",
+            fmt(v["setup"]), f"{v['cpu_s'] * 1000 / v['window_s'] * 60:.0f} ms / min",
+            v["load_at_start"],
+        ])
+    header = ["backend", "the idle member's own server", "TTL / renewal", "window",
+              "counted by that server in the window (etcd: messages received)", "renewals / min", "other requests / min",
+              "watches opened", "its setup (before the window)", "its CPU", "load average"]
+    out += "\n\n" + table(header, rows)
+    return out + "\n\n" + sources(used)
 
 
 def t_guard(d):
@@ -595,6 +681,7 @@ TABLES = {
     "requests": t_requests,
     "pause": t_pause,
     "sharded": t_sharded,
+    "fleet": t_fleet,
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,

@@ -4,9 +4,9 @@
 # traffic is counted), runs the benches against them and in memory, and always stops the servers.
 #
 # Usage:
-#   scripts/bench.sh            everything (about 45 minutes on 2 cores); then merges the results
+#   scripts/bench.sh            everything (about 60 minutes on 2 cores); then merges the results
 #                               into benches/data/results.jsonl and regenerates BENCHMARKS.md
-#   scripts/bench.sh quick      fewer rounds and shorter windows (about 12 minutes); writes a
+#   scripts/bench.sh quick      fewer rounds and shorter windows (about 20 minutes); writes a
 #                               preview, target/bench-results/BENCHMARKS.quick.md, not BENCHMARKS.md
 #   scripts/bench.sh chaos      the 600 s chaos runs of docs/chaos/RESULTS.md (about 35 minutes: one
 #                               each on etcd, Kubernetes, a three-member etcd cluster; CHAOS_BACKENDS)
@@ -48,6 +48,7 @@ if [[ $mode == quick ]]; then
     export BENCH_KILL_ROUNDS=${BENCH_KILL_ROUNDS:-5} BENCH_PAUSE_ROUNDS=${BENCH_PAUSE_ROUNDS:-1}
     export BENCH_WINDOW_SECS=${BENCH_WINDOW_SECS:-20}
     export BENCH_SHARDED_ROUNDS=${BENCH_SHARDED_ROUNDS:-2}
+    export BENCH_IDLE_WINDOW_SECS=${BENCH_IDLE_WINDOW_SECS:-30} BENCH_FLEET_WINDOW_SECS=${BENCH_FLEET_WINDOW_SECS:-30}
 fi
 
 export BENCH_RESULTS_FILE=$PWD/$out/results.jsonl
@@ -118,6 +119,8 @@ bench handoff-etcd --all-features --bench handoff -- etcd all --check
 bench handoff-etcd-cluster --all-features --bench handoff -- etcd-cluster handoff failover kill --check
 bench sharded-kubernetes --all-features --bench sharded -- kubernetes --check
 bench sharded-etcd --all-features --bench sharded -- etcd --check
+bench fleet-etcd --all-features --bench fleet -- etcd --check
+bench fleet-kubernetes --all-features --bench fleet -- kubernetes --check
 if [[ $mode == quick ]]; then
     bench scale-memory --bench scale -- memory 10000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
