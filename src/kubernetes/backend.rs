@@ -21,9 +21,15 @@ use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome}
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
+use crate::vocab::BackendError;
 
 /// Compare-and-swap rounds within one call before giving up with [`KubernetesError::Conflict`].
 const MAX_CAS_ATTEMPTS: u32 = 4;
+/// The first pause before a release refused for now is tried again; it doubles up to
+/// [`RELEASE_RETRY_MAX`].
+const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
+/// The longest pause between the tries of a release refused for now.
+const RELEASE_RETRY_MAX: Duration = Duration::from_millis(400);
 /// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
 const MAX_UNCONFIRMED: usize = 16;
 
@@ -484,11 +490,29 @@ impl KubernetesBackend {
         let owner = settings.owner();
         self.lock().tenure_version = None;
         let mut next = released((*tenure.lease).clone());
-        for _ in 0..MAX_CAS_ATTEMPTS {
+        // A refusal for now (`429 Too Many Requests` from an API server at its limit of requests
+        // in flight, a `5xx`, a lost connection) is tried again after a pause, while the pauses
+        // leave half the operation timeout: a release given up on leaves the shard or singleton
+        // running nowhere until the TTL (8 nodes claiming 1,024 shards at once met 43 such 429s).
+        // Its outcome may be unknown: the next write, over the same `resourceVersion`, then
+        // conflicts, and the read after it tells.
+        let started = Instant::now();
+        let mut pause = RELEASE_RETRY_START;
+        let mut conflicts = 0;
+        loop {
             match self.update(&api, &next).await {
                 Ok(_) => return Ok(ReleaseOutcome::Released),
                 Err(e) if e.status_code() == Some(404) => return Ok(ReleaseOutcome::Released),
-                Err(e) if e.status_code() == Some(409) => {}
+                Err(e) if e.status_code() == Some(409) => conflicts += 1,
+                Err(e)
+                    if e.is_transient()
+                        && started.elapsed() + pause < settings.operation_timeout() / 2 =>
+                {
+                    tracing::debug!(error = %e, retry_in = ?pause, "release refused for now; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RELEASE_RETRY_MAX);
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
             let Some(current) = self.get(&api).await? else {
@@ -511,11 +535,13 @@ impl KubernetesBackend {
                     })
                 }
             }
+            if conflicts >= MAX_CAS_ATTEMPTS {
+                return Err(KubernetesError::Conflict {
+                    object: self.object.clone(),
+                    attempts: MAX_CAS_ATTEMPTS,
+                });
+            }
         }
-        Err(KubernetesError::Conflict {
-            object: self.object.clone(),
-            attempts: MAX_CAS_ATTEMPTS,
-        })
     }
 }
 
@@ -703,5 +729,115 @@ impl KubernetesBackend {
         config.default_namespace = "ns".into();
         let session = KubernetesSession::from_config(&config).unwrap();
         Self::with_session(name, &session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    /// A lease object as the API server answers it.
+    fn object(name: &str, holder: Option<&str>, version: &str) -> LeaseObject {
+        LeaseObject {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(15),
+                lease_transitions: Some(3),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// An API server that answers the first `refusals` writes with `429 Too Many Requests` and
+    /// then takes them; counts the writes.
+    fn busy_server(refusals: usize, writes: Arc<AtomicUsize>) -> Client {
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let n = writes.fetch_add(1, Ordering::SeqCst);
+            async move {
+                assert_eq!(request.method(), http::Method::PUT, "a release only writes");
+                let (status, body) = if n < refusals {
+                    let status = serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "message": "Too many requests, please try again later.",
+                        "reason": "TooManyRequests", "code": 429
+                    });
+                    (429, serde_json::to_vec(&status).unwrap())
+                } else {
+                    let released = object("held", None, "2");
+                    (200, serde_json::to_vec(&released).unwrap())
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(body))
+                        .unwrap(),
+                )
+            }
+        });
+        Client::new(service, "ns")
+    }
+
+    fn tenure() -> KubernetesTenure {
+        KubernetesTenure {
+            lease: Arc::new(object("held", Some("a"), "1")),
+            transitions: 3,
+            unconfirmed: Vec::new(),
+        }
+    }
+
+    /// A release the API server refuses for now (`429`, as 8 nodes claiming 1,024 shards at once
+    /// met 43 times) is tried again after a pause, not given up on (which left the shard running
+    /// nowhere until its TTL).
+    #[tokio::test(start_paused = true)]
+    async fn a_release_refused_with_429_is_tried_again() {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let backend =
+            KubernetesBackend::with_client("held", busy_server(3, Arc::clone(&writes)), "ns")
+                .unwrap();
+        let settings = LeaseSettings::new("held", "a").unwrap();
+        let outcome = backend.release_inner(&settings, tenure()).await.unwrap();
+        assert_eq!(outcome, ReleaseOutcome::Released);
+        assert_eq!(
+            writes.load(Ordering::SeqCst),
+            4,
+            "three refusals, then the release"
+        );
+    }
+
+    /// The tries stop while they leave half the operation timeout: a server that keeps refusing
+    /// gets a bounded number of writes, and the release reports the refusal.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_refused_for_good_reports_the_refusal() {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let backend = KubernetesBackend::with_client(
+            "held",
+            busy_server(usize::MAX, Arc::clone(&writes)),
+            "ns",
+        )
+        .unwrap();
+        let settings = LeaseSettings::builder("held", "a")
+            .operation_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let error = backend
+            .release_inner(&settings, tenure())
+            .await
+            .unwrap_err();
+        assert_eq!(error.status_code(), Some(429), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // 25 + 50 + 100 + 200 + 400 ms of pauses fit in 1 s: six writes.
+        assert_eq!(writes.load(Ordering::SeqCst), 6);
     }
 }
