@@ -77,6 +77,11 @@ const FLEET_STEP_MS: u64 = 1000;
 const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 /// The target of memory per held shard (documented in BENCHMARKS.md).
 const MEMORY_PER_SHARD_TARGET_KB: f64 = 64.0;
+/// Why the memory target is missed (BENCHMARKS.md, "Sharded workers: a fleet"): every node
+/// builds a lease and a shard manager for every shard of the group, held or not, so the figure per
+/// held shard grows with the number of nodes (8 × 7–11 KB + 16–17 KB for holding it).
+const MEMORY_MISS: &str =
+    "every node keeps a lease and a manager per shard of the group, held or not";
 
 fn env_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -1105,7 +1110,8 @@ async fn fleet(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
                 per_shard / 1000.0,
                 MEMORY_PER_SHARD_TARGET_KB,
                 "KB",
-            ),
+            )
+            .known_miss(MEMORY_MISS),
         ],
     );
     drop(fleet);
