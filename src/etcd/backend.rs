@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, KeyValue, KvClient, PutOptions, Txn, TxnOp,
+    Client, Compare, CompareOp, EventType, GetResponse, KeyValue, KvClient, PutOptions, Txn, TxnOp,
     TxnOpResponse, TxnResponse,
 };
 use tokio::sync::watch;
@@ -553,8 +553,7 @@ impl EtcdBackend {
         kv: &mut KvClient,
         owner: &str,
     ) -> Result<Option<AcquireAttempt<EtcdTenure>>, EtcdError> {
-        let response = observe("range", kv.get(self.key.clone(), None).await)
-            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
+        let response = self.read_key(kv).await?;
         let Some(current) = response.kvs().first() else {
             return Ok(None);
         };
@@ -569,19 +568,23 @@ impl EtcdBackend {
         }))
     }
 
+    /// One range request for the key.
+    async fn read_key(&self, kv: &mut KvClient) -> Result<GetResponse, EtcdError> {
+        observe("range", kv.get(self.key.clone(), None).await)
+            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))
+    }
+
     /// Reads the key: whether it is absent (free).
     async fn key_is_absent(&self) -> Result<bool, EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
-        let response = observe("range", kv.get(self.key.clone(), None).await)
-            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
+        let response = self.read_key(&mut kv).await?;
         Ok(response.kvs().is_empty())
     }
 
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
     async fn loss_now(&self, token: FencingToken) -> Result<(Option<LostReason>, i64), EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
-        let response = observe("range", kv.get(self.key.clone(), None).await)
-            .map_err(|e| EtcdError::from_client("read the lease key", 0, e))?;
+        let response = self.read_key(&mut kv).await?;
         let revision = response.header().map_or(0, |h| h.revision());
         let reason = match response.kvs().first() {
             None => Some(LostReason::Deleted),
