@@ -245,7 +245,7 @@ impl LeaseCache {
 pub struct LeaseProvider {
     config: CoordinationConfig,
     backends: Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>,
-    leases: Mutex<LeaseCache>,
+    leases: Arc<Mutex<LeaseCache>>,
     store: InMemoryStore,
 }
 
@@ -269,7 +269,7 @@ impl LeaseProvider {
         let provider = Self {
             config,
             backends: Mutex::new(BTreeMap::new()),
-            leases: Mutex::new(LeaseCache::default()),
+            leases: Arc::new(Mutex::new(LeaseCache::default())),
             store: InMemoryStore::new(),
         };
         let store = provider.store.clone();
@@ -321,27 +321,13 @@ impl LeaseProvider {
         config_key: &str,
         owner: &str,
     ) -> Result<SharedLease, ProviderError> {
-        let key = (name.to_owned(), config_key.to_owned(), owner.to_owned());
-        if let Some(lease) = lock(&self.leases).get(&key) {
-            return Ok(lease);
-        }
-        // Created unlocked: a factory may read files.
-        let lease = self.create(name, config_key, owner)?;
-        let mut leases = lock(&self.leases);
-        // Another thread may have created the same lease meanwhile: keep the one handed out.
-        if let Some(first) = leases.get(&key) {
-            return Ok(first);
-        }
-        leases.insert(key, &lease);
-        Ok(lease)
+        self.maker(config_key, owner)?.get(name)
     }
 
-    fn create(
-        &self,
-        name: &str,
-        config_key: &str,
-        owner: &str,
-    ) -> Result<SharedLease, ProviderError> {
+    /// What builds the leases of `owner` configured by `config_key`, also after the provider is
+    /// gone (a sharded group builds a shard's lease only while the node needs it): it resolves the
+    /// configuration and the backend once, and shares the provider's cache of leases handed out.
+    pub(crate) fn maker(&self, config_key: &str, owner: &str) -> Result<LeaseMaker, ProviderError> {
         let config =
             self.config
                 .leases
@@ -367,17 +353,58 @@ impl LeaseProvider {
                 key: key.clone(),
             });
         }
-        let settings = LeaseSettings::builder(name, owner)
+        Ok(LeaseMaker {
+            config_key: config_key.to_owned(),
+            owner: owner.to_owned(),
+            config: config.clone(),
+            factory,
+            leases: Arc::clone(&self.leases),
+        })
+    }
+}
+
+/// Builds the leases of one owner and config key of a [`LeaseProvider`]: the same instance for
+/// the same name while any clone of it is alive (the provider's cache), a new one once every
+/// clone was dropped.
+pub(crate) struct LeaseMaker {
+    config_key: String,
+    owner: String,
+    config: LeaseConfig,
+    factory: Arc<dyn BackendFactory>,
+    leases: Arc<Mutex<LeaseCache>>,
+}
+
+impl LeaseMaker {
+    /// The lease `name`.
+    pub(crate) fn get(&self, name: &str) -> Result<SharedLease, ProviderError> {
+        let key = (name.to_owned(), self.config_key.clone(), self.owner.clone());
+        if let Some(lease) = lock(&self.leases).get(&key) {
+            return Ok(lease);
+        }
+        // Created unlocked: a factory may read files.
+        let lease = self.create(name)?;
+        let mut leases = lock(&self.leases);
+        // Another thread may have created the same lease meanwhile: keep the one handed out.
+        if let Some(first) = leases.get(&key) {
+            return Ok(first);
+        }
+        leases.insert(key, &lease);
+        Ok(lease)
+    }
+
+    fn create(&self, name: &str) -> Result<SharedLease, ProviderError> {
+        let config = &self.config;
+        let settings = LeaseSettings::builder(name, &self.owner)
             .timing(&config.timing)
             .build()
             .map_err(|source| ProviderError::InvalidSettings {
-                config_key: config_key.to_owned(),
+                config_key: self.config_key.clone(),
                 source,
             })?;
-        factory
+        self.factory
             .create(settings, config.rest.get(&config.backend))
             .map_err(|source| ProviderError::InvalidBackendConfig {
-                config_key: config_key.to_owned(),
+                config_key: self.config_key.clone(),
                 backend: config.backend.clone(),
                 source,
             })

@@ -236,6 +236,71 @@ fn three_nodes_settle_evenly_and_a_fourth_takes_exactly_its_quota() {
     });
 }
 
+/// Whether every node keeps a lease and a manager for exactly the shards it runs, `per_node` each.
+async fn managed_is_running(nodes: &[Node], per_node: usize) -> bool {
+    for node in nodes {
+        let view = node.send(GetGroupView).await.unwrap();
+        let mut running: Vec<String> = node
+            .send(GetShards)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.shard)
+            .collect();
+        running.sort();
+        let mut managed = view.managed.clone();
+        managed.sort();
+        if running.len() != per_node || managed != running {
+            return false;
+        }
+    }
+    true
+}
+
+/// A node pays for the shards it runs, not for the group: once settled it keeps a lease and a
+/// manager for exactly the shards it runs (not the group's 64), and after a join the shards it
+/// handed over are dropped too, while the joiner builds only its own.
+#[test]
+fn a_node_keeps_leases_and_managers_only_for_the_shards_it_runs() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let mut nodes = three_settled(&store, &log).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            loop {
+                let view = node.send(GetGroupView).await.unwrap();
+                let running = node.send(GetShards).await.unwrap().len();
+                if view.managed.len() == running {
+                    assert!(running == 21 || running == 22, "{running}");
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "settled node keeps {} shards' leases for {running} it runs",
+                    view.managed.len()
+                );
+                sleep(Duration::from_millis(5)).await;
+            }
+        }
+        nodes.push(start_node(&store, "node-4", &log));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !managed_is_running(&nodes, 16).await {
+            assert!(
+                Instant::now() < deadline,
+                "after a join every node should keep the leases of its 16 shards only: {:?}",
+                futures_util::future::join_all(nodes.iter().map(|n| n.send(GetGroupView)))
+                    .await
+                    .into_iter()
+                    .map(|v| v.unwrap().managed.len())
+                    .collect::<Vec<_>>()
+            );
+            sleep(Duration::from_millis(5)).await;
+        }
+        assert_exactly_once(&log);
+    });
+}
+
 #[test]
 fn a_node_shutting_down_hands_over_exactly_its_shards_at_once() {
     run_paused(async {

@@ -159,6 +159,10 @@ pub struct GroupView {
     pub targets: BTreeMap<String, Option<String>>,
     /// Shards this node is handing over (released or releasing, not yet seen claimed).
     pub handing_over: Vec<String>,
+    /// Shards this node keeps a lease and a manager for: the ones it targets, holds or is
+    /// handing over. The group's other shards cost it nothing but their record in the group
+    /// watch.
+    pub managed: Vec<String>,
 }
 
 /// Internal: the group watch delivered a change, or a record may have expired.
@@ -175,14 +179,31 @@ impl Actor for Member {
 
 type WorkerFactory<A> = Rc<dyn Fn(&ShardInfo, &mut Context<A>) -> A>;
 
+/// Builds this node's lease of a name (the member lease, or a shard's when the node needs it).
+type LeaseFor<L> = Box<dyn Fn(&str) -> Result<L, ShardedError>>;
+
 struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     id: String,
-    lease: Arc<L>,
+    /// The lease name, `<group>-<id>`.
+    name: String,
+    /// The shard's lease and manager exist only while this node needs them: from when it first
+    /// targets the shard until it neither targets nor holds it (they are then shut down and
+    /// dropped), so that a node's memory grows with the shards it runs, not with the group.
+    lease: Option<Arc<L>>,
     manager: Option<Addr<ClusterSingletonManager<A, L>>>,
-    /// What the manager was last told.
+    /// The manager was told to shut down; lease and manager are dropped once it answered.
+    retiring: bool,
+    /// Whether this node competes for the shard (what its manager was told, or is told when it
+    /// starts).
     eligible: bool,
     /// Whether the tenure was alive at the last reconcile (to count moves).
     was_held: bool,
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
+    fn held(&self) -> bool {
+        self.lease.as_ref().is_some_and(|lease| lease.check_alive())
+    }
 }
 
 /// Runs a group of numbered workers across the fleet, each exactly once, spread evenly over the
@@ -210,6 +231,10 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
 ///   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
 ///   once (released and not yet seen claimed by their target), so a join never empties a node at
 ///   once.
+/// * **A node pays for the shards it runs, not for the group.** A shard's lease and manager are
+///   built when the node first targets the shard, and shut down and dropped once it neither
+///   targets nor holds it (after a handover, once the target holds it): the group's other shards
+///   cost a node only their record in the group watch ([`GroupView::managed`] lists the others).
 /// * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
 ///   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
 ///   waits until the views agree).
@@ -258,6 +283,9 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     member_lease: Arc<L>,
     member: Option<Addr<ClusterSingletonManager<Member, L>>>,
     shards: Vec<Shard<A, L>>,
+    lease_for: LeaseFor<L>,
+    /// The member lease's TTL: how long a handover counts at most.
+    ttl: Duration,
     factory: WorkerFactory<A>,
     settings: ShardedSettings,
     watch: GroupWatch,
@@ -283,7 +311,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     pub fn with_count(
         group: impl Into<String>,
         count: usize,
-        lease_for: impl Fn(&str) -> L,
+        lease_for: impl Fn(&str) -> L + 'static,
         factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
     ) -> Result<Self, ShardedError> {
         Self::new(group, (0..count).map(|i| i.to_string()), lease_for, factory)
@@ -294,6 +322,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// member lease `<group>-member-<owner>` and each shard's `<group>-<shard>`; `factory` builds
     /// the worker of a shard whenever this node starts one.
     ///
+    /// Every lease is built once here, to check its name and owner, and the shards' are dropped
+    /// at once: a shard's lease is built again when the node targets the shard, and dropped when
+    /// it neither targets nor holds it any more (see the type's docs). Build them on one shared
+    /// session or provider (the default), so that building one is cheap.
+    ///
     /// Call it inside the runtime that will run the actors (the group watch starts here).
     ///
     /// # Errors
@@ -303,14 +336,26 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     pub fn new(
         group: impl Into<String>,
         shards: impl IntoIterator<Item = impl Into<String>>,
-        lease_for: impl Fn(&str) -> L,
+        lease_for: impl Fn(&str) -> L + 'static,
         factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
     ) -> Result<Self, ShardedError> {
-        let group = group.into();
+        Self::build(
+            group.into(),
+            shards.into_iter().map(Into::into).collect(),
+            Box::new(move |name: &str| Ok(lease_for(name))),
+            Rc::new(factory),
+        )
+    }
+
+    fn build(
+        group: String,
+        ids: Vec<String>,
+        lease_for: LeaseFor<L>,
+        factory: WorkerFactory<A>,
+    ) -> Result<Self, ShardedError> {
         if group.is_empty() {
             return Err(ShardedError::EmptyGroup);
         }
-        let ids: Vec<String> = shards.into_iter().map(Into::into).collect();
         if ids.is_empty() {
             return Err(ShardedError::NoShards { group });
         }
@@ -335,51 +380,46 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         // The first shard's lease names the node: its owner is the owner every lease must have.
         let mut node: Option<String> = None;
-        let mut check = |asked: String, lease: L| {
-            let expected = node.get_or_insert_with(|| lease.owner().to_owned()).clone();
-            if lease.name() != asked || lease.owner() != expected {
-                return Err(ShardedError::WrongLease {
-                    built: lease.name().to_owned(),
-                    owner: lease.owner().to_owned(),
-                    asked,
-                    expected_owner: expected,
-                });
-            }
-            Ok(Arc::new(lease))
-        };
-        let mut built = Vec::with_capacity(ids.len());
+        let mut shards = Vec::with_capacity(ids.len());
         for id in ids {
             let name = format!("{group}-{id}");
-            let lease = check(name.clone(), lease_for(&name))?;
-            built.push(Shard {
+            let lease = lease_for(&name)?;
+            let expected = node.get_or_insert_with(|| lease.owner().to_owned());
+            check_lease(&name, &lease, expected)?;
+            shards.push(Shard {
                 id,
-                lease,
+                name,
+                lease: None,
                 manager: None,
+                retiring: false,
                 eligible: false,
                 was_held: false,
             });
         }
-        let node = built[0].lease.owner().to_owned();
+        let node = node.expect("at least one shard");
         let member_prefix = format!("{group}-member-");
         let member_name = format!("{member_prefix}{node}");
-        let member_lease = check(member_name.clone(), lease_for(&member_name))?;
-        let group_label = group.clone();
+        let member_lease = lease_for(&member_name)?;
+        check_lease(&member_name, &member_lease, &node)?;
+        let member_lease = Arc::new(member_lease);
         let watch = member_lease
             .watch_group(&format!("{group}-"))
             .map_err(|source| ShardedError::Watch {
                 group: group.clone(),
                 source,
             })?;
-        let label = LeaseLabel::new(&group_label);
+        let label = LeaseLabel::new(&group);
         metrics::sharded_registered(&label);
         Ok(Self {
+            ttl: member_lease.settings().ttl(),
             group,
             node,
             member_prefix,
             member_lease,
             member: None,
-            shards: built,
-            factory: Rc::new(factory),
+            shards,
+            lease_for,
+            factory,
             settings: ShardedSettings::default(),
             watch,
             handing_over: HashMap::new(),
@@ -389,6 +429,75 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             held_reported: 0,
             placed: None,
         })
+    }
+
+    /// Starts the manager of shard `index` (building its lease), eligible: the node targets it.
+    /// A lease that cannot be built (a provider's backend failing) is logged, and the shard left
+    /// to the next reconcile.
+    fn start_manager(&mut self, index: usize) {
+        let shard = &self.shards[index];
+        let lease = match &shard.lease {
+            Some(lease) => Arc::clone(lease),
+            None => match (self.lease_for)(&shard.name)
+                .and_then(|lease| check_lease(&shard.name, &lease, &self.node).map(|()| lease))
+            {
+                Ok(lease) => Arc::new(lease),
+                Err(error) => {
+                    tracing::warn!(group = %self.group, shard = %shard.id, error = &error as &dyn std::error::Error, "cannot build the shard's lease: not competing for it yet");
+                    self.shards[index].eligible = false;
+                    return;
+                }
+            },
+        };
+        let factory = Rc::clone(&self.factory);
+        let group = self.group.clone();
+        let id = shard.id.clone();
+        let manager = ClusterSingletonManager::from_arc(
+            Arc::clone(&lease),
+            move |info: &SingletonInfo, ctx: &mut Context<A>| {
+                let shard = ShardInfo {
+                    group: group.clone(),
+                    shard: id.clone(),
+                    lease_name: info.lease_name.clone(),
+                    owner: info.owner.clone(),
+                    fencing_token: info.fencing_token,
+                    guard: info.guard.clone(),
+                    restart: info.restart,
+                };
+                factory(&shard, ctx)
+            },
+        )
+        .settings(self.shard_settings())
+        .start();
+        let shard = &mut self.shards[index];
+        shard.lease = Some(lease);
+        shard.manager = Some(manager);
+    }
+
+    /// Shuts down the manager of a shard this node neither targets nor holds, then drops it and
+    /// the lease (starting them again if the node targets the shard by then).
+    fn retire(&mut self, index: usize, ctx: &mut Context<Self>) {
+        let shard = &mut self.shards[index];
+        let Some(manager) = shard.manager.clone() else {
+            return;
+        };
+        shard.retiring = true;
+        tracing::debug!(group = %self.group, shard = %shard.id, "neither targeted nor held here: dropping the shard's lease and manager");
+        ctx.spawn(actix::fut::wrap_future(manager.send(Shutdown)).map(
+            move |answer, act: &mut Self, ctx: &mut Context<Self>| {
+                if let Ok(Err(error)) = &answer {
+                    tracing::warn!(group = %act.group, shard = %act.shards[index].id, error = error as &dyn std::error::Error, "the retired shard's manager reported an error");
+                }
+                let shard = &mut act.shards[index];
+                shard.retiring = false;
+                shard.manager = None;
+                shard.lease = None;
+                if shard.eligible && !act.shutting_down {
+                    act.start_manager(index);
+                }
+                act.reconcile(ctx);
+            },
+        ));
     }
 
     /// Replaces the settings once they are valid.
@@ -438,12 +547,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .shards
             .iter()
             .map(|shard| {
-                if shard.lease.check_alive() {
+                if shard.held() {
                     return Some(self.node.clone());
                 }
                 // A record naming this node whose tenure is not alive here is over (or ending).
                 snapshot
-                    .live_holder(shard.lease.name(), now)
+                    .live_holder(&shard.name, now)
                     .filter(|holder| *holder != self.node)
                     .map(str::to_owned)
             })
@@ -481,8 +590,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         shard.eligible = eligible;
         tracing::debug!(group = %self.group, shard = %shard.id, eligible, "shard eligibility changed");
-        if let Some(manager) = &shard.manager {
-            manager.do_send(SetEligible(eligible));
+        if shard.retiring {
+            return; // started again once retired, if still eligible then
+        }
+        match &shard.manager {
+            Some(manager) => manager.do_send(SetEligible(eligible)),
+            None if eligible => self.start_manager(index),
+            None => {}
         }
     }
 
@@ -517,7 +631,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let Some(target) = *target else {
                 continue; // no member at all: leave everything as it is
             };
-            let held = self.shards[index].lease.check_alive();
+            let held = self.shards[index].held();
             if members[target] == self.node {
                 self.handing_over.remove(&index);
                 self.set_eligible(index, true);
@@ -529,20 +643,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         // Handovers in flight end when the shard is seen held by another node, or after a TTL.
         let node = &self.node;
-        let shards = &self.shards;
         let label = &self.label;
+        let ttl = self.ttl;
         self.handing_over.retain(|&index, since| {
             let taken = holders[index].as_ref().is_some_and(|h| h != node);
             if taken {
                 metrics::shard_handover(label, now.saturating_duration_since(*since));
             }
-            let ttl = shards[index].lease.settings().ttl();
             !taken && now < *since + ttl
         });
         // Count the shards this node stopped holding since the last look, and what it holds.
         let mut held_now = 0;
         for (index, shard) in self.shards.iter_mut().enumerate() {
-            let held = shard.lease.check_alive();
+            let held = shard.held();
             held_now += usize::from(held);
             if shard.was_held && !held {
                 let reason = if self.handing_over.contains_key(&index) || !shard.eligible {
@@ -555,6 +668,21 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             shard.was_held = held;
         }
         self.report_held(held_now);
+        // Drop what this node no longer needs: shards it neither targets nor holds (nor is
+        // handing over).
+        let idle: Vec<usize> = (0..self.shards.len())
+            .filter(|&index| {
+                let shard = &self.shards[index];
+                shard.manager.is_some()
+                    && !shard.retiring
+                    && !shard.eligible
+                    && !shard.held()
+                    && !self.handing_over.contains_key(&index)
+            })
+            .collect();
+        for index in idle {
+            self.retire(index, ctx);
+        }
         for index in candidates {
             if self.handing_over.len() >= self.settings.max_handovers {
                 break;
@@ -568,11 +696,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let next = snapshot
             .next_expiry(now)
             .into_iter()
-            .chain(
-                self.handing_over
-                    .iter()
-                    .map(|(&i, since)| *since + self.shards[i].lease.settings().ttl()),
-            )
+            .chain(self.handing_over.values().map(|since| *since + self.ttl))
             .min();
         if let Some(at) = next {
             let after = at.saturating_duration_since(now) + Duration::from_millis(1);
@@ -599,64 +723,45 @@ impl<A: Actor<Context = Context<A>>> ShardedWorkers<A, crate::shared::SharedLeas
         factory: impl Fn(&ShardInfo, &mut Context<A>) -> A + 'static,
     ) -> Result<Self, ShardedError> {
         let group = group.into();
-        let ids: Vec<String> = shards.into_iter().map(Into::into).collect();
-        let mut names: Vec<String> = ids.iter().map(|id| format!("{group}-{id}")).collect();
-        names.push(format!("{group}-member-{owner}"));
-        let mut leases = HashMap::new();
-        for name in names {
-            let lease = provider
-                .get_lease(&name, config_key, owner)
-                .map_err(|source| ShardedError::Provider {
-                    lease: name.clone(),
-                    source,
-                })?;
-            leases.insert(name, lease);
-        }
-        let store = std::cell::RefCell::new(leases);
-        Self::new(
+        let maker = provider
+            .maker(config_key, owner)
+            .map_err(|source| ShardedError::Provider {
+                lease: format!("{group}-member-{owner}"),
+                source,
+            })?;
+        Self::build(
             group,
-            ids,
-            |name: &str| {
-                store
-                    .borrow_mut()
-                    .remove(name)
-                    .expect("every lease of the group was built")
-            },
-            factory,
+            shards.into_iter().map(Into::into).collect(),
+            Box::new(move |name: &str| {
+                maker.get(name).map_err(|source| ShardedError::Provider {
+                    lease: name.to_owned(),
+                    source,
+                })
+            }),
+            Rc::new(factory),
         )
     }
+}
+
+/// Checks that a lease built for `asked` has that name and the node's owner identity.
+fn check_lease<L: Lease>(asked: &str, lease: &L, owner: &str) -> Result<(), ShardedError> {
+    if lease.name() != asked || lease.owner() != owner {
+        return Err(ShardedError::WrongLease {
+            asked: asked.to_owned(),
+            built: lease.name().to_owned(),
+            owner: lease.owner().to_owned(),
+            expected_owner: owner.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let settings = self.shard_settings();
-        // The member lease is taken once the group watch has listed the group (see `reconcile`).
-        for shard in &mut self.shards {
-            let factory = Rc::clone(&self.factory);
-            let group = self.group.clone();
-            let id = shard.id.clone();
-            let manager = ClusterSingletonManager::from_arc(
-                Arc::clone(&shard.lease),
-                move |info: &SingletonInfo, ctx: &mut Context<A>| {
-                    let shard = ShardInfo {
-                        group: group.clone(),
-                        shard: id.clone(),
-                        lease_name: info.lease_name.clone(),
-                        owner: info.owner.clone(),
-                        fencing_token: info.fencing_token,
-                        guard: info.guard.clone(),
-                        restart: info.restart,
-                    };
-                    factory(&shard, ctx)
-                },
-            )
-            .settings(settings.clone())
-            .not_eligible()
-            .start();
-            shard.manager = Some(manager);
-        }
+        // The member lease is taken once the group watch has listed the group, and a shard's
+        // manager is started once this node targets the shard (see `reconcile`).
         // Every change of the group reaches the actor; the task ends with it.
         let mut watch = self.watch.clone();
         let me = ctx.address().downgrade();
@@ -694,7 +799,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetShards> for ShardedWor
             .filter_map(|shard| {
                 Some(RunningShard {
                     shard: shard.id.clone(),
-                    fencing_token: shard.lease.fencing_token()?,
+                    fencing_token: shard.lease.as_ref()?.fencing_token()?,
                 })
             })
             .collect()
@@ -722,6 +827,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
                 .keys()
                 .map(|&i| self.shards[i].id.clone())
                 .collect(),
+            managed: self
+                .shards
+                .iter()
+                .filter(|shard| shard.manager.is_some())
+                .map(|shard| shard.id.clone())
+                .collect(),
             members,
         }
     }
@@ -735,7 +846,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
 
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
         self.shutting_down = true;
-        let held = self.shards.iter().filter(|s| s.lease.check_alive()).count();
+        let held = self.shards.iter().filter(|s| s.held()).count();
         metrics::shard_moved(&self.label, "shutdown", held as u64);
         self.report_held(0);
         let member = self.member.clone();
