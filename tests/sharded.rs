@@ -198,13 +198,7 @@ fn three_nodes_settle_evenly_and_a_fourth_takes_exactly_its_quota() {
             let view = node.send(GetGroupView).await.unwrap();
             assert!(view.synced);
             assert_eq!(view.members, vec!["node-1", "node-2", "node-3"]);
-            let mine: Vec<String> = node
-                .send(GetShards)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|s| s.shard)
-                .collect();
+            let mine = shards_of(node).await;
             assert!(mine.len() == 21 || mine.len() == 22, "{mine:?}");
         }
 
@@ -236,25 +230,43 @@ fn three_nodes_settle_evenly_and_a_fourth_takes_exactly_its_quota() {
     });
 }
 
-/// Whether every node keeps a lease and a manager for exactly the shards it runs, `per_node` each.
-async fn managed_is_running(nodes: &[Node], per_node: usize) -> bool {
-    for node in nodes {
-        let view = node.send(GetGroupView).await.unwrap();
-        let mut running: Vec<String> = node
-            .send(GetShards)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|s| s.shard)
-            .collect();
-        running.sort();
-        let mut managed = view.managed.clone();
-        managed.sort();
-        if running.len() != per_node || managed != running {
-            return false;
+/// The shards `node` runs (by its own count), sorted.
+async fn shards_of(node: &Node) -> Vec<String> {
+    let mut shards: Vec<String> = node
+        .send(GetShards)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.shard)
+        .collect();
+    shards.sort();
+    shards
+}
+
+/// Waits (virtual time) until every node keeps a lease and a manager for exactly the shards it
+/// runs, and runs a number of them that `count_ok` accepts.
+async fn until_managed_is_running(nodes: &[Node], count_ok: impl Fn(usize) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut kept = Vec::new();
+        for node in nodes {
+            let mut managed = node.send(GetGroupView).await.unwrap().managed;
+            managed.sort();
+            let running = shards_of(node).await;
+            kept.push((managed.len(), running.len()));
+            if managed != running || !count_ok(running.len()) {
+                break;
+            }
         }
+        if kept.len() == nodes.len() && kept.iter().all(|(m, r)| m == r && count_ok(*r)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: (shards kept, shards run) per node: {kept:?}"
+        );
+        sleep(Duration::from_millis(5)).await;
     }
-    true
 }
 
 /// A node pays for the shards it runs, not for the group: once settled it keeps a lease and a
@@ -266,37 +278,9 @@ fn a_node_keeps_leases_and_managers_only_for_the_shards_it_runs() {
         let store = InMemoryStore::new();
         let log = Log::default();
         let mut nodes = three_settled(&store, &log).await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for node in &nodes {
-            loop {
-                let view = node.send(GetGroupView).await.unwrap();
-                let running = node.send(GetShards).await.unwrap().len();
-                if view.managed.len() == running {
-                    assert!(running == 21 || running == 22, "{running}");
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "settled node keeps {} shards' leases for {running} it runs",
-                    view.managed.len()
-                );
-                sleep(Duration::from_millis(5)).await;
-            }
-        }
+        until_managed_is_running(&nodes, |n| n == 21 || n == 22, "three settled nodes").await;
         nodes.push(start_node(&store, "node-4", &log));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !managed_is_running(&nodes, 16).await {
-            assert!(
-                Instant::now() < deadline,
-                "after a join every node should keep the leases of its 16 shards only: {:?}",
-                futures_util::future::join_all(nodes.iter().map(|n| n.send(GetGroupView)))
-                    .await
-                    .into_iter()
-                    .map(|v| v.unwrap().managed.len())
-                    .collect::<Vec<_>>()
-            );
-            sleep(Duration::from_millis(5)).await;
-        }
+        until_managed_is_running(&nodes, |n| n == 16, "after a join").await;
         assert_exactly_once(&log);
     });
 }

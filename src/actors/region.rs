@@ -8,8 +8,8 @@ use actix::prelude::*;
 use futures_util::future::join_all;
 
 use super::coordinator::{HostShard, ShardId};
-use super::sharded::{RunningShard, ShardInfo};
-use super::singleton::{ClusterSingletonManager, Shutdown, SingletonInfo, SingletonSettings};
+use super::sharded::{shard_manager, RunningShard, ShardInfo};
+use super::singleton::{ClusterSingletonManager, Shutdown, SingletonSettings};
 use crate::lease::{Lease, LeaseError};
 
 /// Stop hosting a shard: its entities stop, then its lease is released. Answers the release's
@@ -118,22 +118,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardRegion<A, L> {
             return;
         }
         let lease = Arc::new((self.lease_for)(&format!("{}-{shard}", self.prefix)));
-        let factory = Rc::clone(&self.factory);
-        let (group, id) = (self.prefix.clone(), shard.clone());
-        let manager = ClusterSingletonManager::from_arc(
+        let manager = shard_manager(
             Arc::clone(&lease),
-            move |info: &SingletonInfo, ctx: &mut Context<A>| {
-                let shard = ShardInfo {
-                    group: group.clone(),
-                    shard: id.clone(),
-                    lease_name: info.lease_name.clone(),
-                    owner: info.owner.clone(),
-                    fencing_token: info.fencing_token,
-                    guard: info.guard.clone(),
-                    restart: info.restart,
-                };
-                factory(&shard, ctx)
-            },
+            self.prefix.clone(),
+            shard.clone(),
+            Rc::clone(&self.factory),
         )
         .settings(self.settings.clone())
         .start();

@@ -177,7 +177,7 @@ impl Actor for Member {
     type Context = Context<Self>;
 }
 
-type WorkerFactory<A> = Rc<dyn Fn(&ShardInfo, &mut Context<A>) -> A>;
+pub(super) type WorkerFactory<A> = Rc<dyn Fn(&ShardInfo, &mut Context<A>) -> A>;
 
 /// Builds this node's lease of a name (the member lease, or a shard's when the node needs it).
 type LeaseFor<L> = Box<dyn Fn(&str) -> Result<L, ShardedError>>;
@@ -449,23 +449,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 }
             },
         };
-        let factory = Rc::clone(&self.factory);
-        let group = self.group.clone();
-        let id = shard.id.clone();
-        let manager = ClusterSingletonManager::from_arc(
+        let manager = shard_manager(
             Arc::clone(&lease),
-            move |info: &SingletonInfo, ctx: &mut Context<A>| {
-                let shard = ShardInfo {
-                    group: group.clone(),
-                    shard: id.clone(),
-                    lease_name: info.lease_name.clone(),
-                    owner: info.owner.clone(),
-                    fencing_token: info.fencing_token,
-                    guard: info.guard.clone(),
-                    restart: info.restart,
-                };
-                factory(&shard, ctx)
-            },
+            self.group.clone(),
+            shard.id.clone(),
+            Rc::clone(&self.factory),
         )
         .settings(self.shard_settings())
         .start();
@@ -741,6 +729,28 @@ impl<A: Actor<Context = Context<A>>> ShardedWorkers<A, crate::shared::SharedLeas
             Rc::new(factory),
         )
     }
+}
+
+/// The manager of one shard's lease, whose singleton is the shard's worker built by `factory`
+/// (with the tenure's guard and token in its [`ShardInfo`]).
+pub(super) fn shard_manager<A: Actor<Context = Context<A>>, L: Lease>(
+    lease: Arc<L>,
+    group: String,
+    id: String,
+    factory: WorkerFactory<A>,
+) -> ClusterSingletonManager<A, L> {
+    ClusterSingletonManager::from_arc(lease, move |info: &SingletonInfo, ctx: &mut Context<A>| {
+        let shard = ShardInfo {
+            group: group.clone(),
+            shard: id.clone(),
+            lease_name: info.lease_name.clone(),
+            owner: info.owner.clone(),
+            fencing_token: info.fencing_token,
+            guard: info.guard.clone(),
+            restart: info.restart,
+        };
+        factory(&shard, ctx)
+    })
 }
 
 /// Checks that a lease built for `asked` has that name and the node's owner identity.
