@@ -335,6 +335,30 @@ fn a_node_shutting_down_hands_over_exactly_its_shards_at_once() {
     });
 }
 
+/// A node follows its own tenures, not only the group watch: with its claims answered 50 ms
+/// after the store applied them (the group watch shows a claim before the node hears back), a
+/// lone node still runs its shards at once. Without following them it saw its member record
+/// before its member tenure started, counted itself out, and waited for the group's next change:
+/// a renewal here (2 s), nothing at all on etcd, where a quiet group sends no event.
+#[test]
+fn a_lone_node_whose_claims_are_answered_late_runs_its_shards_at_once() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        store.set_owner_fault(
+            "node-1",
+            Some(InMemoryFault::SlowAnswer(Duration::from_millis(50))),
+        );
+        let log = Log::default();
+        let _node = start_in(&store, "solo", 4, "node-1", &log);
+        until(
+            Duration::from_secs(1),
+            "the lone node runs its 4 shards",
+            || running(&log).len() == 4,
+        )
+        .await;
+    });
+}
+
 /// A node shutting down hands its shards over `max_handovers` (4) at a time: with every call of
 /// the leaving node taking 50 ms, its workers stop in batches of at most 4 per 50 ms (not all 21
 /// at once, each waiting behind every other's release), the workers not yet handed over run on

@@ -17,7 +17,7 @@ use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
 use crate::placement::place;
 use crate::settings::SettingsError;
-use crate::tenure::TenureGuard;
+use crate::tenure::{Tenure, TenureGuard};
 
 /// The default of [`ShardedSettings::max_handovers`].
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
@@ -434,7 +434,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Starts the manager of shard `index` (building its lease), eligible: the node targets it.
     /// A lease that cannot be built (a provider's backend failing) is logged, and the shard left
     /// to the next reconcile.
-    fn start_manager(&mut self, index: usize) {
+    fn start_manager(&mut self, index: usize, ctx: &mut Context<Self>) {
         let shard = &self.shards[index];
         let lease = match &shard.lease {
             Some(lease) => Arc::clone(lease),
@@ -457,6 +457,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         )
         .settings(self.shard_settings())
         .start();
+        // Every start and end of the tenure reaches `reconcile`, as the group watch's changes do:
+        // the watch may show a claim before the tenure is recorded here, and on etcd a quiet
+        // group sends nothing after it. The stream ends when the lease is dropped.
+        ctx.add_stream(lease.tenure().stream());
         let shard = &mut self.shards[index];
         shard.lease = Some(lease);
         shard.manager = Some(manager);
@@ -481,7 +485,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 shard.manager = None;
                 shard.lease = None;
                 if shard.eligible && !act.shutting_down {
-                    act.start_manager(index);
+                    act.start_manager(index, ctx);
                 }
                 act.reconcile(ctx);
             },
@@ -571,7 +575,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         self.held_reported = held;
     }
 
-    fn set_eligible(&mut self, index: usize, eligible: bool) {
+    fn set_eligible(&mut self, index: usize, eligible: bool, ctx: &mut Context<Self>) {
         let shard = &mut self.shards[index];
         if shard.eligible == eligible {
             return;
@@ -583,7 +587,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         match &shard.manager {
             Some(manager) => manager.do_send(SetEligible(eligible)),
-            None if eligible => self.start_manager(index),
+            None if eligible => self.start_manager(index, ctx),
             None => {}
         }
     }
@@ -622,11 +626,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let held = self.shards[index].held();
             if members[target] == self.node {
                 self.handing_over.remove(&index);
-                self.set_eligible(index, true);
+                self.set_eligible(index, true, ctx);
             } else if held && self.shards[index].eligible {
                 candidates.push(index);
             } else if !held {
-                self.set_eligible(index, false);
+                self.set_eligible(index, false, ctx);
             }
         }
         // Handovers in flight end when the shard is seen held by another node, or after a TTL.
@@ -677,7 +681,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             }
             let target = targets[index].map(|t| members[t].clone());
             tracing::info!(group = %self.group, shard = %self.shards[index].id, ?target, "handing the shard over");
-            self.set_eligible(index, false);
+            self.set_eligible(index, false, ctx);
             self.handing_over.insert(index, now);
         }
         // Wake at the next expiry in the view and at the end of the oldest handover.
@@ -771,7 +775,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         // The member lease is taken once the group watch has listed the group, and a shard's
-        // manager is started once this node targets the shard (see `reconcile`).
+        // manager is started once this node targets the shard (see `reconcile`). The start and
+        // end of this node's membership count as much as the group's changes.
+        ctx.add_stream(self.member_lease.tenure().stream());
         // Every change of the group reaches the actor; the task ends with it.
         let mut watch = self.watch.clone();
         let me = ctx.address().downgrade();
@@ -790,6 +796,18 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
     fn stopped(&mut self, _: &mut Context<Self>) {
         self.report_held(0);
     }
+}
+
+/// A tenure of this node's (its member lease's, or a shard's) started or ended.
+impl<A: Actor<Context = Context<A>>, L: Lease> StreamHandler<Option<Tenure>>
+    for ShardedWorkers<A, L>
+{
+    fn handle(&mut self, _: Option<Tenure>, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+
+    /// The lease was dropped (a retired shard's): nothing more to follow, and nothing to stop.
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Reconcile> for ShardedWorkers<A, L> {
