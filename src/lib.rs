@@ -101,6 +101,8 @@
 
 mod actors;
 mod backend;
+#[cfg(any(feature = "kubernetes", feature = "etcd"))]
+mod backoff;
 mod group;
 mod health;
 mod lease;

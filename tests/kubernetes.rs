@@ -2074,3 +2074,44 @@ async fn a_lease_that_never_watched_its_object_counts_expiry_from_its_sessions_f
     fixture.heal("a").await;
     assert!(b.release().await.unwrap());
 }
+
+/// After the API server was out of reach long enough for the namespace watch's tries to back
+/// off, the watch is current again within about a second of the server's return: its pauses
+/// double from 0.1 s up to 1 s (±20 %). With kube-runtime's default (0.8 s doubling up to 30 s,
+/// client-go's) the try after six refused ones comes 25 s or more later, so a session, every
+/// lease waiting on it and every sharded group stayed blind for seconds after an API server
+/// restart (the sharded chaos run's slow graceful handovers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_watch_is_current_again_soon_after_the_servers_return() {
+    let fixture = KubeFixture::new().await;
+    let prefix = format!("{}-", unique("watch-return"));
+    let lease = fixture.lease(settings(&format!("{prefix}0"), "a")).await;
+    let mut watch = lease.watch_group(&prefix).expect("a group watch");
+    let within = Duration::from_secs(30);
+    common::contract::group_until(&mut watch, within, "synced", |s, _| s.is_synced()).await;
+
+    let proxy = fixture.proxy("a").await;
+    proxy.set_mode(ProxyMode::Reset);
+    common::contract::group_until(&mut watch, within, "unsynced", |s, _| !s.is_synced()).await;
+    // Six more tries refused: the pauses have reached their longest.
+    let tried = proxy.connections();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.connections() < tried + 6 {
+        assert!(
+            Instant::now() < deadline,
+            "{} tries in 60 s while the server was out of reach",
+            proxy.connections() - tried
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+
+    proxy.set_mode(ProxyMode::Pass);
+    let back = Instant::now();
+    common::contract::group_until(&mut watch, within, "synced again", |s, _| s.is_synced()).await;
+    let took = back.elapsed();
+    // At most 1.2 s until the next try, then a listing; 5 s leaves room for a loaded machine.
+    assert!(
+        took < Duration::from_secs(5),
+        "the namespace watch was current again only {took:?} after the server's return"
+    );
+}

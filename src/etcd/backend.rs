@@ -15,16 +15,17 @@ use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
 use super::watch::HubEvent;
 use super::{observe, observe_txn, token_of, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::backoff::Doubling;
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
 /// How many times one acquire attempt starts over at once (a lost etcd lease, a racing change).
 const CLAIM_ROUNDS: usize = 3;
-/// Attempts of a release that finds the cluster unavailable, and the first pause between them.
-/// The longest pause between two attempts of a release to an unavailable cluster.
-const RELEASE_RETRY_MAX: Duration = Duration::from_millis(200);
-const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
+/// The pauses between the attempts of a release that finds the cluster unavailable: 25 ms,
+/// doubling up to 200 ms.
+const RELEASE_RETRY: Doubling =
+    Doubling::new(Duration::from_millis(25), Duration::from_millis(200));
 /// First delay before retrying a failed removal of a claim; doubles up to a quarter of the TTL.
 const REMOVAL_BACKOFF_START: Duration = Duration::from_millis(100);
 
@@ -816,7 +817,7 @@ impl LeaseBackend for EtcdBackend {
         // loaded machine with a member down (`fencing_tokens_rise_across_leader_changes`). An
         // error in the end leaves the tenure unsettled: its key is removed one TTL later, as
         // after a crash.
-        let mut pause = RELEASE_RETRY_START;
+        let mut pauses = RELEASE_RETRY;
         let mut attempts = 1u32;
         let response = loop {
             match observe_txn(kv.txn(txn.clone()).await) {
@@ -828,8 +829,7 @@ impl LeaseBackend for EtcdBackend {
                     }
                     tracing::debug!(%error, attempt = attempts, "release failed; retrying");
                     attempts += 1;
-                    sleep(pause).await;
-                    pause = (pause * 2).min(RELEASE_RETRY_MAX);
+                    sleep(pauses.next().unwrap_or_default()).await;
                 }
             }
         };

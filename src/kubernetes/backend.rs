@@ -18,6 +18,7 @@ use super::record::{
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::backoff::Doubling;
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
@@ -25,11 +26,9 @@ use crate::vocab::BackendError;
 
 /// Compare-and-swap rounds within one call before giving up with [`KubernetesError::Conflict`].
 const MAX_CAS_ATTEMPTS: u32 = 4;
-/// The first pause before a release refused for now is tried again; it doubles up to
-/// [`RELEASE_RETRY_MAX`].
-const RELEASE_RETRY_START: Duration = Duration::from_millis(25);
-/// The longest pause between the tries of a release refused for now.
-const RELEASE_RETRY_MAX: Duration = Duration::from_millis(400);
+/// The pauses between the tries of a release refused for now: 25 ms, doubling up to 400 ms.
+const RELEASE_RETRY: Doubling =
+    Doubling::new(Duration::from_millis(25), Duration::from_millis(400));
 /// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
 const MAX_UNCONFIRMED: usize = 16;
 
@@ -497,7 +496,7 @@ impl KubernetesBackend {
         // Its outcome may be unknown: the next write, over the same `resourceVersion`, then
         // conflicts, and the read after it tells.
         let started = Instant::now();
-        let mut pause = RELEASE_RETRY_START;
+        let mut pauses = RELEASE_RETRY;
         let mut conflicts = 0;
         loop {
             match self.update(&api, &next).await {
@@ -506,11 +505,11 @@ impl KubernetesBackend {
                 Err(e) if e.status_code() == Some(409) => conflicts += 1,
                 Err(e)
                     if e.is_transient()
-                        && started.elapsed() + pause < settings.operation_timeout() / 2 =>
+                        && started.elapsed() + pauses.peek() < settings.operation_timeout() / 2 =>
                 {
+                    let pause = pauses.next().unwrap_or_default();
                     tracing::debug!(error = %e, retry_in = ?pause, "release refused for now; retrying");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RELEASE_RETRY_MAX);
                     continue;
                 }
                 Err(e) => return Err(e),

@@ -161,8 +161,10 @@ pub(super) struct Index {
     objects: HashMap<String, Seen>,
     /// The objects of the listing in progress, if one is.
     listing: Option<HashMap<String, Seen>>,
-    /// Listed, and not listing again.
+    /// Listed, not listing again, and not failing: what the groups show is current.
     synced: bool,
+    /// A listing has ended (the index has once been complete).
+    listed: bool,
     groups: Vec<Group>,
     last_id: u64,
 }
@@ -204,6 +206,26 @@ impl Index {
         self.synced = false;
         for group in self.groups.drain(..) {
             group.send(false);
+        }
+    }
+
+    /// A list or watch request of the watch failed: until a watch request is answered again (or a
+    /// listing ends), changes may be missing, so no group is current.
+    pub(super) fn suspend(&mut self) {
+        if std::mem::replace(&mut self.synced, false) {
+            for group in &self.groups {
+                group.send(false);
+            }
+        }
+    }
+
+    /// A watch request was answered after a failure, with no listing since: the watch goes on
+    /// from where it was, with nothing missed, and the groups are current again.
+    pub(super) fn resume(&mut self) {
+        if self.listed && self.listing.is_none() && !std::mem::replace(&mut self.synced, true) {
+            for group in &self.groups {
+                group.send(true);
+            }
         }
     }
 
@@ -258,6 +280,7 @@ impl Index {
     pub(super) fn end_listing(&mut self) {
         self.objects = self.listing.take().unwrap_or_default();
         self.synced = true;
+        self.listed = true;
         self.groups.retain(|g| !g.sender.is_closed());
         for group in &self.groups {
             group.replace(records_of(&self.objects, &group.prefix), true);

@@ -1,6 +1,6 @@
 //! One watch per (client, namespace): every lease of a process that holds or waits for a Lease
 //! object in a namespace learns about that object from one shared watch on all `Lease` objects of
-//! the namespace, built on [`kube::runtime::watcher()`] (with its backoff and its relist after
+//! the namespace, built on [`kube::runtime::watcher()`] (with a backoff of our own, at most a second between tries, and its relist after
 //! `410 Gone`), and dispatched by object name.
 //!
 //! # What a lease gets from it
@@ -68,6 +68,7 @@ use tokio::time::Instant;
 use super::group::Index;
 use super::record::older;
 use super::KubernetesError;
+use crate::backoff::Doubling;
 use crate::group::GroupWatch;
 
 /// The shortest time between the starts of two watch requests of one namespace watch.
@@ -420,6 +421,7 @@ impl WatchState {
             }
             resumed
         });
+        lock(&self.index).resume();
     }
 }
 
@@ -512,8 +514,43 @@ impl Changes {
     }
 }
 
-/// The namespace watch: `kube::runtime::watcher` with its default backoff, its events dispatched
-/// by object name. `guard` marks the watch ended when this future is dropped or ends.
+/// The first pause before a failed list or watch of the namespace is tried again.
+const WATCH_RETRY_START: Duration = Duration::from_millis(100);
+/// The longest pause between the tries of a failed namespace watch. kube-runtime's default
+/// (client-go's reflector: 0.8 s doubling up to 30 s) left a session blind for 5–9 s after an API
+/// server restart of a few seconds (its next try came that long after the server was back), and
+/// with it every waiting lease's and sharded group's view: a sharded chaos run's graceful handovers
+/// then waited that long. One try a second per session (a process's leases share it) is what a
+/// recovering server pays for a view that is current again within about a second.
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// The namespace watch's retry pauses: [`WATCH_RETRY_START`] doubling up to [`WATCH_RETRY_MAX`],
+/// ±20 % so that a fleet's sessions do not come back at once; from the start again once the
+/// watch delivers.
+struct WatchBackoff(Doubling);
+
+impl WatchBackoff {
+    fn new() -> Self {
+        Self(Doubling::new(WATCH_RETRY_START, WATCH_RETRY_MAX).with_jitter(0.2))
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.0.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
+/// The namespace watch: `kube::runtime::watcher` with [`WatchBackoff`], its events dispatched by
+/// object name. `guard` marks the watch ended when this future is dropped or ends.
 async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
     let state = &guard.0;
     let counters = Arc::clone(&floor.shared.counters);
@@ -521,7 +558,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
     let client = Client::new(floor, namespace.clone());
     let api: Api<LeaseObject> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
-    let mut stream = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    let mut stream = std::pin::pin!(watcher::watcher(api, config).backoff(WatchBackoff::new()));
     // Objects of subscribed names seen by the listing in progress.
     let mut listed: Option<HashMap<String, View>> = None;
     let mut epoch = 0;
@@ -540,6 +577,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
                 state
                     .status
                     .send_if_modified(|s| std::mem::replace(&mut s.synced, false));
+                lock(&state.index).suspend();
                 // Once per streak: the watcher retries with its backoff.
                 if !failing {
                     tracing::warn!(%error, %namespace, "lease watch failed, retrying with backoff; meanwhile waiting leases read the object before each attempt and holders learn of a loss from their renewals (a 403 needs `list` and `watch` on leases, see deploy/rbac.yaml)");

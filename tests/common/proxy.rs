@@ -39,6 +39,7 @@ pub struct FaultProxy {
     addr: SocketAddr,
     mode: Arc<watch::Sender<ProxyMode>>,
     bytes_up: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -56,11 +57,14 @@ impl FaultProxy {
         let mode2 = Arc::clone(&mode);
         let bytes_up = Arc::new(AtomicU64::new(0));
         let up = Arc::clone(&bytes_up);
+        let connections = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let mode = mode2.subscribe();
                 tokio::spawn(serve(client, upstream, mode, Arc::clone(&up)));
             }
@@ -69,6 +73,7 @@ impl FaultProxy {
             addr,
             mode,
             bytes_up,
+            connections,
             task,
         }
     }
@@ -76,6 +81,12 @@ impl FaultProxy {
     /// How many bytes clients sent to the server through the proxy so far.
     pub fn bytes_up(&self) -> u64 {
         self.bytes_up.load(Ordering::SeqCst)
+    }
+
+    /// How many connections clients opened to the proxy so far (also ones it reset at once).
+    #[allow(dead_code)]
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// The address clients connect to.
