@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use actix_coordination::{
     GroupSnapshot, GroupWatch, KubernetesLease, KubernetesSession, Lease, LeaseSettings,
+    KUBERNETES_WATCH_FLOOR,
 };
 use common::k8s::{
     acquire_all_and_watch, client, env, established_connections_to, through, unique,
@@ -602,12 +603,18 @@ fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_read
         for verb in ["GET", "LIST", "CREATE"] {
             assert_eq!(delta(verb), 0, "{verb}: {before:?} → {after:?}");
         }
-        // The namespace watch's stream ended early a few times under this write load (about 85
-        // events a second), and was re-opened from where it was, without a listing (LIST stays
-        // 0): not yet explained; at most one re-open per interval is accepted.
+        // The API server ends the namespace watch's stream early now and then under this write
+        // load (about 85 events a second), the more often the busier the machine: 0–3 times in
+        // the window on a quiet machine, 7 under `scripts/ci-under-load.sh` (load 8). Not
+        // explained; what the crate promises is that each is re-opened from where it was,
+        // without a listing (LIST stays 0, no new listing), and never sooner than
+        // `KUBERNETES_WATCH_FLOOR` after the previous one, so a re-open can never become a
+        // request loop: at most one per floor delay over the window.
+        let window = RENEWAL_INTERVAL * INTERVALS;
+        let most = window.as_secs_f64() / KUBERNETES_WATCH_FLOOR.as_secs_f64() + 1.0;
         assert!(
-            delta("WATCH") <= u64::from(INTERVALS) + 1,
-            "{} watch re-opens: {watch_before:?} → {watch_after:?}",
+            delta("WATCH") as f64 <= most,
+            "{} watch re-opens in {window:?} (at most one per {KUBERNETES_WATCH_FLOOR:?}): {watch_before:?} → {watch_after:?}",
             delta("WATCH")
         );
         assert_eq!(watch_after.listings, watch_before.listings, "no listing");
