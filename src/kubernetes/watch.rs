@@ -570,6 +570,10 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
                 if failing {
                     tracing::debug!(%namespace, "lease watch works again");
                     failing = false;
+                    // An error the watcher's stream goes on after (an event it could not decode,
+                    // an error event other than `410 Gone`) asks for no new watch request, so
+                    // `established` would not come: the groups follow the stream again now.
+                    lock(&state.index).resume();
                 }
                 event
             }
