@@ -499,4 +499,31 @@ mod tests {
         assert!(!ended.borrow_and_update().is_synced(), "its last word");
         assert!(ended.changed().await.is_err(), "the watch ended");
     }
+
+    /// A failing watch unsyncs its groups until it works again; resuming neither syncs a group
+    /// before the first listing has ended nor in the middle of a relisting.
+    #[tokio::test]
+    async fn a_failing_watch_unsyncs_its_groups_until_it_works_again() {
+        let mut index = Index::default();
+        let (_, mut group) = index.subscribe("g-");
+        index.resume();
+        assert!(!group.borrow_and_update().is_synced(), "never listed");
+        listed(&mut index, &[("g-0", object(None, "1", Some("a"), 1))]);
+        assert!(group.borrow_and_update().is_synced());
+        index.suspend();
+        assert!(group.has_changed().unwrap(), "the change is sent");
+        assert!(
+            !group.borrow_and_update().is_synced(),
+            "not current while failing"
+        );
+        assert_eq!(group.borrow().records().len(), 1, "what was known is kept");
+        index.resume();
+        assert!(group.borrow_and_update().is_synced(), "current again");
+        index.suspend();
+        index.begin_listing();
+        index.resume();
+        assert!(!group.borrow_and_update().is_synced(), "relisting");
+        index.end_listing();
+        assert!(group.borrow_and_update().is_synced());
+    }
 }
