@@ -8,6 +8,8 @@ use std::time::Duration;
 /// ±`jitter` (a fraction of it, 0 for none) so that many clients refused at once do not come back
 /// at once.
 #[derive(Debug, Clone)]
+// Jitter, peeking and starting over serve the Kubernetes backend alone.
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 pub(crate) struct Doubling {
     start: Duration,
     max: Duration,
@@ -15,6 +17,7 @@ pub(crate) struct Doubling {
     jitter: f64,
 }
 
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 impl Doubling {
     /// Pauses from `start` doubling up to `max`, without jitter.
     pub(crate) const fn new(start: Duration, max: Duration) -> Self {
