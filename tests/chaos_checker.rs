@@ -922,3 +922,79 @@ fn a_fault_meets_the_shards_of_the_node_it_hits() {
         "{summary}"
     );
 }
+
+/// A sharded node's graceful stop is judged by its fastest shard: the release wakes a waiting
+/// node's watch, so one of its shards runs elsewhere at once, while another may wait for a
+/// replacement or a node another fault just hit. A stop none of whose shards moved quickly fails.
+#[test]
+fn a_sharded_graceful_stop_is_judged_by_its_fastest_shard() {
+    let dir = std::env::temp_dir().join(format!("graceful-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = 1_000_000_000u64;
+    let event = |owner: &str, event: &str, shard: &str, t: u64| {
+        format!(r#"{{"owner":"{owner}","event":"{event}","shard":"{shard}","token":1,"t_ns":{t}}}"#)
+    };
+    let write = |name: &str, lines: &[String]| {
+        std::fs::write(dir.join(name), lines.join("\n") + "\n").unwrap();
+    };
+    // node-1 runs shards 1 and 2 and is stopped at 10 s: shard 1 runs on node-2 50 ms later,
+    // shard 2 on node-3 (its replacement) 4 s later. node-4 stops at 20 s: its one shard, 3,
+    // runs elsewhere only 3.5 s later.
+    write(
+        "node-1.jsonl",
+        &[
+            event("node-1", "start", "1", s),
+            event("node-1", "start", "2", s),
+            event("node-1", "stop", "1", 10 * s + 10_000_000),
+            event("node-1", "stop", "2", 10 * s + 10_000_000),
+        ],
+    );
+    write(
+        "node-2.jsonl",
+        &[event("node-2", "start", "1", 10 * s + 50_000_000)],
+    );
+    write("node-3.jsonl", &[event("node-3", "start", "2", 14 * s)]);
+    write(
+        "node-4.jsonl",
+        &[
+            event("node-4", "start", "3", s),
+            event("node-4", "stop", "3", 20 * s + 10_000_000),
+        ],
+    );
+    write(
+        "node-5.jsonl",
+        &[event("node-5", "start", "3", 23 * s + 500_000_000)],
+    );
+    write(
+        "faults.jsonl",
+        &[
+            format!(
+                r#"{{"fault":"GracefulStop","owner":"node-1","start_ns":{},"end_ns":{}}}"#,
+                10 * s,
+                10 * s + 100
+            ),
+            format!(
+                r#"{{"fault":"GracefulStop","owner":"node-4","start_ns":{},"end_ns":{}}}"#,
+                20 * s,
+                20 * s + 100
+            ),
+        ],
+    );
+    let handovers = common::chaos::sharded_graceful_handovers(&dir);
+    assert_eq!(
+        handovers,
+        [
+            ("node-1".to_owned(), Duration::from_millis(50)),
+            ("node-4".to_owned(), Duration::from_millis(3500)),
+        ]
+    );
+    let ttl = Duration::from_secs(3);
+    let failed = std::panic::catch_unwind(|| {
+        common::chaos::assert_sharded_graceful_handovers(&dir, ttl);
+    });
+    assert!(failed.is_err(), "node-4's stop moved no shard quickly");
+    std::fs::remove_file(dir.join("node-4.jsonl")).unwrap();
+    std::fs::remove_file(dir.join("node-5.jsonl")).unwrap();
+    common::chaos::assert_sharded_graceful_handovers(&dir, ttl);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
