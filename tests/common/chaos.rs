@@ -489,8 +489,7 @@ pub fn sharded_graceful_handovers(dir: &Path) -> Vec<(String, Duration)> {
             continue;
         };
         let mut running = std::collections::BTreeSet::new();
-        for (t, o, shard, start) in events.iter().take_while(|e| e.0 <= at) {
-            let _ = t;
+        for (_, o, shard, start) in events.iter().take_while(|e| e.0 <= at) {
             if o == owner {
                 if *start {
                     running.insert(shard.clone());
