@@ -181,6 +181,10 @@ async fn serve(
     let mut sbuf = vec![0u8; 16 * 1024];
     loop {
         let new_mode = tokio::select! {
+            // A mode change is taken before any data that arrived with it: after `set_mode`
+            // returns, no new chunk passes under the old mode (an etcd claim sent right after a
+            // switch to `Blackhole` used to reach the server now and then).
+            biased;
             changed = mode.changed() => match changed {
                 Ok(()) => *mode.borrow_and_update(),
                 Err(_) => break,
