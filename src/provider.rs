@@ -321,6 +321,12 @@ impl LeaseProvider {
         config_key: &str,
         owner: &str,
     ) -> Result<SharedLease, ProviderError> {
+        // A lease handed out and alive is returned without resolving (and copying) the
+        // configuration, as before the maker existed.
+        let key = (name.to_owned(), config_key.to_owned(), owner.to_owned());
+        if let Some(lease) = lock(&self.leases).get(&key) {
+            return Ok(lease);
+        }
         self.maker(config_key, owner)?.get(name)
     }
 
