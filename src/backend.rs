@@ -145,6 +145,43 @@ pub trait LeaseBackend: Send + Sync + 'static {
         tenure: Self::Tenure,
     ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send;
 
+    /// Whether the backend records a preferred next holder: [`release_to`](Self::release_to)
+    /// writes one, and [`try_acquire`](Self::try_acquire) and
+    /// [`wait_for_change`](Self::wait_for_change) honour one. The default is `false`:
+    /// [`Lease::release_to`](crate::Lease::release_to) is then refused with
+    /// [`LeaseError::Unsupported`](crate::LeaseError::Unsupported) before anything changes.
+    fn records_preference(&self) -> bool {
+        false
+    }
+
+    /// Gives the tenure up like [`release`](Self::release), in the same single compare-and-swap,
+    /// and records `preferred` as the preferred next holder of the released record. Called only
+    /// when [`records_preference`](Self::records_preference) is `true`.
+    ///
+    /// A backend that records preferences must also honour them: while a released record names
+    /// a preferred holder other than `settings.owner()`, `try_acquire` answers
+    /// [`AcquireAttempt::HeldByOther`] (with `holder: None`) until one TTL after this process
+    /// first observed that record, on its monotonic clock (the record's own duration, like an
+    /// expiry), and `wait_for_change` wakes when that window ends or the record changes. The
+    /// preferred holder claims it at once, and every claim clears the preference.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    fn release_to(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+        preferred: &str,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send {
+        let _ = preferred;
+        self.release(settings, tenure)
+    }
+
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
     /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
     /// tenure ends. The default never resolves: losses are then found by renewals only.

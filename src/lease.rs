@@ -301,6 +301,45 @@ pub trait Lease: Send + Sync + 'static {
     /// the background (within the operation timeout).
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
+    /// Gives the lease up *to `target`*: a [`release`](Lease::release) that also records `target`
+    /// as the preferred next holder, for a planned move of leadership (a rolling update, a drain).
+    ///
+    /// The tenure ends exactly as with `release`. In the store, the record is free, and names
+    /// `target` as preferred: `target` may claim it at once, while every other contender of this
+    /// crate treats it as held for one TTL after it observed the released record (on its own
+    /// monotonic clock, like an expiry), and wakes when that window ends. A `target` that is dead,
+    /// partitioned or not contending therefore delays the next holder by one TTL at most. A
+    /// client that knows nothing of preferences (client-go's `LeaseLock`) sees an ordinary
+    /// released lease and may take it at once. The preference is cleared by the next claim.
+    ///
+    /// Resolves `Ok(true)` once the lease is released with the preference recorded; `Ok(false)`
+    /// when there was nothing to hand over: this owner did not hold the lease, or another owner
+    /// definitely holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::InvalidTransferTarget`] when `target` is empty, longer than an owner may be,
+    /// has a control character or is this owner, and [`LeaseError::Unsupported`] when the lease's
+    /// backend cannot record a preference (this default implementation): in both cases nothing
+    /// changed. Otherwise as [`release`](Lease::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`release`](Lease::release).
+    /// Whether [`release_to`](Lease::release_to) can record a preferred next holder on this
+    /// lease's backend (the in-memory, Kubernetes and etcd backends can). The default is `false`.
+    fn records_preference(&self) -> bool {
+        false
+    }
+
+    fn release_to(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        let _ = target;
+        std::future::ready(Err(LeaseError::Unsupported {
+            operation: crate::vocab::Operation::Release,
+            what: "record a preferred next holder",
+        }))
+    }
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;
@@ -356,6 +395,30 @@ pub trait Lease: Send + Sync + 'static {
     /// lease is held and before that instant.
     fn deadline(&self) -> Option<Instant> {
         self.tenure().current().map(|t| t.deadline())
+    }
+}
+
+/// Refuses a transfer of `lease` to `target` that could not work: a backend that cannot record a
+/// preference, or a target that cannot hold the lease.
+pub(crate) fn check_transfer_target(lease: &impl Lease, target: &str) -> Result<(), LeaseError> {
+    if !lease.records_preference() {
+        return Err(LeaseError::Unsupported {
+            operation: crate::vocab::Operation::Release,
+            what: "record a preferred next holder",
+        });
+    }
+    let reason = if target == lease.owner() {
+        Some("it is this owner")
+    } else {
+        crate::settings::identifier_problem(target, crate::settings::MAX_OWNER_LEN)
+    };
+    match reason {
+        Some(reason) => Err(LeaseError::InvalidTransferTarget {
+            name: lease.name().to_owned(),
+            target: target.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -64,7 +64,8 @@
 //!   [`LeaseProvider`], [`CoordinationConfig`], [`LeaseConfig`].
 //! * Actors: [`LeaseActor`] and its messages ([`Acquire`], [`Release`], [`CheckAlive`],
 //!   [`GetTenure`], [`SubscribeLeaseLost`], …); [`ClusterSingletonManager`] with
-//!   [`SingletonInfo`], [`SingletonSettings`], [`Shutdown`], [`SetEligible`], [`GetStatus`];
+//!   [`SingletonInfo`], [`SingletonSettings`], [`Shutdown`], [`SetEligible`], [`GetStatus`],
+//!   [`TransferLeadership`];
 //!   [`ShardCoordinator`] with [`RegisterRegion`], [`AllocateShard`], [`HostShard`], and
 //!   [`ShardRegion`] (a lease per hosted shard: [`HandOffShard`], [`GetHostedShards`]);
 //!   [`ShardedWorkers`] (N workers across the fleet, each exactly once: [`ShardInfo`],
@@ -128,8 +129,8 @@ pub use actors::{
     GateState, GetFencingToken, GetGateState, GetSingleton, GetStatus, GetTenure, HostShard,
     LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible, ShardAllocation,
     ShardCoordinator, ShardId, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
-    SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, UnsubscribeLeaseLost,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
+    SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, TransferLeadership,
+    UnsubscribeLeaseLost, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
     GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
@@ -188,6 +189,8 @@ pub use kubernetes::{
     KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSessionStats,
     KubernetesSettings, KubernetesStats, KubernetesTenure, KubernetesWatchStats,
     KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
+    PREFERRED_AT_ANNOTATION as KUBERNETES_PREFERRED_AT_ANNOTATION,
+    PREFERRED_HOLDER_ANNOTATION as KUBERNETES_PREFERRED_HOLDER_ANNOTATION,
     WATCH_FLOOR as KUBERNETES_WATCH_FLOOR,
 };
 
@@ -202,7 +205,8 @@ pub mod prelude {
         LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, RegisterRegion, Release,
         SetEligible, ShardAllocation, ShardCoordinator, ShardInfo, ShardedWorkers, SharedLease,
         Shutdown, SingletonInfo, SingletonSettings, SingletonState, SingletonStatus,
-        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, UnsubscribeLeaseLost,
+        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, TransferLeadership,
+        UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
@@ -288,6 +292,7 @@ mod send_sync {
         assert_send_sync::<SingletonStatus>();
         assert_send_sync::<Shutdown>();
         assert_send_sync::<SetEligible>();
+        assert_send_sync::<TransferLeadership>();
         assert_send_sync::<GetStatus>();
         assert_send_sync::<GetSingleton<LeaseActor<InMemoryLease>>>();
         // The sharding gate, the coordinator and its messages.

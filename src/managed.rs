@@ -510,12 +510,18 @@ impl<B: LeaseBackend> ManagedLease<B> {
         }
     }
 
-    async fn release_inner(&self) -> Result<bool, LeaseError> {
+    /// `release`, or `release_to(target)` when `preferred` names one (checked by the caller).
+    async fn release_inner(&self, preferred: Option<&str>) -> Result<bool, LeaseError> {
         // Before anything changes: outside a runtime the tenure (if any) stays as it is.
         let runtime = current_runtime(Operation::Release)?;
         let shared = &self.shared;
         let mut ops = Arc::clone(&shared.ops).lock_owned().await;
         let Some(renewal) = ops.renewal.take() else {
+            if preferred.is_some() {
+                // Nothing held: nothing to hand over, and nothing of a plain release's clean-up
+                // is asked for.
+                return Ok(false);
+            }
             // Nothing held; unless a release of ours failed and the record may still be held:
             // then the same error, until the record has surely expired.
             if let Some(error) = ops.unreleased.as_ref().and_then(Unreleased::pending) {
@@ -536,6 +542,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         shared.end_by_choice(renewal.generation, TenureEnd::Released);
         // Stopping the renewal and telling the backend are polled right here, but never cut
         // short: if this future is dropped first, they are finished on a task of their own.
+        let preferred = preferred.map(str::to_owned);
         let call = FinishOnDrop::new(&runtime, {
             let shared = Arc::clone(shared);
             let span = tracing::Span::current();
@@ -543,10 +550,10 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 let mut ops = ops;
                 let Some(tenure) = stop_renewal(renewal).await else {
                     // The tenure was lost before the release; there is nothing of ours to
-                    // release.
-                    return Ok(true);
+                    // release (nor to hand over).
+                    return Ok(preferred.is_none());
                 };
-                let released = shared.release_tenure(tenure).await;
+                let released = shared.release_tenure(tenure, preferred.as_deref()).await;
                 if let Err(error) = &released {
                     tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = error as &dyn StdError, "release failed; the record may stay held until its TTL");
                     ops.unreleased = Some(Unreleased::now(error.clone(), &shared.settings));
@@ -659,7 +666,7 @@ fn spawn_release_abandoned<B: LeaseBackend>(
     tenure: B::Tenure,
 ) {
     runtime.spawn(async move {
-        match shared.release_tenure(tenure).await {
+        match shared.release_tenure(tenure, None).await {
             Ok(_) => ops.unreleased = None,
             Err(error) => {
                 tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it expires after its TTL");
@@ -779,14 +786,30 @@ impl<B: LeaseBackend> Shared<B> {
         }
     }
 
-    /// Gives `tenure` back to the backend, within the operation timeout.
-    async fn release_tenure(&self, tenure: B::Tenure) -> Result<bool, LeaseError> {
+    /// Gives `tenure` back to the backend, within the operation timeout, naming `preferred` as
+    /// the next holder when given.
+    async fn release_tenure(
+        &self,
+        tenure: B::Tenure,
+        preferred: Option<&str>,
+    ) -> Result<bool, LeaseError> {
         let settings = &self.settings;
-        let outcome = timeout(
-            settings.operation_timeout(),
-            self.backend.release(settings, tenure),
-        )
-        .await;
+        let outcome = match preferred {
+            None => {
+                timeout(
+                    settings.operation_timeout(),
+                    self.backend.release(settings, tenure),
+                )
+                .await
+            }
+            Some(preferred) => {
+                timeout(
+                    settings.operation_timeout(),
+                    self.backend.release_to(settings, tenure, preferred),
+                )
+                .await
+            }
+        };
         let outcome = flatten(outcome, Operation::Release, settings).inspect_err(|_| {
             metrics::release(&self.label, "error");
             tracing::Span::current().record("outcome", "error");
@@ -797,7 +820,14 @@ impl<B: LeaseBackend> Shared<B> {
                 *holder = None;
                 metrics::release(&self.label, "released");
                 tracing::Span::current().record("outcome", "released");
-                tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released");
+                match preferred {
+                    None => {
+                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released")
+                    }
+                    Some(preferred) => {
+                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), %preferred, "lease released to a preferred holder")
+                    }
+                }
                 Ok(true)
             }
             ReleaseOutcome::HeldByOther { holder: other } => {
@@ -1082,7 +1112,20 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.release_inner().instrument(self.span("lease_release"))
+        self.release_inner(None)
+            .instrument(self.span("lease_release"))
+    }
+
+    fn release_to(
+        &self,
+        target: &str,
+    ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
+        let span = self.span("lease_release");
+        async move {
+            crate::lease::check_transfer_target(self, target)?;
+            self.release_inner(Some(target)).await
+        }
+        .instrument(span)
     }
 
     fn acquire_within(
@@ -1091,6 +1134,10 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         let span = self.span("lease_acquire");
         record_acquire_outcome(self.acquire_within_inner(timeout), span.clone()).instrument(span)
+    }
+
+    fn records_preference(&self) -> bool {
+        self.shared.backend.records_preference()
     }
 
     fn observed_holder(&self) -> Option<String> {

@@ -144,6 +144,8 @@ struct Record {
     expires_at: Option<Instant>,
     token: u64,
     changed: Arc<Notify>,
+    /// The preferred next holder a `release_to` named, and when its window ends.
+    preferred: Option<(String, Instant)>,
 }
 
 impl Record {
@@ -151,6 +153,24 @@ impl Record {
         match (&self.holder, self.expires_at) {
             (Some(h), Some(exp)) if now < exp => Some(h),
             _ => None,
+        }
+    }
+
+    /// Until when `owner` must leave the free record to the preferred holder, if it must.
+    fn deferring(&self, owner: &str, now: Instant) -> Option<Instant> {
+        match &self.preferred {
+            Some((preferred, until)) if preferred != owner && now < *until => Some(*until),
+            _ => None,
+        }
+    }
+
+    /// Until when `owner` cannot take the record: its live holder's expiry, or the end of a
+    /// preferred holder's window.
+    fn blocked_until(&self, owner: &str, now: Instant) -> Option<Instant> {
+        match self.live_holder(now) {
+            Some(holder) if holder != owner => self.expires_at,
+            Some(_) => None,
+            None => self.deferring(owner, now),
         }
     }
 }
@@ -235,6 +255,7 @@ impl InMemoryStore {
         record.token += 1;
         record.holder = Some(owner.to_owned());
         record.expires_at = Some(Instant::now() + ttl);
+        record.preferred = None;
         record.changed.notify_waiters();
         let token = FencingToken::new(record.token);
         state.publish(name);
@@ -247,6 +268,7 @@ impl InMemoryStore {
         if let Some(record) = state.records.get_mut(name) {
             record.holder = None;
             record.expires_at = None;
+            record.preferred = None;
             record.changed.notify_waiters();
             state.publish(name);
         }
@@ -362,6 +384,7 @@ impl Record {
             expires_at: None,
             token: 0,
             changed: Arc::new(Notify::new()),
+            preferred: None,
         }
     }
 }
@@ -420,7 +443,12 @@ impl LeaseBackend for InMemoryBackend {
                         holder: Some(holder.to_owned()),
                         expires_at: record.expires_at,
                     },
+                    None if record.deferring(owner, now).is_some() => AcquireAttempt::HeldByOther {
+                        holder: None,
+                        expires_at: record.deferring(owner, now),
+                    },
                     _ => {
+                        record.preferred = None;
                         record.token += 1;
                         record.holder = Some(owner.to_owned());
                         record.expires_at = Some(now + ttl);
@@ -474,30 +502,20 @@ impl LeaseBackend for InMemoryBackend {
         settings: &LeaseSettings,
         tenure: InMemoryTenure,
     ) -> Result<ReleaseOutcome, InMemoryError> {
-        let (name, owner) = (settings.name(), settings.owner());
-        let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
-        self.store
-            .call(owner, "release", held, |state, now| {
-                state.stats.releases += 1;
-                let Some(record) = state.records.get_mut(name) else {
-                    return ReleaseOutcome::Released;
-                };
-                if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
-                    record.holder = None;
-                    record.expires_at = None;
-                    record.changed.notify_waiters();
-                    state.publish(name);
-                    return ReleaseOutcome::Released;
-                }
-                match record.live_holder(now) {
-                    Some(h) if h != owner || record.token != tenure.token => {
-                        ReleaseOutcome::HeldByOther {
-                            holder: Some(h.to_owned()),
-                        }
-                    }
-                    _ => ReleaseOutcome::Released,
-                }
-            })
+        self.release_preferring(settings, tenure, None).await
+    }
+
+    fn records_preference(&self) -> bool {
+        true
+    }
+
+    async fn release_to(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+        preferred: &str,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        self.release_preferring(settings, tenure, Some(preferred))
             .await
     }
 
@@ -556,14 +574,18 @@ impl LeaseBackend for InMemoryBackend {
 
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
         let name = settings.name();
-        let (changed, expires_at) = {
+        let owner = settings.owner();
+        let (changed, blocked_until) = {
             let state = self.store.lock();
             match state.records.get(name) {
-                Some(record) => (Arc::clone(&record.changed), record.expires_at),
+                Some(record) => (
+                    Arc::clone(&record.changed),
+                    record.blocked_until(owner, Instant::now()),
+                ),
                 None => return,
             }
         };
-        let wake_at = expires_at.map_or(not_after, |e| e.min(not_after));
+        let wake_at = blocked_until.map_or(not_after, |e| e.min(not_after));
         let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -574,7 +596,7 @@ impl LeaseBackend for InMemoryBackend {
             let free = state
                 .records
                 .get(name)
-                .is_none_or(|r| r.live_holder(now).is_none_or(|h| h == settings.owner()));
+                .is_none_or(|r| r.blocked_until(owner, now).is_none());
             if free {
                 return;
             }
@@ -587,6 +609,41 @@ impl LeaseBackend for InMemoryBackend {
 }
 
 impl InMemoryBackend {
+    /// A release, recording `preferred` as the next holder for one TTL when given.
+    async fn release_preferring(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+        preferred: Option<&str>,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
+        self.store
+            .call(owner, "release", held, |state, now| {
+                state.stats.releases += 1;
+                let Some(record) = state.records.get_mut(name) else {
+                    return ReleaseOutcome::Released;
+                };
+                if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
+                    record.holder = None;
+                    record.expires_at = None;
+                    record.preferred = preferred.map(|p| (p.to_owned(), now + ttl));
+                    record.changed.notify_waiters();
+                    state.publish(name);
+                    return ReleaseOutcome::Released;
+                }
+                match record.live_holder(now) {
+                    Some(h) if h != owner || record.token != tenure.token => {
+                        ReleaseOutcome::HeldByOther {
+                            holder: Some(h.to_owned()),
+                        }
+                    }
+                    _ => ReleaseOutcome::Released,
+                }
+            })
+            .await
+    }
+
     fn changed_since(&self, name: &str, token: FencingToken) -> bool {
         let state = self.store.lock();
         state

@@ -590,6 +590,16 @@ fn check_max_duration(field: &'static str, value: Option<Duration>) -> Result<()
     }
 }
 
+/// What makes `value` unfit as an identifier of at most `max` bytes, if anything.
+pub(crate) fn identifier_problem(value: &str, max: usize) -> Option<&'static str> {
+    match check_identifier("owner", value, max) {
+        Ok(()) => None,
+        Err(SettingsError::Empty { .. }) => Some("it is empty"),
+        Err(SettingsError::TooLong { .. }) => Some("it is longer than an owner identity may be"),
+        Err(_) => Some("it contains a control character"),
+    }
+}
+
 fn check_identifier(field: &'static str, value: &str, max: usize) -> Result<(), SettingsError> {
     if value.is_empty() {
         return Err(SettingsError::Empty { field });

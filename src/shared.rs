@@ -20,6 +20,8 @@ trait DynLease: Send + Sync + 'static {
     fn acquire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn acquire_within(&self, timeout: Duration) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
+    fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
     fn observed_holder(&self) -> Option<String>;
@@ -38,6 +40,12 @@ impl<L: Lease> DynLease for L {
     }
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::release(self))
+    }
+    fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(Lease::release_to(self, target))
+    }
+    fn records_preference(&self) -> bool {
+        Lease::records_preference(self)
     }
     fn tenure(&self) -> &TenureWatch {
         Lease::tenure(self)
@@ -121,6 +129,13 @@ impl Lease for SharedLease {
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.release()
     }
+    fn release_to(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        let (lease, target) = (Arc::clone(&self.0), target.to_owned());
+        async move { lease.release_to(&target).await }
+    }
+    fn records_preference(&self) -> bool {
+        self.0.records_preference()
+    }
     fn tenure(&self) -> &TenureWatch {
         self.0.tenure()
     }
@@ -150,6 +165,12 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).release()
+    }
+    fn release_to(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).release_to(target)
+    }
+    fn records_preference(&self) -> bool {
+        (**self).records_preference()
     }
     fn tenure(&self) -> &TenureWatch {
         (**self).tenure()

@@ -201,6 +201,28 @@ pub enum LeaseError {
         /// The operation.
         operation: Operation,
     },
+    /// The lease's backend cannot do what was asked: a [`release_to`](crate::Lease::release_to)
+    /// on a backend that cannot record a preferred next holder. Nothing changed (a tenure is
+    /// still held and renewed). Not transient.
+    #[error("the lease's backend cannot {what}")]
+    Unsupported {
+        /// The operation.
+        operation: Operation,
+        /// What the backend cannot do.
+        what: &'static str,
+    },
+    /// [`release_to`](crate::Lease::release_to) was given a target that cannot hold the lease:
+    /// empty, too long, with a control character, or this owner itself. Nothing changed. Not
+    /// transient.
+    #[error("cannot transfer lease {name:?} to {target:?}: {reason}")]
+    InvalidTransferTarget {
+        /// The lease name.
+        name: String,
+        /// The target as given.
+        target: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 impl LeaseError {
@@ -211,7 +233,9 @@ impl LeaseError {
             LeaseError::Backend { transient, .. } => *transient,
             LeaseError::NoRuntime { .. }
             | LeaseError::DuplicateInstance { .. }
-            | LeaseError::Superseded { .. } => false,
+            | LeaseError::Superseded { .. }
+            | LeaseError::Unsupported { .. }
+            | LeaseError::InvalidTransferTarget { .. } => false,
         }
     }
 

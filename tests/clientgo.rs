@@ -237,6 +237,60 @@ async fn our_holder_blocks_client_go_and_our_release_hands_over() {
     assert!(cg.exited(Duration::from_secs(10)).await.success());
 }
 
+/// A transfer of ours (`release_to`) names a preferred holder only for our own contenders:
+/// client-go sees an ordinary released Lease and starts leading at its next poll, whatever we
+/// preferred. It keeps our annotations while it holds the Lease and leaves them in its own
+/// release, but that release moved `leaseTransitions` on, so the stale preference blocks none of
+/// ours: one takes over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_transfer_does_not_hold_client_go_back_and_leaves_no_stale_preference() {
+    let name = unique("rs-transfers");
+    let rs = ours(&name, "rs");
+    assert!(rs.acquire().await.unwrap());
+    let token = rs.fencing_token().unwrap().value();
+    let mut cg = ClientGo::start(&name, "cg", CLIENT_GO).await;
+    cg.wait_for("new-leader rs", Duration::from_secs(10)).await;
+
+    next_renewal(&rs).await;
+    let released = Instant::now();
+    assert!(rs.release_to("rs-never-claims").await.unwrap());
+    let object = read(&name).await;
+    let annotations = object.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(actix_coordination::KUBERNETES_PREFERRED_HOLDER_ANNOTATION)
+            .map(String::as_str),
+        Some("rs-never-claims"),
+        "{object:?}"
+    );
+    let started = cg.wait_for("started-leading", TTL * 2).await;
+    let handover = started - released;
+    println!("our transfer to an absent owner -> client-go started leading: {handover:?}");
+    assert!(
+        handover < CLIENT_GO_POLL + SLACK,
+        "client-go started leading {handover:?} after our transfer: held back by the preference"
+    );
+    let (holder, transitions) = holder_and_transitions(&name).await;
+    assert_eq!(holder.as_deref(), Some("cg"));
+    assert_eq!(transitions, token as i32 + 1);
+
+    // client-go releases: ours (not the preferred owner) takes over at once.
+    let other = ours(&name, "rs-other");
+    let terminated = cg.terminate();
+    assert!(
+        other.acquire_within(TTL * 2).await.unwrap(),
+        "ours did not take over"
+    );
+    let takeover = terminated.elapsed();
+    println!("client-go SIGTERM -> ours (not preferred) holds: {takeover:?}");
+    assert!(
+        takeover < SLACK * 2,
+        "ours took over {takeover:?} after client-go's release: held back by a stale preference"
+    );
+    assert!(cg.exited(Duration::from_secs(10)).await.success());
+    assert!(other.release().await.unwrap());
+}
+
 /// A client-go holder killed with SIGKILL (nothing released) is taken over by ours only a whole
 /// lease duration after the last renewal ours could have seen, and soon after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -184,6 +184,14 @@ Ok(())
 }
 
 #[rustfmt::skip]
+async fn transfer(leader: Addr<ClusterSingletonManager<MyActor, SharedLease>>) -> Result {
+// README block
+let moved: bool = leader.send(TransferLeadership::to("node-b")).await??;  // false: not the leader
+// end of README block
+Ok(())
+}
+
+#[rustfmt::skip]
 async fn coordinator(provider: LeaseProvider, pod_name: String, region: Addr<Region>) -> Result {
 // README block
 let coordinator = ShardCoordinator::new(provider.get_lease("shard-coordinator", "coordinator", &pod_name)?).start();

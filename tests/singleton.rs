@@ -15,8 +15,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_coordination::{
     ClusterSingletonManager, FencingToken, GetSingleton, GetStatus, InMemoryFault, InMemoryLease,
-    InMemoryStore, Lease, LeaseSettings, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
-    SingletonState,
+    InMemoryStore, Lease, LeaseError, LeaseSettings, SetEligible, Shutdown, SingletonInfo,
+    SingletonSettings, SingletonState, TransferLeadership,
 };
 use common::run_paused;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -275,6 +275,104 @@ fn graceful_stop_hands_over_well_before_the_ttl() {
         );
         assert_never_two(&log);
         assert_eq!(running_count(&log), 1);
+    });
+}
+
+/// A transfer stops the singleton on the leader, then the node it names runs it, whichever
+/// other nodes compete (each of 3 nodes names each other one in turn): at once, never two.
+#[test]
+fn a_transfer_hands_the_singleton_to_the_named_node_and_no_other() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let managers: Vec<_> = (0..3)
+            .map(|i| start_node(&store, i, &log, Default::default()))
+            .collect();
+        let mut leader = wait_for_runner(&managers, TTL).await;
+        for round in 0..6 {
+            let target = (leader + 1 + round % 2) % 3;
+            let asked = Instant::now();
+            let answer = managers[leader]
+                .send(TransferLeadership::to(format!("node-{target}")))
+                .await
+                .unwrap();
+            assert!(matches!(answer, Ok(true)), "round {round}: {answer:?}");
+            let now_leading = wait_for_runner(&managers, TTL).await;
+            assert_eq!(now_leading, target, "round {round}: the named node leads");
+            let took = asked.elapsed();
+            assert!(
+                took < Duration::from_millis(100),
+                "round {round}: the transfer took {took:?} with a {TTL:?} ttl"
+            );
+            leader = target;
+        }
+        assert_eq!(assert_never_two(&log), 7);
+        assert_eq!(running_count(&log), 1);
+    });
+}
+
+/// What a transfer answers when there is nothing to hand over or it cannot work: a node that
+/// does not lead says `false`; a target that cannot hold the lease is refused, and the singleton
+/// keeps running.
+#[test]
+fn a_transfer_by_a_follower_or_to_an_invalid_target_changes_nothing() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let managers: Vec<_> = (0..2)
+            .map(|i| start_node(&store, i, &log, Default::default()))
+            .collect();
+        let leader = wait_for_runner(&managers, TTL).await;
+        let follower = 1 - leader;
+        let answer = managers[follower]
+            .send(TransferLeadership::to(format!("node-{leader}")))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, Ok(false)),
+            "a follower has nothing to hand over: {answer:?}"
+        );
+        for bad in [String::new(), format!("node-{leader}"), "a\tb".into()] {
+            let answer = managers[leader]
+                .send(TransferLeadership::to(bad.clone()))
+                .await
+                .unwrap();
+            assert!(
+                matches!(answer, Err(LeaseError::InvalidTransferTarget { .. })),
+                "{bad:?}: {answer:?}"
+            );
+        }
+        sleep(TTL).await;
+        assert_eq!(assert_never_two(&log), 1, "the singleton kept running");
+        let status = managers[leader].send(GetStatus).await.unwrap();
+        assert_eq!(status.state, SingletonState::Running);
+    });
+}
+
+/// A transfer to a node that is gone: every other node leaves the lease to it for one TTL, then
+/// one of them (the old leader included) runs the singleton.
+#[test]
+fn a_transfer_to_a_dead_node_lapses_after_one_ttl() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let managers: Vec<_> = (0..2)
+            .map(|i| start_node(&store, i, &log, Default::default()))
+            .collect();
+        let leader = wait_for_runner(&managers, TTL).await;
+        let asked = Instant::now();
+        let answer = managers[leader]
+            .send(TransferLeadership::to("node-gone"))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Ok(true)), "{answer:?}");
+        sleep(TTL - Duration::from_millis(100)).await;
+        assert_eq!(running_count(&log), 0, "left to node-gone for one TTL");
+        wait_for_runner(&managers, TTL).await;
+        let took = asked.elapsed();
+        assert!(took >= TTL, "{took:?}");
+        assert!(took < TTL + Duration::from_secs(1), "{took:?}");
+        assert_never_two(&log);
     });
 }
 

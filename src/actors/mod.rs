@@ -28,5 +28,5 @@ pub use sharded::{
 };
 pub use singleton::{
     ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
-    SingletonSettings, SingletonState, SingletonStatus,
+    SingletonSettings, SingletonState, SingletonStatus, TransferLeadership,
 };

@@ -214,6 +214,31 @@ pub struct SingletonStatus {
     pub unstopped: u64,
 }
 
+/// Hand leadership to the node whose lease owner is `to`, on purpose (a drain, an operator
+/// moving the leader): the manager stops the singleton, then releases the lease *to* `to`
+/// ([`Lease::release_to`]): `to` may take it at once, every other node leaves it to `to` for one
+/// TTL (then anyone may), and this node competes again like the others.
+///
+/// Answers like [`Lease::release_to`]: `Ok(true)` once the lease is released with `to` preferred,
+/// `Ok(false)` when this node was not running the singleton (nothing was handed over), or an
+/// error: an invalid target or a backend that cannot record a preference
+/// ([`LeaseError::InvalidTransferTarget`], [`LeaseError::Unsupported`]) are refused before the
+/// singleton is touched; a release that failed leaves the lease to expire by its TTL, as after a
+/// crash. A transfer asked for while a shutdown is under way answers the shutdown's result.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "Result<bool, LeaseError>")]
+pub struct TransferLeadership {
+    /// The owner identity of the node to hand the lease to.
+    pub to: String,
+}
+
+impl TransferLeadership {
+    /// A transfer to the node whose owner identity is `to`.
+    pub fn to(to: impl Into<String>) -> Self {
+        Self { to: to.into() }
+    }
+}
+
 /// Ask a manager for its [`SingletonStatus`].
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "SingletonStatus")]
@@ -240,21 +265,25 @@ where
 struct SingletonStopped(u64);
 
 /// What to do once the singleton has stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum AfterStop {
     /// The tenure ended: compete again.
     Reacquire,
     /// Release the lease, then stay idle (ineligible) or pause (gave up).
     Release { then_pause: Option<Duration> },
+    /// Release the lease to the preferred owner `to`, then compete again (if eligible).
+    Transfer { to: String },
     /// Release the lease, then stop the manager.
     Shutdown,
 }
 
 impl AfterStop {
-    /// A shutdown wins over everything; a release over a reacquire.
+    /// A shutdown wins over everything; a transfer over a release; a release over a reacquire.
     fn merge(self, other: AfterStop) -> AfterStop {
         match (self, other) {
             (AfterStop::Shutdown, _) | (_, AfterStop::Shutdown) => AfterStop::Shutdown,
+            (transfer @ AfterStop::Transfer { .. }, _)
+            | (_, transfer @ AfterStop::Transfer { .. }) => transfer,
             (AfterStop::Release { then_pause }, AfterStop::Reacquire) => {
                 AfterStop::Release { then_pause }
             }
@@ -413,6 +442,8 @@ where
     eligible: bool,
     shutting_down: bool,
     shutdown_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
+    /// The [`TransferLeadership`] requests waiting for the release that hands the lease over.
+    transfer_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -473,6 +504,7 @@ where
             eligible: true,
             shutting_down: false,
             shutdown_waiters: Vec::new(),
+            transfer_waiters: Vec::new(),
             release_result: None,
             competition: None,
             instances: 0,
@@ -678,7 +710,7 @@ where
         if *instance != timed_out {
             return;
         }
-        let then = *then;
+        let then = then.clone();
         if let Phase::Stopping { stop, .. } = &self.phase {
             stop.raise(StopSignal::TERMINATE);
         }
@@ -711,15 +743,35 @@ where
     fn release(&mut self, then: AfterStop, ctx: &mut Context<Self>) {
         self.phase = Phase::Releasing;
         let lease = Arc::clone(&self.lease);
+        let to = match &then {
+            AfterStop::Transfer { to } => Some(to.clone()),
+            _ => None,
+        };
         ctx.spawn(
-            wrap_future::<_, Self>(async move { lease.release().await }).map(
+            wrap_future::<_, Self>(async move {
+                match to {
+                    Some(to) => lease.release_to(&to).await,
+                    None => lease.release().await,
+                }
+            })
+            .map(
                 move |result, act, ctx| {
                     if let Err(error) = &result {
                         tracing::warn!(error = error as &dyn std::error::Error, lease = %act.lease.name(), owner = %act.lease.owner(), "singleton lease release failed; it expires after its TTL");
                     }
                     act.phase = Phase::Idle;
+                    if !matches!(then, AfterStop::Shutdown) {
+                        act.answer_transfers(&result);
+                    }
                     match then {
                         AfterStop::Shutdown => act.finish_shutdown(result, ctx),
+                        AfterStop::Transfer { .. } => {
+                            if act.shutting_down {
+                                act.finish_shutdown(result, ctx);
+                            } else if act.competing() {
+                                act.compete(Duration::ZERO, ctx);
+                            }
+                        }
                         AfterStop::Release { then_pause } if act.competing() => {
                             act.compete(then_pause.unwrap_or(Duration::ZERO), ctx);
                         }
@@ -746,7 +798,16 @@ where
         self.stop_singleton(AfterStop::Shutdown, ctx);
     }
 
+    /// Answers every pending [`TransferLeadership`] with `result`: the release that ended the
+    /// tenure (a transfer, or whatever superseded it).
+    fn answer_transfers(&mut self, result: &Result<bool, LeaseError>) {
+        for waiter in self.transfer_waiters.drain(..) {
+            let _ = waiter.send(result.clone());
+        }
+    }
+
     fn finish_shutdown(&mut self, result: Result<bool, LeaseError>, ctx: &mut Context<Self>) {
+        self.answer_transfers(&result);
         self.phase = Phase::ShutDown;
         for waiter in self.shutdown_waiters.drain(..) {
             let _ = waiter.send(result.clone());
@@ -884,7 +945,7 @@ where
                 tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), instance, "singleton stopped");
                 metrics::singleton_stopped(&self.label, "stopped");
                 self.with_health(|h| h.stopping_since = None);
-                let then = *then;
+                let then = then.clone();
                 self.after_stop(then, ctx);
             }
             Phase::Running {
@@ -955,6 +1016,41 @@ where
         Box::pin(async move {
             // The manager answers every waiter before it stops; a dropped sender means it was
             // dropped without a graceful shutdown (`System::stop`).
+            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
+                operation: crate::lease::Operation::Release,
+            }))
+        })
+    }
+}
+
+impl<A, L> Handler<TransferLeadership> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ResponseFuture<Result<bool, LeaseError>>;
+
+    fn handle(
+        &mut self,
+        TransferLeadership { to }: TransferLeadership,
+        ctx: &mut Self::Context,
+    ) -> Self::Result {
+        if let Some(result) = &self.release_result {
+            let result = result.clone();
+            return Box::pin(async move { result });
+        }
+        if let Err(error) = crate::lease::check_transfer_target(&*self.lease, &to) {
+            return Box::pin(async move { Err(error) });
+        }
+        let leading = matches!(self.phase, Phase::Running { .. } | Phase::Stopping { .. });
+        if !leading && !self.shutting_down {
+            return Box::pin(async { Ok(false) });
+        }
+        tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "transferring leadership: stopping the singleton, then releasing the lease to the preferred owner");
+        let (tx, rx) = oneshot::channel();
+        self.transfer_waiters.push(tx);
+        self.stop_singleton(AfterStop::Transfer { to }, ctx);
+        Box::pin(async move {
             rx.await.unwrap_or(Err(LeaseError::NoRuntime {
                 operation: crate::lease::Operation::Release,
             }))

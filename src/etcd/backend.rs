@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
+use super::value::KeyContent;
 use super::watch::HubEvent;
 use super::{observe, observe_txn, token_of, EtcdError, EtcdSession};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
@@ -39,6 +40,11 @@ pub struct EtcdBackend {
     observed: Mutex<Option<i64>>,
     /// `wait_for_change` just saw the key deleted: the next attempt claims without reading first.
     seen_deleted: AtomicBool,
+    /// The `mod_revision` of the last preference for another owner seen on the key (see
+    /// `value.rs`), and when this instance first saw it: others may claim one window later.
+    preference: Mutex<Option<(i64, Instant)>>,
+    /// Until when the last attempt left the key to a preferred holder (for `wait_for_change`).
+    deferred_until: Mutex<Option<Instant>>,
     /// Claiming transactions sent.
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
@@ -379,6 +385,11 @@ enum Claim {
         holder: Option<String>,
         revision: i64,
     },
+    /// Free, but left to a preferred holder until `until`.
+    Deferred {
+        until: Instant,
+        revision: i64,
+    },
     Raced,
 }
 
@@ -400,6 +411,8 @@ impl EtcdBackend {
             }),
             observed: Mutex::new(None),
             seen_deleted: AtomicBool::new(false),
+            preference: Mutex::new(None),
+            deferred_until: Mutex::new(None),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             seen_held: AtomicU64::new(0),
@@ -518,14 +531,25 @@ impl EtcdBackend {
         let Some(current) = first_kv(&response) else {
             return Ok(Claim::Raced);
         };
-        if current.value() != owner.as_bytes() {
-            return Ok(Claim::Held {
-                holder: Some(String::from_utf8_lossy(current.value()).into_owned()),
-                revision,
-            });
+        match KeyContent::parse(current.value()) {
+            KeyContent::Holder(holder) if holder != owner => {
+                return Ok(Claim::Held {
+                    holder: Some(holder),
+                    revision,
+                })
+            }
+            KeyContent::Holder(_) => {}
+            KeyContent::Preferred { target, window } => {
+                if let Some(until) =
+                    self.defer_until(owner, current.mod_revision(), &target, window)
+                {
+                    return Ok(Claim::Deferred { until, revision });
+                }
+            }
         }
-        // Our own claim (an answer we never got, or a tenure we could not release): a new tenure
-        // over it, compare-and-swap on the revision we saw, so that the token moves on.
+        // Our own claim (an answer we never got, or a tenure we could not release), or a key
+        // released to a preferred holder that this owner may take now: a new tenure over it,
+        // compare-and-swap on the revision we saw, so that the token moves on.
         let txn = Txn::new()
             .when([Compare::mod_revision(
                 self.key.clone(),
@@ -547,6 +571,48 @@ impl EtcdBackend {
         self.observed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// For a key released to `target` for `window` at `mod_revision`: until when `owner` leaves
+    /// it to `target` (one window after this instance first saw that preference, on its
+    /// monotonic clock), `None` when it may claim it now.
+    fn defer_until(
+        &self,
+        owner: &str,
+        mod_revision: i64,
+        target: &str,
+        window: Duration,
+    ) -> Option<Instant> {
+        if target == owner {
+            return None;
+        }
+        let now = Instant::now();
+        let first_seen = {
+            let mut seen = self.preference.lock().unwrap_or_else(|p| p.into_inner());
+            match *seen {
+                Some((revision, at)) if revision == mod_revision => at,
+                _ => {
+                    *seen = Some((mod_revision, now));
+                    now
+                }
+            }
+        };
+        let until = first_seen + window;
+        (now < until).then_some(until)
+    }
+
+    /// The answer of an attempt that leaves the key to a preferred holder until `until`.
+    fn deferred(&self, until: Instant, revision: i64) -> AcquireAttempt<EtcdTenure> {
+        *self.lock_observed() = Some(revision);
+        *self
+            .deferred_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(until);
+        self.seen_held.fetch_add(1, Ordering::Relaxed);
+        AcquireAttempt::HeldByOther {
+            holder: None,
+            expires_at: Some(until),
+        }
+    }
+
     /// Reads the key: `Some` when another owner holds it (and remembers the revision at which
     /// it was seen, for `wait_for_change`).
     async fn held_by_other(
@@ -558,15 +624,95 @@ impl EtcdBackend {
         let Some(current) = response.kvs().first() else {
             return Ok(None);
         };
-        if current.value() == owner.as_bytes() {
-            return Ok(None);
-        }
-        *self.lock_observed() = Some(response.header().map_or(0, |h| h.revision()));
+        let revision = response.header().map_or(0, |h| h.revision());
+        let holder = match KeyContent::parse(current.value()) {
+            KeyContent::Holder(holder) if holder == owner => return Ok(None),
+            KeyContent::Holder(holder) => holder,
+            KeyContent::Preferred { target, window } => {
+                return Ok(self
+                    .defer_until(owner, current.mod_revision(), &target, window)
+                    .map(|until| self.deferred(until, revision)));
+            }
+        };
+        *self.lock_observed() = Some(revision);
         self.seen_held.fetch_add(1, Ordering::Relaxed);
         Ok(Some(AcquireAttempt::HeldByOther {
-            holder: Some(String::from_utf8_lossy(current.value()).into_owned()),
+            holder: Some(holder),
             expires_at: None,
         }))
+    }
+
+    /// A release: the key deleted, or, with `preferred`, overwritten with that preference.
+    async fn release_preferring(
+        &self,
+        settings: &LeaseSettings,
+        mut tenure: EtcdTenure,
+        preferred: Option<&str>,
+    ) -> Result<ReleaseOutcome, EtcdError> {
+        let mut kv = self.inner().client().await?.kv_client();
+        let write = match preferred {
+            None => TxnOp::delete(self.key.clone(), None),
+            Some(preferred) => TxnOp::put(
+                self.key.clone(),
+                KeyContent::preference(preferred, settings.ttl()),
+                Some(PutOptions::new().with_lease(tenure.lease_id())),
+            ),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                tenure.revision,
+            )])
+            .and_then([write])
+            .or_else([TxnOp::get(self.key.clone(), None)]);
+        // With several endpoints, a request may go to a member that is down (connection refused)
+        // while the others answer, several times in a row: retry an unavailable cluster until
+        // the caller's operation timeout ends the call (`ManagedLease` bounds every release by
+        // it; the compare makes a repeated delete harmless). Three attempts were not enough on a
+        // loaded machine with a member down (`fencing_tokens_rise_across_leader_changes`). An
+        // error in the end leaves the tenure unsettled: its key is removed one TTL later, as
+        // after a crash.
+        let mut pauses = RELEASE_RETRY;
+        let mut attempts = 1u32;
+        let response = loop {
+            match observe_txn(kv.txn(txn.clone()).await) {
+                Ok(response) => break response,
+                Err(error) => {
+                    let error = EtcdError::from_client("release", tenure.lease_id(), error);
+                    if !matches!(error, EtcdError::Unavailable { .. }) {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, attempt = attempts, "release failed; retrying");
+                    attempts += 1;
+                    sleep(pauses.next().unwrap_or_default()).await;
+                }
+            }
+        };
+        tenure.settled = true;
+        self.claims.lock_current().take();
+        if response.succeeded() {
+            if preferred.is_some() {
+                // The preference lives on the tenure's etcd lease: left to expire, not revoked,
+                // if this was its last user (a contender leaves it to the target for one window
+                // at most in any case).
+                tenure.registration.keep_key_attached(true);
+            }
+            return Ok(ReleaseOutcome::Released);
+        }
+        Ok(match first_kv(&response) {
+            None => ReleaseOutcome::Released,
+            Some(kv) => match KeyContent::holder(kv.value()) {
+                // Released to a preferred holder by whoever held it last: not held.
+                None => ReleaseOutcome::Released,
+                Some(holder) => {
+                    tracing::debug!(key = %self.key_lossy(), holder = %holder, owner = %settings.owner(), "release found another claim");
+                    ReleaseOutcome::HeldByOther {
+                        holder: Some(holder),
+                    }
+                }
+            },
+        })
     }
 
     /// One range request for the key.
@@ -575,11 +721,14 @@ impl EtcdBackend {
             .map_err(|e| EtcdError::from_client("read the lease key", 0, e))
     }
 
-    /// Reads the key: whether it is absent (free).
-    async fn key_is_absent(&self) -> Result<bool, EtcdError> {
+    /// Reads the key: whether it is absent (free), or released to a preferred holder.
+    async fn key_is_absent_or_preferred(&self) -> Result<(bool, bool), EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
         let response = self.read_key(&mut kv).await?;
-        Ok(response.kvs().is_empty())
+        Ok(match response.kvs().first() {
+            None => (true, false),
+            Some(kv) => (false, KeyContent::holder(kv.value()).is_none()),
+        })
     }
 
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
@@ -591,7 +740,7 @@ impl EtcdBackend {
             None => Some(LostReason::Deleted),
             Some(kv) if token_of(kv.mod_revision()) == token => None,
             Some(kv) => Some(LostReason::TakenOver {
-                holder: Some(String::from_utf8_lossy(kv.value()).into_owned()),
+                holder: KeyContent::holder(kv.value()),
             }),
         };
         Ok((reason, revision))
@@ -743,6 +892,10 @@ impl LeaseBackend for EtcdBackend {
                         expires_at: None,
                     });
                 }
+                Ok(Claim::Deferred { until, revision }) => {
+                    tracing::trace!(key = %self.key_lossy(), revision, "the claim found the key left to a preferred holder");
+                    return Ok(self.deferred(until, revision));
+                }
                 Ok(Claim::Raced) => {}
                 Err(EtcdError::LeaseNotFound { lease_id }) => {
                     grant.lose(format!("etcd lease {lease_id:x} not found by a claim"));
@@ -799,55 +952,26 @@ impl LeaseBackend for EtcdBackend {
     async fn release(
         &self,
         settings: &LeaseSettings,
-        mut tenure: EtcdTenure,
+        tenure: EtcdTenure,
     ) -> Result<ReleaseOutcome, EtcdError> {
-        let mut kv = self.inner().client().await?.kv_client();
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                tenure.revision,
-            )])
-            .and_then([TxnOp::delete(self.key.clone(), None)])
-            .or_else([TxnOp::get(self.key.clone(), None)]);
-        // With several endpoints, a request may go to a member that is down (connection refused)
-        // while the others answer, several times in a row: retry an unavailable cluster until
-        // the caller's operation timeout ends the call (`ManagedLease` bounds every release by
-        // it; the compare makes a repeated delete harmless). Three attempts were not enough on a
-        // loaded machine with a member down (`fencing_tokens_rise_across_leader_changes`). An
-        // error in the end leaves the tenure unsettled: its key is removed one TTL later, as
-        // after a crash.
-        let mut pauses = RELEASE_RETRY;
-        let mut attempts = 1u32;
-        let response = loop {
-            match observe_txn(kv.txn(txn.clone()).await) {
-                Ok(response) => break response,
-                Err(error) => {
-                    let error = EtcdError::from_client("release", tenure.lease_id(), error);
-                    if !matches!(error, EtcdError::Unavailable { .. }) {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, attempt = attempts, "release failed; retrying");
-                    attempts += 1;
-                    sleep(pauses.next().unwrap_or_default()).await;
-                }
-            }
-        };
-        tenure.settled = true;
-        self.claims.lock_current().take();
-        if response.succeeded() {
-            return Ok(ReleaseOutcome::Released);
-        }
-        Ok(match first_kv(&response) {
-            None => ReleaseOutcome::Released,
-            Some(kv) => {
-                let holder = String::from_utf8_lossy(kv.value()).into_owned();
-                tracing::debug!(key = %self.key_lossy(), holder = %holder, owner = %settings.owner(), "release found another claim");
-                ReleaseOutcome::HeldByOther {
-                    holder: Some(holder),
-                }
-            }
-        })
+        self.release_preferring(settings, tenure, None).await
+    }
+
+    /// The key is not deleted but overwritten with the preference (see `value.rs`), on the
+    /// tenure's own etcd lease and in the same compare-and-swap on the tenure's revision; the
+    /// window is the releasing owner's TTL.
+    fn records_preference(&self) -> bool {
+        true
+    }
+
+    async fn release_to(
+        &self,
+        settings: &LeaseSettings,
+        tenure: EtcdTenure,
+        preferred: &str,
+    ) -> Result<ReleaseOutcome, EtcdError> {
+        self.release_preferring(settings, tenure, Some(preferred))
+            .await
     }
 
     async fn watch_lost(
@@ -885,9 +1009,7 @@ impl LeaseBackend for EtcdBackend {
                         return Ok(match event.event_type() {
                             EventType::Delete => LostReason::Deleted,
                             EventType::Put => LostReason::TakenOver {
-                                holder: event
-                                    .kv()
-                                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                                holder: event.kv().and_then(|kv| KeyContent::holder(kv.value())),
                             },
                         });
                     }
@@ -951,6 +1073,13 @@ impl LeaseBackend for EtcdBackend {
     }
 
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
+        // Left to a preferred holder: try again when that window ends, or when the key changes.
+        let deferred = self
+            .deferred_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let not_after = deferred.map_or(not_after, |until| until.min(not_after));
         // Without a working watch, try again after the retry delay, not only at `not_after`
         // (which is the caller's whole deadline when it relies on the notification).
         let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
@@ -966,29 +1095,47 @@ impl LeaseBackend for EtcdBackend {
         // deletion between `seen` and the watch's start is found by one read, made only when the
         // store was written meanwhile (the watch's creation reports the revision it starts at).
         let wait = async {
-            let Ok(mut watch) = self.inner().watch(self.key.clone(), 0, true).await else {
+            // Puts too: a release to a preferred holder overwrites the key instead of deleting
+            // it (claims are the only other puts; renewals do not write the key).
+            let Ok(mut watch) = self.inner().watch(self.key.clone(), 0, false).await else {
                 return sleep_until(retry_at).await;
             };
             loop {
                 match watch.next().await {
                     Some(HubEvent::Created { revision }) if revision > seen => {
-                        match self.key_is_absent().await {
-                            Ok(true) => {
+                        match self.key_is_absent_or_preferred().await {
+                            Ok((_, true)) => {
+                                tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was released to a preferred holder before its watch started");
+                                return;
+                            }
+                            Ok((true, _)) => {
                                 tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was deleted before its watch started");
                                 self.seen_deleted.store(true, Ordering::Relaxed);
                                 return;
                             }
                             // Still held (by anyone): its deletion comes through the watch.
-                            Ok(false) => {}
+                            Ok((false, false)) => {}
                             Err(_) => return sleep_until(retry_at).await,
                         }
                     }
                     Some(HubEvent::Created { .. }) => {}
-                    // Deleted (released, expired): try again now.
-                    Some(HubEvent::Events(_)) => {
-                        tracing::trace!(key = %self.key_lossy(), "the key was deleted");
-                        self.seen_deleted.store(true, Ordering::Relaxed);
-                        return;
+                    // Deleted (released, expired): try again now, without reading first. Released to
+                    // a preferred holder: try again now. Claimed by another owner: wait on.
+                    Some(HubEvent::Events(events)) => {
+                        let deleted = events.iter().any(|e| e.event_type() == EventType::Delete);
+                        if deleted {
+                            tracing::trace!(key = %self.key_lossy(), "the key was deleted");
+                            self.seen_deleted.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                        let preferred = events.iter().any(|e| {
+                            e.kv()
+                                .is_some_and(|kv| KeyContent::holder(kv.value()).is_none())
+                        });
+                        if preferred {
+                            tracing::trace!(key = %self.key_lossy(), "the key was released to a preferred holder");
+                            return;
+                        }
                     }
                     other @ (Some(HubEvent::Canceled { .. } | HubEvent::Broken(_)) | None) => {
                         tracing::trace!(key = %self.key_lossy(), ?other, "the key's watch ended: waiting for the retry delay");

@@ -180,7 +180,10 @@ impl Fold {
 /// The record of a key as the backend writes it: value = holder, `mod_revision` = token. The key
 /// goes with the holder's etcd lease, so the record states no expiry.
 fn record(kv: &KeyValue) -> GroupRecord {
-    let holder = (!kv.value().is_empty()).then(|| String::from_utf8_lossy(kv.value()).into_owned());
+    // A preference (see `value.rs`) is a free record.
+    let holder = (!kv.value().is_empty())
+        .then(|| super::value::KeyContent::holder(kv.value()))
+        .flatten();
     GroupRecord::new(holder, Some(token_of(kv.mod_revision())), None)
 }
 

@@ -6,6 +6,7 @@ mod backend;
 mod group;
 mod session;
 mod settings;
+mod value;
 mod watch;
 
 use std::collections::HashMap;

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 use super::observed::{Observed, State};
 use super::record::{
-    duration_secs, holder_of, now_micro, post_params, released, slim, transitions_of,
+    duration_secs, holder_of, now_micro, post_params, preferred_of, released, released_to, slim,
+    transitions_of,
 };
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
@@ -384,16 +385,18 @@ impl KubernetesBackend {
                 }
             };
             let holder = holder_of(&current).map(str::to_owned);
-            let free = match holder.as_deref() {
-                None => true,
-                Some(h) if h == owner => true,
-                Some(_) => {
-                    let observed = self.observed();
-                    observed.is_some_and(|o| {
-                        Some(&o.version) == current.metadata.resource_version.as_ref()
-                            && Instant::now() >= o.expires_at()
-                    })
-                }
+            // Another holder, or a release that named another preferred holder: free only once
+            // its duration has passed since this version was first observed.
+            let blocked = match holder.as_deref() {
+                Some(h) => h != owner,
+                None => preferred_of(&current).is_some_and(|p| p != owner),
+            };
+            let free = !blocked || {
+                let observed = self.observed();
+                observed.is_some_and(|o| {
+                    Some(&o.version) == current.metadata.resource_version.as_ref()
+                        && Instant::now() >= o.expires_at()
+                })
             };
             if !free {
                 let expires_at = self.observed().map(|o| o.expires_at());
@@ -484,11 +487,20 @@ impl KubernetesBackend {
         &self,
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
+        preferred: Option<&str>,
     ) -> Result<ReleaseOutcome, KubernetesError> {
         let api = self.api()?;
         let owner = settings.owner();
         self.lock().tenure_version = None;
-        let mut next = released((*tenure.lease).clone());
+        // `spec.preferredHolder` (with its strategy) is written too until an API server refuses
+        // it (one that has the fields but not coordinated leader election enabled may): then
+        // the annotations alone.
+        let mut with_spec = true;
+        let release = |lease: LeaseObject, with_spec: bool| match preferred {
+            None => released(lease),
+            Some(preferred) => released_to(lease, preferred, with_spec),
+        };
+        let mut next = release((*tenure.lease).clone(), with_spec);
         // A refusal for now (`429 Too Many Requests` from an API server at its limit of requests
         // in flight, a `5xx`, a lost connection) is tried again after a pause, while the pauses
         // leave half the operation timeout: a release given up on leaves the shard or singleton
@@ -503,6 +515,12 @@ impl KubernetesBackend {
                 Ok(_) => return Ok(ReleaseOutcome::Released),
                 Err(e) if e.status_code() == Some(404) => return Ok(ReleaseOutcome::Released),
                 Err(e) if e.status_code() == Some(409) => conflicts += 1,
+                Err(e) if e.status_code() == Some(422) && preferred.is_some() && with_spec => {
+                    tracing::debug!(error = %e, "the API server refused spec.preferredHolder; naming the preferred holder in the annotations only");
+                    with_spec = false;
+                    next = release((*tenure.lease).clone(), with_spec);
+                    continue;
+                }
                 Err(e)
                     if e.is_transient()
                         && started.elapsed() + pauses.peek() < settings.operation_timeout() / 2 =>
@@ -526,7 +544,7 @@ impl KubernetesBackend {
                 Some(holder)
                     if holder == owner && transitions_of(&current) == tenure.transitions =>
                 {
-                    next = released(current)
+                    next = release(current, with_spec)
                 }
                 Some(holder) => {
                     return Ok(ReleaseOutcome::HeldByOther {
@@ -581,7 +599,26 @@ impl LeaseBackend for KubernetesBackend {
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
     ) -> Result<ReleaseOutcome, KubernetesError> {
-        Box::pin(self.release_inner(settings, tenure)).await
+        Box::pin(self.release_inner(settings, tenure, None)).await
+    }
+
+    /// The preferred holder goes in the annotations `actix-coordination/preferred-holder` and
+    /// `actix-coordination/preferred-at-transitions` (kept by every API server, and valid only
+    /// while the object is free with the same `leaseTransitions`), and in `spec.preferredHolder`
+    /// with `spec.strategy` where the API server keeps them (Kubernetes 1.31 and later with
+    /// coordinated leader election; others drop them, and one that refuses them gets the
+    /// annotations alone). client-go sees an ordinary released Lease.
+    fn records_preference(&self) -> bool {
+        true
+    }
+
+    async fn release_to(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+        preferred: &str,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(self.release_inner(settings, tenure, Some(preferred))).await
     }
 
     /// Releases a claim of this instance whose answer never arrived, if the object still shows
@@ -672,10 +709,10 @@ impl LeaseBackend for KubernetesBackend {
         let owner = settings.owner();
         // When to give up waiting: `not_after`, or when the observed claim expires; `None` when
         // the lease is free for this owner already.
-        let wake_at = |observed: &Observed| match observed.holder.as_deref() {
-            None => None,
-            Some(holder) if holder == owner => None,
-            Some(_) => Some(observed.expires_at().min(not_after)),
+        let wake_at = |observed: &Observed| {
+            observed
+                .blocks(owner)
+                .then(|| observed.expires_at().min(not_after))
         };
         let retry_delay = settings.acquire_retry_delay();
         let Some(subscription) = self.subscription() else {
@@ -805,7 +842,10 @@ mod tests {
             KubernetesBackend::with_client("held", busy_server(3, Arc::clone(&writes)), "ns")
                 .unwrap();
         let settings = LeaseSettings::new("held", "a").unwrap();
-        let outcome = backend.release_inner(&settings, tenure()).await.unwrap();
+        let outcome = backend
+            .release_inner(&settings, tenure(), None)
+            .await
+            .unwrap();
         assert_eq!(outcome, ReleaseOutcome::Released);
         assert_eq!(
             writes.load(Ordering::SeqCst),
@@ -831,7 +871,7 @@ mod tests {
             .unwrap();
         let started = Instant::now();
         let error = backend
-            .release_inner(&settings, tenure())
+            .release_inner(&settings, tenure(), None)
             .await
             .unwrap_err();
         assert_eq!(error.status_code(), Some(429), "{error}");

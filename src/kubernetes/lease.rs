@@ -23,6 +23,9 @@ use super::KubernetesSession;
 /// | `spec.leaseDurationSeconds` | the TTL, rounded **up** to whole seconds |
 /// | `spec.leaseTransitions` | +1 on every new tenure: the [fencing token](crate::FencingToken) |
 /// | `metadata.annotations["actix-coordination/lease-name"]` | the original lease name |
+/// | `metadata.annotations["actix-coordination/preferred-holder"]` | after a [`release_to`](crate::Lease::release_to): the preferred next holder; removed by the next claim |
+/// | `metadata.annotations["actix-coordination/preferred-at-transitions"]` | the `leaseTransitions` of that release: the preference holds only while the free object still shows it |
+/// | `spec.preferredHolder`, `spec.strategy` | the same preference (`OldestEmulationVersion`), where the API server keeps them |
 ///
 /// ```text
 /// $ kubectl get lease -n my-app

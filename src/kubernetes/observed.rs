@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of, newer, older};
+use super::record::{duration_of, holder_of, newer, older, preferred_of};
 use super::watch::{self, KubernetesWatchStats, Subscription, View};
 use super::{KubernetesBackend, KubernetesError};
 use crate::lease::{FencingToken, LostReason};
@@ -36,12 +36,24 @@ pub(super) struct Observed {
     pub(super) version: String,
     pub(super) first_seen: Instant,
     pub(super) holder: Option<String>,
+    /// The preferred next holder a release named, while the object is free.
+    pub(super) preferred: Option<String>,
     pub(super) duration: Duration,
 }
 
 impl Observed {
     pub(super) fn expires_at(&self) -> Instant {
         self.first_seen + self.duration
+    }
+
+    /// Whether `owner` must leave this version of the object to somebody else (its holder, or
+    /// the preferred holder a release named) until [`expires_at`](Self::expires_at).
+    pub(super) fn blocks(&self, owner: &str) -> bool {
+        match (&self.holder, &self.preferred) {
+            (Some(holder), _) => holder != owner,
+            (None, Some(preferred)) => preferred != owner,
+            (None, None) => false,
+        }
     }
 }
 
@@ -88,6 +100,7 @@ impl KubernetesBackend {
                         version: version.to_owned(),
                         first_seen: at,
                         holder: holder_of(lease).map(str::to_owned),
+                        preferred: preferred_of(lease).map(str::to_owned),
                         duration: duration_of(lease),
                     });
                 }

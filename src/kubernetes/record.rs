@@ -15,6 +15,20 @@ use crate::settings::LeaseSettings;
 /// The field manager recorded in the objects' `managedFields`.
 const FIELD_MANAGER: &str = "actix-coordination";
 
+/// The annotation naming the preferred next holder of a released object (see
+/// [`Lease::release_to`](crate::Lease::release_to)).
+pub const PREFERRED_HOLDER_ANNOTATION: &str = "actix-coordination/preferred-holder";
+
+/// The annotation stating the `leaseTransitions` of the release that named the preferred holder:
+/// the preference holds only while the object still shows that count (a client that knows
+/// nothing of preferences claims and releases without clearing the annotations, and moves the
+/// count on).
+pub const PREFERRED_AT_ANNOTATION: &str = "actix-coordination/preferred-at-transitions";
+
+/// The `spec.strategy` written with `spec.preferredHolder` (the API server accepts a preferred
+/// holder only with a strategy, and this is the only one it knows).
+const PREFERRED_STRATEGY: &str = "OldestEmulationVersion";
+
 impl KubernetesBackend {
     pub(super) fn check_owner_name(&self, lease: &LeaseObject) -> Result<(), KubernetesError> {
         match lease
@@ -77,6 +91,7 @@ impl KubernetesBackend {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(LEASE_NAME_ANNOTATION.to_owned(), self.name.clone());
+        clear_preference(&mut current);
         let now = now_micro();
         let spec = current.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(settings.owner().to_owned());
@@ -130,6 +145,60 @@ pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
     spec.holder_identity = None;
     spec.renew_time = Some(now_micro());
     lease
+}
+
+/// `lease` without a holder, naming `preferred` as the next holder: in the annotations (which
+/// every API server keeps) and, when `with_spec`, in `spec.preferredHolder` too (which only API
+/// servers of Kubernetes 1.31 and later with coordinated leader election keep; the others drop
+/// it).
+pub(super) fn released_to(lease: LeaseObject, preferred: &str, with_spec: bool) -> LeaseObject {
+    let mut lease = released(lease);
+    let transitions = transitions_of(&lease);
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(PREFERRED_HOLDER_ANNOTATION.to_owned(), preferred.to_owned());
+    annotations.insert(PREFERRED_AT_ANNOTATION.to_owned(), transitions.to_string());
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if with_spec {
+        spec.preferred_holder = Some(preferred.to_owned());
+        spec.strategy = Some(PREFERRED_STRATEGY.to_owned());
+    } else {
+        spec.preferred_holder = None;
+        spec.strategy = None;
+    }
+    lease
+}
+
+/// Removes a preference this crate wrote (the annotations, and the spec fields written with
+/// them); a strategy somebody else set without our annotations is left alone.
+pub(super) fn clear_preference(lease: &mut LeaseObject) {
+    let ours = lease.metadata.annotations.as_mut().is_some_and(|a| {
+        let ours = a.remove(PREFERRED_HOLDER_ANNOTATION).is_some();
+        a.remove(PREFERRED_AT_ANNOTATION);
+        ours
+    });
+    if ours {
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.preferred_holder = None;
+            spec.strategy = None;
+        }
+    }
+}
+
+/// The preferred next holder a release named, while the object is free and still shows that
+/// release's `leaseTransitions`.
+pub(super) fn preferred_of(lease: &LeaseObject) -> Option<&str> {
+    if holder_of(lease).is_some() {
+        return None;
+    }
+    let annotations = lease.metadata.annotations.as_ref()?;
+    let at = annotations.get(PREFERRED_AT_ANNOTATION)?;
+    if at.parse::<i32>().ok()? != transitions_of(lease) {
+        return None;
+    }
+    annotations
+        .get(PREFERRED_HOLDER_ANNOTATION)
+        .map(String::as_str)
+        .filter(|p| !p.is_empty())
 }
 
 /// The holder, `None` when the object has none (absent or empty, as client-go writes it).
@@ -263,6 +332,54 @@ pub(super) mod tests {
             KubernetesBackend::loss_in(&object(None, Some(4)), "a", token),
             Some(LostReason::Inconsistent(_))
         ));
+    }
+
+    #[test]
+    fn a_preference_holds_while_the_object_is_free_at_the_release_s_transitions() {
+        let held = object(Some("a"), Some(4));
+        assert_eq!(preferred_of(&held), None);
+        let free = released_to(held, "b", true);
+        assert_eq!(holder_of(&free), None);
+        assert_eq!(preferred_of(&free), Some("b"));
+        assert_eq!(spec_of(&free).preferred_holder.as_deref(), Some("b"));
+        assert_eq!(spec_of(&free).strategy.as_deref(), Some(PREFERRED_STRATEGY));
+        // A client that knows nothing of preferences (client-go) claims and releases: the
+        // annotations stay, the transitions move on, the preference is gone.
+        let mut by_client_go = free.clone();
+        let spec = by_client_go.spec.as_mut().unwrap();
+        spec.holder_identity = Some("go".into());
+        spec.lease_transitions = Some(5);
+        assert_eq!(preferred_of(&by_client_go), None, "held");
+        by_client_go.spec.as_mut().unwrap().holder_identity = Some(String::new());
+        assert_eq!(preferred_of(&by_client_go), None, "released by client-go");
+        // Without the spec fields (a server that refuses them).
+        let annotations_only = released_to(object(Some("a"), Some(4)), "b", false);
+        assert_eq!(preferred_of(&annotations_only), Some("b"));
+        assert_eq!(spec_of(&annotations_only).preferred_holder, None);
+        assert_eq!(spec_of(&annotations_only).strategy, None);
+    }
+
+    #[test]
+    fn a_claim_clears_the_preference_it_wrote_and_nothing_else() {
+        let backend = KubernetesBackend::with_client_for_tests("mine");
+        let settings = LeaseSettings::new("mine", "b").unwrap();
+        let free = released_to(object(Some("a"), Some(4)), "b", true);
+        let claimed = backend.claimed(free, &settings).unwrap();
+        assert_eq!(holder_of(&claimed), Some("b"));
+        let annotations = claimed.metadata.annotations.as_ref().unwrap();
+        assert!(!annotations.contains_key(PREFERRED_HOLDER_ANNOTATION));
+        assert!(!annotations.contains_key(PREFERRED_AT_ANNOTATION));
+        assert_eq!(spec_of(&claimed).preferred_holder, None);
+        assert_eq!(spec_of(&claimed).strategy, None);
+        // A strategy set by somebody else, without our annotations, stays.
+        let mut theirs = object(None, Some(4));
+        theirs.spec.as_mut().unwrap().strategy = Some("Theirs".into());
+        let claimed = backend.claimed(theirs, &settings).unwrap();
+        assert_eq!(spec_of(&claimed).strategy.as_deref(), Some("Theirs"));
+    }
+
+    fn spec_of(lease: &LeaseObject) -> &LeaseSpec {
+        lease.spec.as_ref().unwrap()
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_coordination::{FencingToken, Lease, LeaseLost, LeaseSettings, LostReason};
+use actix_coordination::{FencingToken, Lease, LeaseError, LeaseLost, LeaseSettings, LostReason};
 use futures_util::future::join_all;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -694,4 +694,101 @@ pub async fn group_watch_shows_holders_releases_and_expiries<F: Fixture>(f: &F) 
     );
     f.heal("b").await;
     assert!(outsider.release().await.unwrap());
+}
+
+/// `release_to` hands the lease to the preferred owner: it takes it at once, while another
+/// contender is left out until that owner's tenure ends; a plain release after it leaves the
+/// lease free for anyone. Invalid targets, and backends that cannot record a preference, are
+/// refused with nothing changed.
+pub async fn release_to_hands_the_lease_to_the_preferred_owner<F: Fixture>(f: &F) {
+    let name = f.unique_name("transfer");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let c = lease_with(f, &name, "c", |b| b.acquire_retries(0)).await;
+    assert!(a.acquire().await.unwrap());
+    let token_a = a.fencing_token().unwrap();
+    if !a.records_preference() {
+        let error = a.release_to("b").await.unwrap_err();
+        assert!(matches!(error, LeaseError::Unsupported { .. }), "{error}");
+        assert!(!error.is_transient());
+        assert_eq!(a.fencing_token(), Some(token_a), "nothing changed");
+        assert!(a.release().await.unwrap());
+        return;
+    }
+    for bad in ["", "a", "line\nbreak"] {
+        let error = a.release_to(bad).await.unwrap_err();
+        assert!(
+            matches!(error, LeaseError::InvalidTransferTarget { .. }),
+            "{bad:?}: {error}"
+        );
+        assert_eq!(a.fencing_token(), Some(token_a), "nothing changed");
+    }
+    assert!(a.release_to("b").await.unwrap());
+    assert!(!a.check_alive());
+    assert_eq!(a.fencing_token(), None);
+    // Neither another contender nor the old holder may take it while it is left to b.
+    assert!(!c.acquire().await.unwrap(), "c took a lease left to b");
+    assert!(
+        !a.acquire_within(Duration::ZERO).await.unwrap(),
+        "a took it back"
+    );
+    // b takes it at once (within the slack: a contender that decides from its watch wakes on the
+    // release).
+    assert!(
+        b.acquire_within(f.slack()).await.unwrap(),
+        "the preferred owner could not take the lease"
+    );
+    assert!(b.fencing_token().unwrap() > token_a);
+    assert!(!c.acquire().await.unwrap(), "held by b");
+    // A plain release clears the preference: free for anyone.
+    assert!(b.release().await.unwrap());
+    assert!(
+        c.acquire_within(f.slack()).await.unwrap(),
+        "free for anyone after a plain release"
+    );
+    assert!(c.release().await.unwrap());
+    assert!(
+        !a.release_to("b").await.unwrap(),
+        "nothing to hand over when not held"
+    );
+}
+
+/// A lease released to an owner that never claims it (dead, partitioned, not contending) is left
+/// to it for one TTL after the release, and not a moment less; then anyone may take it, and a
+/// waiting contender does, woken by the window's end.
+pub async fn a_preference_nobody_takes_up_lapses_after_one_ttl<F: Fixture>(f: &F) {
+    let name = f.unique_name("transfer-lapse");
+    let a = lease(f, &name, "a").await;
+    if !a.records_preference() {
+        return;
+    }
+    let c = lease_with(f, &name, "c", |b| b.acquire_retries(0)).await;
+    let ttl = f.settings(&name, "a").ttl();
+    assert!(a.acquire().await.unwrap());
+    let token_a = a.fencing_token().unwrap();
+    let released_from = Instant::now();
+    assert!(a.release_to("absent").await.unwrap());
+    let released_by = Instant::now();
+    assert!(!c.acquire().await.unwrap(), "left to the preferred owner");
+    // A contender waiting for it wakes when the window ends (not only at its own deadline).
+    assert!(
+        c.acquire_within(ttl * 2 + f.slack()).await.unwrap(),
+        "the lease stayed left to an absent owner"
+    );
+    let acquired_at = Instant::now();
+    assert!(
+        acquired_at >= released_from + ttl,
+        "taken {:?} before the window of one TTL ended",
+        (released_from + ttl) - acquired_at
+    );
+    if f.paused_clock() {
+        // Exact timings: at the window's end.
+        assert!(
+            acquired_at <= released_by + ttl + Duration::from_millis(10),
+            "taken {:?} after the window ended",
+            acquired_at - (released_by + ttl)
+        );
+    }
+    assert!(c.fencing_token().unwrap() > token_a);
+    assert!(c.release().await.unwrap());
 }

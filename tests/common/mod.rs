@@ -81,6 +81,8 @@ macro_rules! contract_suite {
             unsubscribe_works
             unreachable_backend_makes_acquire_fail
             group_watch_shows_holders_releases_and_expiries
+            release_to_hands_the_lease_to_the_preferred_owner
+            a_preference_nobody_takes_up_lapses_after_one_ttl
         );
     };
     (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {

@@ -1,0 +1,89 @@
+//! The value of a lease key: its holder, or, after a [`release_to`](crate::Lease::release_to),
+//! the preferred next holder.
+//!
+//! A held key's value is the holder's owner identity, as it always was (peers and operators read
+//! it with `etcdctl get`). A release to a preferred holder does not delete the key: it writes
+//! `\0preferred-holder\0<window in milliseconds>\0<target>`, still attached to the releasing
+//! owner's etcd lease (so it goes when that process does). Owner identities never contain a
+//! control character, so no holder's value can be mistaken for a preference.
+
+use std::time::Duration;
+
+/// How a preference value starts.
+const TAG: &[u8] = b"\0preferred-holder\0";
+
+/// What a key's value says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum KeyContent {
+    /// Held by this owner.
+    Holder(String),
+    /// Free, with `target` preferred for `window` after a contender first sees it.
+    Preferred {
+        /// The preferred next holder.
+        target: String,
+        /// How long others leave it to `target`.
+        window: Duration,
+    },
+}
+
+impl KeyContent {
+    /// Reads a key's value (a malformed preference reads as a holder, which only delays).
+    pub(super) fn parse(value: &[u8]) -> Self {
+        if let Some(rest) = value.strip_prefix(TAG) {
+            let mut parts = rest.splitn(2, |b| *b == 0);
+            let window = parts
+                .next()
+                .and_then(|ms| std::str::from_utf8(ms).ok())
+                .and_then(|ms| ms.parse::<u64>().ok());
+            let target = parts.next();
+            if let (Some(window), Some(target)) = (window, target) {
+                return KeyContent::Preferred {
+                    target: String::from_utf8_lossy(target).into_owned(),
+                    window: Duration::from_millis(window),
+                };
+            }
+        }
+        KeyContent::Holder(String::from_utf8_lossy(value).into_owned())
+    }
+
+    /// The holder a value names; `None` for a preference (the key is free).
+    pub(super) fn holder(value: &[u8]) -> Option<String> {
+        match Self::parse(value) {
+            KeyContent::Holder(holder) => Some(holder),
+            KeyContent::Preferred { .. } => None,
+        }
+    }
+
+    /// The value of a key released to `target`, which others leave to it for `window`.
+    pub(super) fn preference(target: &str, window: Duration) -> Vec<u8> {
+        let mut value = TAG.to_vec();
+        value.extend_from_slice(window.as_millis().to_string().as_bytes());
+        value.push(0);
+        value.extend_from_slice(target.as_bytes());
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preferences_and_holders_round_trip_and_never_mix() {
+        let value = KeyContent::preference("node b", Duration::from_millis(3500));
+        assert_eq!(
+            KeyContent::parse(&value),
+            KeyContent::Preferred {
+                target: "node b".into(),
+                window: Duration::from_millis(3500)
+            }
+        );
+        assert_eq!(KeyContent::holder(&value), None);
+        assert_eq!(KeyContent::holder(b"node-a"), Some("node-a".into()));
+        // Malformed: read as a holder (never as free).
+        assert_eq!(
+            KeyContent::parse(b"\0preferred-holder\0x"),
+            KeyContent::Holder("\0preferred-holder\0x".into())
+        );
+    }
+}
