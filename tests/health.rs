@@ -16,7 +16,7 @@ use actix_coordination::{
     AcquireAttempt, ClusterSingletonManager, GetStatus, HealthCheck, InMemoryBackend,
     InMemoryError, InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseSettings, LostReason,
     ManagedLease, NotReady, ReleaseOutcome, RenewOutcome, SetEligible, SingletonInfo,
-    SingletonSettings, SingletonState, Unhealthy,
+    SingletonSettings, SingletonState, TransferLeadership, Unhealthy,
 };
 use tokio::time::{sleep, Instant};
 
@@ -262,13 +262,6 @@ async fn liveness_fails_while_a_singleton_does_not_stop_and_readiness_follows_el
     arbiter.stop();
 }
 
-/// A singleton that does nothing.
-struct Idle;
-
-impl Actor for Idle {
-    type Context = Context<Self>;
-}
-
 /// A singleton that refuses to stop when asked (its `stopping` says `Continue`).
 struct Stubborn;
 
@@ -428,4 +421,59 @@ async fn a_singleton_left_behind_by_a_manager_that_is_gone_fails_liveness_until_
     })
     .await;
     arbiter.stop();
+}
+
+/// A singleton that does nothing.
+struct Idle;
+
+impl Actor for Idle {
+    type Context = Context<Self>;
+}
+
+/// Readiness is independent of leadership (issue 25): a follower is ready, so a rolling update
+/// never waits on which replica leads; and it stays ready on both nodes while leadership moves
+/// back and forth between them (by transfers), at every step.
+#[actix_rt::test]
+async fn followers_are_ready_and_readiness_never_follows_leadership() {
+    let store = InMemoryStore::new();
+    let node = |owner: &str| {
+        let check = HealthCheck::new();
+        let lease = store.lease(LeaseSettings::new("leader", owner).unwrap());
+        let manager = ClusterSingletonManager::new(lease, |_: &SingletonInfo, _| Idle)
+            .health(&check)
+            .start();
+        (manager, check)
+    };
+    let (a, check_a) = node("a");
+    wait_for_state(&a, SingletonState::Running, Duration::from_secs(5)).await;
+    let (b, check_b) = node("b");
+    wait_for_state(&b, SingletonState::Acquiring, Duration::from_secs(5)).await;
+    assert_eq!(check_b.readiness(), Ok(()), "a follower is ready");
+    assert_eq!(check_a.readiness(), Ok(()), "the leader is ready");
+    let nodes = [(&a, &check_a, "a"), (&b, &check_b, "b")];
+    for round in 0..4 {
+        let (leader, _, _) = nodes[round % 2];
+        let (next, _, next_name) = nodes[(round + 1) % 2];
+        assert!(leader
+            .send(TransferLeadership::to(next_name))
+            .await
+            .unwrap()
+            .unwrap());
+        for (_, check, name) in nodes {
+            assert_eq!(
+                check.readiness(),
+                Ok(()),
+                "round {round}: {name} mid-transfer"
+            );
+        }
+        wait_for_state(next, SingletonState::Running, Duration::from_secs(5)).await;
+        for (_, check, name) in nodes {
+            assert_eq!(
+                check.readiness(),
+                Ok(()),
+                "round {round}: {name} after the transfer"
+            );
+            assert_eq!(check.liveness(), Ok(()), "round {round}: {name}");
+        }
+    }
 }
