@@ -19,6 +19,9 @@
 //!
 //! * `handoff`: holder A holds, contender B waits in `acquire_within`, A releases; the latency is
 //!   from the start of A's `release()` to B's `acquire_within` resolving `Ok(true)`.
+//! * `transfer`: A holds, B and C wait, A calls `release_to` naming one of them (alternately);
+//!   the latency is from the start of `release_to` to the named one's `acquire_within` resolving
+//!   `Ok(true)`, and the other must still be waiting then. Target: p99 ≤ 50 ms.
 //! * `failover`: A holds, B waits, A is dropped without releasing (its renewal stops as in a crash);
 //!   reports how long after `A's last successful renewal start + ttl` B got the lease (the start
 //!   is A's deadline minus `local_validity()`). Targets: p99 ≤ 100 ms; B never holds before A's
@@ -577,6 +580,86 @@ async fn handoff<M: Maker>(maker: &M, report: &mut Report) {
             Check::at_most("handoff-median", summary.median, 10.0, "ms"),
             Check::at_most("handoff-p99", summary.p99, 50.0, "ms"),
         ],
+    );
+}
+
+/// A planned transfer: A holds, B and C wait in `acquire_within`, A calls `release_to(target)`
+/// with the target alternating between B and C. The latency is from the start of `release_to` to
+/// the target's `acquire_within` resolving `Ok(true)`; the other contender must still be waiting
+/// then (it never gets a lease left to the target). Target (issue 25): p99 ≤ 50 ms.
+async fn transfer<M: Maker>(maker: &M, report: &mut Report) {
+    let rounds = env_number("BENCH_TRANSFER_ROUNDS", 100) as usize;
+    let name = unique("transfer");
+    let leases: Vec<Arc<M::L>> = ["a", "b", "c"]
+        .iter()
+        .map(|owner| Arc::new(maker.lease(handoff_settings(&name, owner))))
+        .collect();
+    let mut latency = Vec::new();
+    let mut holder = 0;
+    // Round 0 warms up the connections and is not counted.
+    for round in 0..=rounds {
+        let target = (holder + 1 + round % 2) % 3;
+        let other = 3 - holder - target;
+        assert!(
+            leases[holder]
+                .acquire_within(Duration::from_secs(60))
+                .await
+                .expect("acquire"),
+            "the holder acquires"
+        );
+        let wait = |i: usize| {
+            let lease = Arc::clone(&leases[i]);
+            tokio::spawn(async move {
+                let got = Lease::acquire_within(&*lease, Duration::from_secs(60)).await;
+                (got, Instant::now())
+            })
+        };
+        let (to_target, to_other) = (wait(target), wait(other));
+        sleep(Duration::from_millis(fastrand::u64(300..800))).await;
+        assert!(
+            !to_target.is_finished() && !to_other.is_finished(),
+            "a contender got a held lease"
+        );
+        let start = Instant::now();
+        let target_name = leases[target].owner().to_owned();
+        assert!(
+            leases[holder]
+                .release_to(&target_name)
+                .await
+                .expect("release_to"),
+            "released to the target"
+        );
+        let (got, at) = timeout(Duration::from_secs(30), to_target)
+            .await
+            .expect("the target gets the lease within 30 s")
+            .expect("waiter task");
+        assert!(got.expect("acquire_within"), "the target got the lease");
+        assert!(
+            !to_other.is_finished(),
+            "the other contender got a lease left to the target"
+        );
+        to_other.abort();
+        if round > 0 {
+            latency.push(ms(at - start));
+        }
+        holder = target;
+    }
+    assert!(leases[holder].release().await.expect("release"));
+    let summary = summarize(&latency);
+    println!(
+        "transfer/{}: release_to() start -> the named target holds: {summary}",
+        maker.backend()
+    );
+    report.record(
+        "transfer",
+        maker.backend(),
+        maker.variant(),
+        json!({
+            "reference": "start of the holder's release_to(target)",
+            "stats": { "latency": summary.json() },
+            "values": { "ttl_ms": 10_000, "contenders": 2 },
+        }),
+        &[Check::at_most("transfer-p99", summary.p99, 50.0, "ms")],
     );
 }
 
@@ -1332,12 +1415,13 @@ async fn run<M: Maker>(maker: M, measurements: &[String], report: &mut Report) {
         let started = std::time::Instant::now();
         match m.as_str() {
             "handoff" => handoff(&maker, report).await,
+            "transfer" => transfer(&maker, report).await,
             "failover" => failover(&maker, report).await,
             "kill" => kill(&maker, report).await,
             "requests" => requests(&maker, report).await,
             "pause" => pause(&maker, report).await,
             other => panic!(
-                "unknown measurement {other:?} (handoff, failover, kill, requests, pause, all)"
+                "unknown measurement {other:?} (handoff, transfer, failover, kill, requests, pause, all)"
             ),
         }
         println!(
@@ -1360,11 +1444,13 @@ fn main() {
     }
     if measurements.iter().any(|m| m == "all") {
         measurements = if backend == "memory" {
-            vec!["handoff".into(), "failover".into()]
+            vec!["handoff".into(), "transfer".into(), "failover".into()]
         } else {
-            ["handoff", "failover", "kill", "requests", "pause"]
-                .map(String::from)
-                .to_vec()
+            [
+                "handoff", "transfer", "failover", "kill", "requests", "pause",
+            ]
+            .map(String::from)
+            .to_vec()
         };
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

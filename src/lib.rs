@@ -104,6 +104,7 @@ mod actors;
 mod backend;
 #[cfg(any(feature = "kubernetes", feature = "etcd"))]
 mod backoff;
+mod finish;
 mod group;
 mod health;
 mod lease;

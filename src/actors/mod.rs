@@ -8,6 +8,7 @@ mod lease_actor;
 mod region;
 mod sharded;
 mod singleton;
+mod singleton_messages;
 
 pub use coordinator::{
     AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,

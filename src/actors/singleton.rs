@@ -1,9 +1,7 @@
 //! [`ClusterSingletonManager`]: run one instance of an actor across a fleet, guarded by a lease.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -23,6 +21,11 @@ use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
 use crate::settings::{LeaseSettings, SettingsError};
 use crate::tenure::{TenureEnd, TenureGuard};
+
+pub use super::singleton_messages::{
+    GetSingleton, GetStatus, SetEligible, Shutdown, SingletonState, SingletonStatus,
+    TransferLeadership,
+};
 
 /// What a singleton learns when it is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,110 +142,6 @@ impl SingletonSettings {
         Ok(())
     }
 }
-
-/// Stop the singleton, wait until it stopped (at most
-/// [`stop_timeout`](SingletonSettings::stop_timeout)), release the lease, then stop the manager.
-/// Answers the release's result: `Ok(true)` when the lease is definitely released or was not
-/// held, including a claim of an acquire round that was in flight (it is finished and released
-/// first).
-///
-/// This is the way to shut a node down gracefully: await it before `System::stop` (which drops
-/// actors without running their `stopping` hooks, so the lease would only expire after its TTL).
-/// Every `Shutdown` sent before the manager has stopped gets the same answer; once it has shut
-/// down the manager is stopped, and a send to it fails with `MailboxError::Closed`.
-#[derive(Debug, Clone, Copy, Default, Message)]
-#[rtype(result = "Result<bool, LeaseError>")]
-pub struct Shutdown;
-
-/// Whether this node may run the singleton (default `true` on every node).
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct SetEligible(pub bool);
-
-/// The address of the singleton if it runs on this node.
-#[derive(Message)]
-#[rtype(result = "Option<Addr<A>>")]
-pub struct GetSingleton<A: Actor>(PhantomData<fn() -> A>);
-
-impl<A: Actor> GetSingleton<A> {
-    /// The query.
-    pub fn new() -> Self {
-        Self(PhantomData)
-    }
-}
-
-impl<A: Actor> Default for GetSingleton<A> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<A: Actor> fmt::Debug for GetSingleton<A> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GetSingleton")
-    }
-}
-
-/// What the manager is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SingletonState {
-    /// Not competing (ineligible).
-    Idle,
-    /// Competing for the lease: a round is in flight, or the next attempt is scheduled (after an
-    /// error, or after giving up on a failing singleton).
-    Acquiring,
-    /// The singleton runs on this node.
-    Running,
-    /// The singleton is being stopped.
-    Stopping,
-    /// The lease is being released (after the acquire round in flight, if any, has ended).
-    Releasing,
-    /// Shut down.
-    ShutDown,
-}
-
-/// A snapshot of a manager, for monitoring and tests.
-#[derive(Debug, Clone, PartialEq, Eq, MessageResponse)]
-pub struct SingletonStatus {
-    /// What the manager is doing.
-    pub state: SingletonState,
-    /// The fencing token the singleton runs under, when it runs here.
-    pub fencing_token: Option<FencingToken>,
-    /// How many singleton instances this manager has started.
-    pub started: u64,
-    /// How many singleton instances did not stop within the stop timeout.
-    pub unstopped: u64,
-}
-
-/// Hand leadership to the node whose lease owner is `to`, on purpose (a drain, an operator
-/// moving the leader): the manager stops the singleton, then releases the lease *to* `to`
-/// ([`Lease::release_to`]): `to` may take it at once, every other node leaves it to `to` for one
-/// TTL (then anyone may), and this node competes again like the others.
-///
-/// Answers like [`Lease::release_to`]: `Ok(true)` once the lease is released with `to` preferred,
-/// `Ok(false)` when this node was not running the singleton (nothing was handed over), or an
-/// error: an invalid target or a backend that cannot record a preference
-/// ([`LeaseError::InvalidTransferTarget`], [`LeaseError::Unsupported`]) are refused before the
-/// singleton is touched; a release that failed leaves the lease to expire by its TTL, as after a
-/// crash. A transfer asked for while a shutdown is under way answers the shutdown's result.
-#[derive(Debug, Clone, PartialEq, Eq, Message)]
-#[rtype(result = "Result<bool, LeaseError>")]
-pub struct TransferLeadership {
-    /// The owner identity of the node to hand the lease to.
-    pub to: String,
-}
-
-impl TransferLeadership {
-    /// A transfer to the node whose owner identity is `to`.
-    pub fn to(to: impl Into<String>) -> Self {
-        Self { to: to.into() }
-    }
-}
-
-/// Ask a manager for its [`SingletonStatus`].
-#[derive(Debug, Clone, Copy, Default, Message)]
-#[rtype(result = "SingletonStatus")]
-pub struct GetStatus;
 
 /// Internal: wakes the manager's context (see `stopping`).
 #[derive(Message)]
