@@ -45,6 +45,9 @@ pub struct EtcdBackend {
     preference: Mutex<Option<(i64, Instant)>>,
     /// Until when the last attempt left the key to a preferred holder (for `wait_for_change`).
     deferred_until: Mutex<Option<Instant>>,
+    /// `wait_for_change` just saw the key released to this owner, at this `mod_revision`: the
+    /// next attempt claims over it at once, without reading first.
+    preferred_here: Mutex<Option<i64>>,
     /// Claiming transactions sent.
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
@@ -413,6 +416,7 @@ impl EtcdBackend {
             seen_deleted: AtomicBool::new(false),
             preference: Mutex::new(None),
             deferred_until: Mutex::new(None),
+            preferred_here: Mutex::new(None),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             seen_held: AtomicU64::new(0),
@@ -506,6 +510,7 @@ impl EtcdBackend {
         kv: &mut KvClient,
         owner: &str,
         lease_id: i64,
+        preferred_here: Option<i64>,
     ) -> Result<Claim, EtcdError> {
         let put = || {
             TxnOp::put(
@@ -515,14 +520,13 @@ impl EtcdBackend {
             )
         };
         let get = || TxnOp::get(self.key.clone(), None);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([put()])
-            .or_else([get()]);
+        // Free: the key is absent; or, when the watch just saw it released to this owner, it
+        // still holds that release (one compare-and-swap, no read first).
+        let free = match preferred_here {
+            None => Compare::create_revision(self.key.clone(), CompareOp::Equal, 0),
+            Some(revision) => Compare::mod_revision(self.key.clone(), CompareOp::Equal, revision),
+        };
+        let txn = Txn::new().when([free]).and_then([put()]).or_else([get()]);
         let response = self.claim_txn(kv, txn, lease_id).await?;
         let revision = header_revision(&response, "claim")?;
         if response.succeeded() {
@@ -817,7 +821,13 @@ impl LeaseBackend for EtcdBackend {
         let mut kv = client.kv_client();
         let owner = settings.owner();
         for _ in 0..CLAIM_ROUNDS {
-            let just_freed = self.seen_deleted.swap(false, Ordering::Relaxed);
+            let preferred_here = self
+                .preferred_here
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let just_freed =
+                self.seen_deleted.swap(false, Ordering::Relaxed) || preferred_here.is_some();
             if !just_freed && !inner.has_usable_grant(settings) {
                 // Read before granting: a contender that finds the lease held needs no etcd lease.
                 // (Skipped right after the watch saw the key deleted: it is most likely free.)
@@ -840,7 +850,7 @@ impl LeaseBackend for EtcdBackend {
                 operation_timeout: settings.operation_timeout(),
                 armed: true,
             };
-            let claim = self.claim(&mut kv, owner, grant.id()).await;
+            let claim = self.claim(&mut kv, owner, grant.id(), preferred_here).await;
             let answered = match &claim {
                 Ok(_) => true,
                 Err(error) => matches!(
@@ -1128,11 +1138,21 @@ impl LeaseBackend for EtcdBackend {
                             self.seen_deleted.store(true, Ordering::Relaxed);
                             return;
                         }
-                        let preferred = events.iter().any(|e| {
-                            e.kv()
-                                .is_some_and(|kv| KeyContent::holder(kv.value()).is_none())
+                        let preferred = events.iter().filter_map(|e| e.kv()).find_map(|kv| {
+                            match KeyContent::parse(kv.value()) {
+                                KeyContent::Preferred { target, .. } => {
+                                    Some((target == settings.owner(), kv.mod_revision()))
+                                }
+                                KeyContent::Holder(_) => None,
+                            }
                         });
-                        if preferred {
+                        if let Some((here, revision)) = preferred {
+                            if here {
+                                *self
+                                    .preferred_here
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner()) = Some(revision);
+                            }
                             tracing::trace!(key = %self.key_lossy(), "the key was released to a preferred holder");
                             return;
                         }
