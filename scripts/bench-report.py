@@ -207,6 +207,8 @@ def t_targets(d):
         ["handoff-median"], ["handoff"])
     row("graceful handoff, p99", "≤ 50 ms", stat("handoff", "latency", "p99", 2),
         ["handoff-p99"], ["handoff"])
+    row("planned transfer to a named node (`release_to`), p99", "≤ 50 ms",
+        stat("transfer", "latency", "p99", 2), ["transfer-p99"], ["transfer"])
     row("crash failover beyond the TTL, p99 (SIGKILLed process)", "≤ 100 ms",
         stat("kill", "beyond_ttl", "p99", 1), ["failover-p99"], ["kill"])
     row("crash failover beyond the TTL, p99 (in-process drop)", "≤ 100 ms",

@@ -113,7 +113,7 @@ if [[ $mode == quick ]]; then
 else
     bench guard --bench guard -- --check
 fi
-bench handoff-memory --bench handoff -- memory handoff failover --check
+bench handoff-memory --bench handoff -- memory handoff transfer failover --check
 bench handoff-kubernetes --all-features --bench handoff -- kubernetes all --check
 bench handoff-etcd --all-features --bench handoff -- etcd all --check
 bench handoff-etcd-cluster --all-features --bench handoff -- etcd-cluster handoff failover kill --check
