@@ -65,7 +65,7 @@
 //! * Actors: [`LeaseActor`] and its messages ([`Acquire`], [`Release`], [`CheckAlive`],
 //!   [`GetTenure`], [`SubscribeLeaseLost`], …); [`ClusterSingletonManager`] with
 //!   [`SingletonInfo`], [`SingletonSettings`], [`Shutdown`], [`SetEligible`], [`GetStatus`],
-//!   [`TransferLeadership`];
+//!   [`TransferLeadership`], [`GetLeader`];
 //!   [`ShardCoordinator`] with [`RegisterRegion`], [`AllocateShard`], [`HostShard`], and
 //!   [`ShardRegion`] (a lease per hosted shard: [`HandOffShard`], [`GetHostedShards`]);
 //!   [`ShardedWorkers`] (N workers across the fleet, each exactly once: [`ShardInfo`],
@@ -127,11 +127,12 @@ pub use web::{AdminRoutes, GracefulShutdown, DEFAULT_SHUTDOWN_TIMEOUT};
 
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
-    GateState, GetFencingToken, GetGateState, GetSingleton, GetStatus, GetTenure, HostShard,
-    LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible, ShardAllocation,
-    ShardCoordinator, ShardId, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
-    SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId, TransferLeadership,
-    UnsubscribeLeaseLost, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,
+    GateState, GetFencingToken, GetGateState, GetLeader, GetSingleton, GetStatus, GetTenure,
+    HostShard, LeaderInfo, LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible,
+    ShardAllocation, ShardCoordinator, ShardId, Shutdown, SingletonInfo, SingletonSettings,
+    SingletonState, SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId,
+    TransferLeadership, UnsubscribeLeaseLost, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
     GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
@@ -201,13 +202,13 @@ pub use kubernetes::{
 pub mod prelude {
     pub use crate::{
         Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinationConfig,
-        FencingToken, GateError, GetFencingToken, GetGroupView, GetShards, GetSingleton, GetStatus,
-        GetTenure, HealthCheck, HostShard, InMemoryLease, InMemoryStore, Lease, LeaseActor,
-        LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason, RegisterRegion, Release,
-        SetEligible, ShardAllocation, ShardCoordinator, ShardInfo, ShardedWorkers, SharedLease,
-        Shutdown, SingletonInfo, SingletonSettings, SingletonState, SingletonStatus,
-        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, TransferLeadership,
-        UnsubscribeLeaseLost,
+        FencingToken, GateError, GetFencingToken, GetGroupView, GetLeader, GetShards, GetSingleton,
+        GetStatus, GetTenure, HealthCheck, HostShard, InMemoryLease, InMemoryStore, Lease,
+        LeaseActor, LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason,
+        RegisterRegion, Release, SetEligible, ShardAllocation, ShardCoordinator, ShardInfo,
+        ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
+        SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch,
+        TransferLeadership, UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
@@ -294,6 +295,8 @@ mod send_sync {
         assert_send_sync::<Shutdown>();
         assert_send_sync::<SetEligible>();
         assert_send_sync::<TransferLeadership>();
+        assert_send_sync::<GetLeader>();
+        assert_send_sync::<LeaderInfo>();
         assert_send_sync::<GetStatus>();
         assert_send_sync::<GetSingleton<LeaseActor<InMemoryLease>>>();
         // The sharding gate, the coordinator and its messages.

@@ -28,6 +28,6 @@ pub use sharded::{
     ShardedWorkers, DEFAULT_MAX_HANDOVERS,
 };
 pub use singleton::{
-    ClusterSingletonManager, GetSingleton, GetStatus, SetEligible, Shutdown, SingletonInfo,
-    SingletonSettings, SingletonState, SingletonStatus, TransferLeadership,
+    ClusterSingletonManager, GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown,
+    SingletonInfo, SingletonSettings, SingletonState, SingletonStatus, TransferLeadership,
 };

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::compete::{Competition, EndWatch, Next, RoundDone, TenureEnded};
+use crate::group::{GroupError, GroupWatch};
 use crate::health::{HealthCheck, SingletonHealth};
 use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
@@ -23,8 +24,8 @@ use crate::settings::{LeaseSettings, SettingsError};
 use crate::tenure::{TenureEnd, TenureGuard};
 
 pub use super::singleton_messages::{
-    GetSingleton, GetStatus, SetEligible, Shutdown, SingletonState, SingletonStatus,
-    TransferLeadership,
+    GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
+    SingletonStatus, TransferLeadership,
 };
 
 /// What a singleton learns when it is started.
@@ -343,6 +344,8 @@ where
     shutdown_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
     /// The [`TransferLeadership`] requests waiting for the release that hands the lease over.
     transfer_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
+    /// The watch of the lease's record that [`GetLeader`] reads, made by the first one.
+    leader_watch: Option<GroupWatch>,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -404,6 +407,7 @@ where
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             transfer_waiters: Vec::new(),
+            leader_watch: None,
             release_result: None,
             competition: None,
             instances: 0,
@@ -953,6 +957,51 @@ where
             rx.await.unwrap_or(Err(LeaseError::NoRuntime {
                 operation: crate::lease::Operation::Release,
             }))
+        })
+    }
+}
+
+impl<A, L> Handler<GetLeader> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = Option<LeaderInfo>;
+
+    fn handle(&mut self, _: GetLeader, _: &mut Self::Context) -> Option<LeaderInfo> {
+        let owner = self.lease.owner();
+        if let Phase::Running { guard, .. } = &self.phase {
+            if guard.check_alive() {
+                return Some(LeaderInfo {
+                    holder: owner.to_owned(),
+                    fencing_token: Some(guard.token()),
+                    here: true,
+                });
+            }
+        }
+        if self.leader_watch.is_none() {
+            match self.lease.watch_group(self.lease.name()) {
+                Ok(watch) => self.leader_watch = Some(watch),
+                Err(GroupError::Unsupported { .. }) => {
+                    return self.lease.observed_holder().map(|holder| LeaderInfo {
+                        here: false,
+                        holder,
+                        fencing_token: None,
+                    });
+                }
+                Err(error) => {
+                    tracing::debug!(%error, lease = %self.lease.name(), "cannot watch the lease's record to answer who leads");
+                    return None;
+                }
+            }
+        }
+        let snapshot = self.leader_watch.as_ref()?.snapshot();
+        let record = snapshot.get(self.lease.name())?;
+        let holder = record.live_holder(Instant::now())?;
+        Some(LeaderInfo {
+            holder: holder.to_owned(),
+            fencing_token: record.token,
+            here: false,
         })
     }
 }

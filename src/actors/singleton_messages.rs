@@ -111,6 +111,31 @@ impl TransferLeadership {
     }
 }
 
+/// Ask a manager who leads: the holder of the singleton's lease, its fencing token, and whether
+/// it is this node, as this node sees them now, without a request to the store.
+///
+/// The leader answers from its own tenure. Another node answers from a watch of the lease's
+/// record in the store (its group watch, [`Lease::watch_group`], started by the first
+/// `GetLeader` and kept by the manager): the holder whose claim has not expired as this process
+/// observed it, as the watch delivered it (up to the watch's delay: use it to route work to the
+/// leader, never to decide who may act). `None` when nobody holds the lease, or before the watch
+/// has listed the record. On a backend that cannot watch groups it falls back to
+/// [`Lease::observed_holder`], without a token.
+#[derive(Debug, Clone, Copy, Default, Message)]
+#[rtype(result = "Option<LeaderInfo>")]
+pub struct GetLeader;
+
+/// The leader of a singleton, as [`GetLeader`] answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The leader's owner identity.
+    pub holder: String,
+    /// The fencing token of its tenure, when known.
+    pub fencing_token: Option<FencingToken>,
+    /// Whether the leader is this node (its singleton runs here).
+    pub here: bool,
+}
+
 /// Ask a manager for its [`SingletonStatus`].
 #[derive(Debug, Clone, Copy, Default, Message)]
 #[rtype(result = "SingletonStatus")]

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    AllocateShard, ClusterSingletonManager, FencingToken, GateState, GetGateState, GetStatus,
-    HostShard, Lease, LeaseActor, RegisterRegion, ShardCoordinator, SingletonInfo, SingletonState,
+    AllocateShard, ClusterSingletonManager, FencingToken, GateState, GetGateState, GetLeader,
+    GetStatus, HostShard, LeaderInfo, Lease, LeaseActor, RegisterRegion, ShardCoordinator,
+    SingletonInfo, SingletonState, TransferLeadership,
 };
 use tokio::time::{sleep, Instant};
 
@@ -25,6 +26,7 @@ macro_rules! actor_suite {
             release_through_a_shared_lease_actor_stops_the_singleton
             release_through_another_handle_moves_the_coordinator_to_a_new_tenure
             shutdown_during_an_attempt_in_flight_releases_what_it_got
+            every_node_finds_the_leader_and_a_transfer_moves_it
         );
     };
     (@cases [$fixture:expr] [$run:path] $($case:ident)*) => {
@@ -270,6 +272,91 @@ pub async fn shutdown_during_an_attempt_in_flight_releases_what_it_got<F: Fixtur
     );
     assert!(asked.elapsed() < settings.ttl(), "{:?}", asked.elapsed());
     assert!(b.release().await.unwrap());
+}
+
+/// `GetLeader` on every node names the node that runs the singleton, with its token (the leader
+/// from its tenure, the others from the store's watch, without a request), and only the leader
+/// says it is here; a `TransferLeadership` moves the singleton to the node it names, and every
+/// node then names that one. Backends without group watches or preferences answer what they can
+/// (the last holder seen, no token) and skip the transfer.
+pub async fn every_node_finds_the_leader_and_a_transfer_moves_it<F: Fixture>(f: &F) {
+    let name = f.unique_name("leader");
+    let owners = ["n0", "n1", "n2"];
+    let life = Life::default();
+    let mut managers = Vec::new();
+    for (node, owner) in owners.iter().enumerate() {
+        let lease = Arc::new(f.lease(f.settings(&name, owner)).await);
+        managers.push((recorded_manager(lease, node, &life), *owner));
+    }
+    let within = f.settings(&name, "n0").ttl() * 3 + f.slack();
+    let mut leader = None;
+    let give_up = Instant::now() + within;
+    while leader.is_none() {
+        for (node, (manager, _)) in managers.iter().enumerate() {
+            if manager.send(GetStatus).await.unwrap().state == SingletonState::Running {
+                leader = Some(node);
+            }
+        }
+        assert!(Instant::now() < give_up, "no node runs the singleton");
+        sleep(Duration::from_millis(5)).await;
+    }
+    let mut leader = leader.unwrap();
+    let rounds = if f.watches_groups() { 2 } else { 0 };
+    for round in 0..=rounds {
+        let status = managers[leader].0.send(GetStatus).await.unwrap();
+        let token = status.fencing_token.expect("the leader has a token");
+        for (node, (manager, owner)) in managers.iter().enumerate() {
+            let expected = LeaderInfo {
+                holder: owners[leader].to_owned(),
+                fencing_token: Some(token),
+                here: node == leader,
+            };
+            if !f.watches_groups() {
+                // The fallback knows the holder at best, and no token.
+                let answer = manager.send(GetLeader).await.unwrap();
+                if node == leader {
+                    assert_eq!(answer, Some(expected), "round {round}: {owner}");
+                }
+                continue;
+            }
+            let give_up = Instant::now() + within;
+            loop {
+                let answer = manager.send(GetLeader).await.unwrap();
+                if answer.as_ref() == Some(&expected) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < give_up,
+                    "round {round}: {owner} answers {answer:?}, not {expected:?}"
+                );
+                sleep(Duration::from_millis(5)).await;
+            }
+        }
+        if round == rounds {
+            break;
+        }
+        let lease_records = f
+            .lease(f.settings(&name, "probe"))
+            .await
+            .records_preference();
+        if !lease_records {
+            break;
+        }
+        let next = (leader + 1 + round) % 3;
+        let moved = managers[leader]
+            .0
+            .send(TransferLeadership::to(owners[next]))
+            .await
+            .unwrap();
+        assert!(moved.unwrap(), "round {round}: transferred");
+        wait_for_state(&managers[next].0, SingletonState::Running, within).await;
+        leader = next;
+    }
+    assert_one_at_a_time(&life);
+    for (manager, owner) in &managers {
+        let released = manager.send(actix_coordination::Shutdown).await.unwrap();
+        assert!(released.unwrap(), "{owner} shut down");
+    }
 }
 
 /// Stops the actor it is sent to.
