@@ -17,6 +17,12 @@
 //! a resumed node runs no timer at all once its tenure ended).
 //! SIGTERM or ctrl-c stops the singleton, releases the lease and exits.
 //!
+//! `--revision REV` (and `--address ADDR`) publish the node's candidacy with that revision (and
+//! advertised address; either may also come from the environment, see `Candidate::from_env`),
+//! under the handover policy `--handover newest-revision` (the default) or `off`: a rolling update
+//! then moves the singleton once, to the new revision. With `--events FILE`, a `candidate` line
+//! says when the candidacy is published (the node is a ready candidate).
+//!
 //! `--unsafe-ignore-guard` makes the node deliberately unsafe, to show that the chaos harness
 //! catches an unsafe singleton: its work runs on a detached task (not the actor's timer) that never
 //! checks the guard, so neither the guard nor the manager, which stops the singleton actor when
@@ -29,8 +35,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_coordination::{
-    ClusterSingletonManager, CoordinationConfig, Lease, LeaseProvider, SingletonInfo,
-    SingletonSettings,
+    Candidate, ClusterSingletonManager, CoordinationConfig, HandoverPolicy, Lease, LeaseProvider,
+    SharedLease, SingletonInfo, SingletonSettings,
 };
 
 #[derive(Clone)]
@@ -150,6 +156,9 @@ struct Args {
     owner: String,
     events: Option<String>,
     unsafe_ignore_guard: bool,
+    revision: Option<String>,
+    address: Option<String>,
+    handover: HandoverPolicy,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -159,6 +168,9 @@ fn parse_args() -> Result<Args, String> {
     let mut owner = std::env::var("POD_NAME").ok();
     let mut events = None;
     let mut unsafe_ignore_guard = false;
+    let mut revision = None;
+    let mut address = None;
+    let mut handover = HandoverPolicy::NewestRevision;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -169,6 +181,15 @@ fn parse_args() -> Result<Args, String> {
             "--owner" => owner = Some(value()?),
             "--events" => events = Some(value()?),
             "--unsafe-ignore-guard" => unsafe_ignore_guard = true,
+            "--revision" => revision = Some(value()?),
+            "--address" => address = Some(value()?),
+            "--handover" => {
+                handover = match value()?.as_str() {
+                    "newest-revision" => HandoverPolicy::NewestRevision,
+                    "off" => HandoverPolicy::Off,
+                    other => return Err(format!("unknown --handover {other}")),
+                }
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -183,6 +204,9 @@ fn parse_args() -> Result<Args, String> {
         owner,
         events,
         unsafe_ignore_guard,
+        revision,
+        address,
+        handover,
     })
 }
 
@@ -221,7 +245,7 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE] [--unsafe-ignore-guard]"))?;
+    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE] [--revision REV] [--address ADDR] [--handover newest-revision|off] [--unsafe-ignore-guard]"))?;
     let config: CoordinationConfig = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
     let provider = LeaseProvider::new(config);
     let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
@@ -248,9 +272,10 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
     if unsafe_ignore_guard {
         println!("[{}] UNSAFE: the singleton ignores its guard", args.owner);
     }
-    ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Worker {
+    let worker_events = events.clone();
+    let mut manager = ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Worker {
         info: info.clone(),
-        events: events.clone(),
+        events: worker_events.clone(),
         steps: 0,
         unsafe_ignore_guard,
     })
@@ -258,9 +283,54 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         handle_signals: true,
         max_error_backoff,
         ..Default::default()
-    })
-    .start();
+    });
+    let env = Candidate::from_env();
+    let revision = args.revision.clone().or(env.revision);
+    let address = args.address.clone().or(env.address);
+    if revision.is_some() || address.is_some() {
+        let mut candidate = Candidate::new();
+        candidate.revision = revision;
+        candidate.address = address;
+        println!("[{}] candidate: {candidate:?}", args.owner);
+        let mut kept = None;
+        manager = manager
+            .candidacy(candidate, |settings| {
+                let lease = provider.lease_with_settings(&args.config_key, settings)?;
+                kept = Some(lease.clone());
+                Ok::<_, actix_coordination::ProviderError>(lease)
+            })?
+            .handover(args.handover.clone());
+        if let Some(candidacy) = kept {
+            log_candidacy(candidacy, &events, &args.owner);
+        }
+    }
+    manager.start();
     Ok(args.owner)
+}
+
+/// With `--events FILE`: a `candidate` line each time the candidacy lease is claimed (the node
+/// is then a ready candidate others can see), polled every 5 ms.
+fn log_candidacy(candidacy: SharedLease, events: &Events, owner: &str) {
+    if events.0.is_none() {
+        return;
+    }
+    let (events, owner) = (events.clone(), owner.to_owned());
+    actix_rt::spawn(async move {
+        let mut poll = tokio::time::interval(Duration::from_millis(5));
+        let mut last = None;
+        loop {
+            poll.tick().await;
+            let token = candidacy
+                .fencing_token()
+                .filter(|_| candidacy.check_alive());
+            if token != last {
+                if let Some(token) = token {
+                    events.log(&owner, "candidate", token.value(), now_ns());
+                }
+                last = token;
+            }
+        }
+    });
 }
 
 /// With `--events FILE`: one `renewal` line per successful claim or renewal of the lease, stamped

@@ -21,6 +21,17 @@
 //!   `fencing_token`, `deadline_in_ms`.
 //! * `GET /singleton`: JSON: whether the job runs here, how many runs it made, the fencing token
 //!   it last ran under.
+//! * `GET /leader`: JSON: who leads (`holder`, `fencing_token`, `here`, `address`), on every
+//!   replica (the crate's `AdminRoutes::with_leader`).
+//! * `POST /leader-only/run-now`: a leader-only route behind the crate's [`LeaderOnly`]: the
+//!   leader answers `202` with the token it acts under; another replica answers `307` to the same
+//!   path on the leader's advertised address (`curl -L` follows it).
+//!
+//! Each replica publishes its candidacy (its revision and advertised address): `--advertise URL`
+//! (default `$ACTIX_COORDINATION_ADDRESS`, else `http://` and the listen address, `0.0.0.0` read
+//! as `127.0.0.1`), `--revision REV` (default `$ACTIX_COORDINATION_REVISION`, else
+//! `$POD_TEMPLATE_HASH`). In a rolling update the leader hands over once, to the first replica of
+//! the new revision (the crate's default `HandoverPolicy::NewestRevision`).
 //!
 //! Arguments: `--config FILE` (or `$ACTIX_COORD_CONFIG`; a `CoordinationConfig` TOML; without it
 //! an in-memory lease), `--config-key KEY` (default `singleton`), `--lease NAME` (default
@@ -48,9 +59,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    describe_metrics, AdminRoutes, ClusterSingletonManager, CoordinationConfig, GetGroupView,
-    GetShards, GracefulShutdown, HealthCheck, Lease, LeaseProvider, ShardInfo, ShardedWorkers,
-    SharedLease, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND, METRICS,
+    describe_metrics, AdminRoutes, Candidate, ClusterSingletonManager, CoordinationConfig,
+    GetGroupView, GetShards, GracefulShutdown, HealthCheck, LeaderOnly, Lease, LeaseProvider,
+    ShardInfo, ShardedWorkers, SharedLease, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
+    METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -114,6 +126,8 @@ struct Args {
     lease: String,
     owner: String,
     listen: String,
+    advertise: Option<String>,
+    revision: Option<String>,
     shutdown: ShutdownBy,
     shards: usize,
 }
@@ -126,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
     let mut listen = "0.0.0.0:8080".to_owned();
     let mut shutdown = ShutdownBy::Graceful;
     let mut shards = 0;
+    let (mut advertise, mut revision) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -135,6 +150,8 @@ fn parse_args() -> Result<Args, String> {
             "--lease" => lease = value()?,
             "--owner" => owner = Some(value()?),
             "--listen" => listen = value()?,
+            "--advertise" => advertise = Some(value()?),
+            "--revision" => revision = Some(value()?),
             "--shards" => shards = value()?.parse().map_err(|e| format!("--shards: {e}"))?,
             "--shutdown" => {
                 shutdown = match value()?.as_str() {
@@ -157,6 +174,8 @@ fn parse_args() -> Result<Args, String> {
         lease,
         owner,
         listen,
+        advertise,
+        revision,
         shutdown,
         shards,
     })
@@ -215,6 +234,33 @@ async fn shards(workers: web::Data<Option<Shards>>) -> HttpResponse {
     }))
 }
 
+/// This replica's candidacy: its revision and the address other replicas redirect to.
+fn candidate(args: &Args) -> Candidate {
+    let mut candidate = Candidate::from_env();
+    if let Some(revision) = &args.revision {
+        candidate.revision = Some(revision.clone());
+    }
+    let default = || format!("http://{}", args.listen.replace("0.0.0.0", "127.0.0.1"));
+    candidate.address = args
+        .advertise
+        .clone()
+        .or(candidate.address)
+        .or_else(|| Some(default()));
+    candidate
+}
+
+/// `POST /leader-only/run-now` (behind [`LeaderOnly`]: only the leader gets here): the job's
+/// state, if the job still runs here (the tenure can end between the check and this handler).
+async fn run_now(job: web::Data<Arc<JobState>>) -> HttpResponse {
+    if !job.running.load(Ordering::SeqCst) {
+        return HttpResponse::Conflict().body("not leading any more");
+    }
+    HttpResponse::Accepted().json(serde_json::json!({
+        "runs": job.runs.load(Ordering::SeqCst),
+        "fencing_token": job.token.load(Ordering::SeqCst),
+    }))
+}
+
 async fn singleton(job: web::Data<Arc<JobState>>) -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({
         "running": job.running.load(Ordering::SeqCst),
@@ -246,7 +292,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--shards N] [--shutdown graceful|actix-web|both]";
+const USAGE: &str = "usage: web_service [--config FILE] [--config-key KEY] [--lease NAME] [--owner ID] [--listen ADDR] [--advertise URL] [--revision REV] [--shards N] [--shutdown graceful|actix-web|both]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().inspect_err(|_| eprintln!("{USAGE}"))?;
@@ -298,6 +344,9 @@ async fn serve(
         ..Default::default()
     })
     .health(&health)
+    .candidacy(candidate(&args), |settings| {
+        provider.lease_with_settings(&args.config_key, settings)
+    })?
     .start();
 
     // `--shards N` (default 0: none) partitions of work spread over the replicas, each run exactly once (group
@@ -319,7 +368,10 @@ async fn serve(
     };
 
     // The admin routes from the crate (feature `web`), and the job's own routes.
-    let admin = AdminRoutes::new(health).with_metrics(move || prometheus.render());
+    let admin = AdminRoutes::new(health)
+        .with_metrics(move || prometheus.render())
+        .with_leader(manager.clone());
+    let leader_only = LeaderOnly::new(manager.clone());
     let shards_data = web::Data::new(workers.clone());
     let mut server = HttpServer::new(move || {
         App::new()
@@ -328,6 +380,11 @@ async fn serve(
             .configure(|cfg| admin.register(cfg))
             .route("/singleton", web::get().to(singleton))
             .route("/shards", web::get().to(shards))
+            .service(
+                web::scope("/leader-only")
+                    .wrap(leader_only.clone())
+                    .route("/run-now", web::post().to(run_now)),
+            )
     })
     .workers(1)
     .shutdown_timeout(5);

@@ -45,6 +45,10 @@ pub struct GroupRecord {
     /// store removes an expired record itself (etcd: the record is deleted with its etcd lease) or
     /// no one holds it.
     pub expires_at: Option<Instant>,
+    /// What the holder wrote about itself with its claim ([`LeaseSettings::metadata`](crate::LeaseSettings::metadata));
+    /// `None` when released, or when the holder wrote none (a peer that knows nothing of it,
+    /// client-go for example).
+    pub metadata: Option<String>,
 }
 
 impl GroupRecord {
@@ -58,7 +62,14 @@ impl GroupRecord {
             holder,
             token,
             expires_at,
+            metadata: None,
         }
+    }
+
+    /// The record with the holder's metadata.
+    pub fn with_metadata(mut self, metadata: Option<String>) -> Self {
+        self.metadata = metadata;
+        self
     }
 
     /// The holder, if its claim has not expired at `now`.

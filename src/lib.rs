@@ -123,7 +123,9 @@ mod vocab;
 mod web;
 #[cfg(feature = "web")]
 #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
-pub use web::{AdminRoutes, GracefulShutdown, DEFAULT_SHUTDOWN_TIMEOUT};
+pub use web::{
+    AdminRoutes, GracefulShutdown, LeaderOnly, LeaderOnlyService, DEFAULT_SHUTDOWN_TIMEOUT,
+};
 
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
@@ -133,6 +135,11 @@ pub use actors::{
     SingletonState, SingletonStatus, Submission, SubscribeLeaseLost, SubscriptionId,
     TransferLeadership, UnsubscribeLeaseLost, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUE_WAIT,
+};
+pub use actors::{
+    CandidacyError, Candidate, HandoverPolicy, RankCandidates,
+    ADDRESS_ENV as CANDIDATE_ADDRESS_ENV, POD_TEMPLATE_HASH_ENV as CANDIDATE_POD_TEMPLATE_HASH_ENV,
+    REVISION_ENV as CANDIDATE_REVISION_ENV,
 };
 pub use actors::{
     GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
@@ -164,8 +171,9 @@ pub use provider::{
 };
 pub use settings::{
     LeaseSettings, LeaseSettingsBuilder, SettingsError, TimingConfig, DEFAULT_ACQUIRE_RETRIES,
-    DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_NAME_LEN,
-    MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN, MIN_DEFAULT_MARGIN,
+    DEFAULT_ACQUIRE_RETRY_DELAY, DEFAULT_OPERATION_TIMEOUT, DEFAULT_TTL, MAX_METADATA_LEN,
+    MAX_NAME_LEN, MAX_OWNER_LEN, MIN_ACQUIRE_RETRY_DELAY, MIN_CLOCK_DRIFT_MARGIN,
+    MIN_DEFAULT_MARGIN,
 };
 pub use shared::SharedLease;
 pub use tenure::{PublishedTenure, Tenure, TenureEnd, TenureGuard, TenurePublisher, TenureWatch};
@@ -190,6 +198,8 @@ pub use kubernetes::{
     object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
     KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSessionStats,
     KubernetesSettings, KubernetesStats, KubernetesTenure, KubernetesWatchStats,
+    HOLDER_METADATA_ANNOTATION as KUBERNETES_HOLDER_METADATA_ANNOTATION,
+    HOLDER_METADATA_OWNER_ANNOTATION as KUBERNETES_HOLDER_METADATA_OWNER_ANNOTATION,
     KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
     PREFERRED_AT_ANNOTATION as KUBERNETES_PREFERRED_AT_ANNOTATION,
     PREFERRED_HOLDER_ANNOTATION as KUBERNETES_PREFERRED_HOLDER_ANNOTATION,

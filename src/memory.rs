@@ -146,6 +146,8 @@ struct Record {
     changed: Arc<Notify>,
     /// The preferred next holder a `release_to` named, and when its window ends.
     preferred: Option<(String, Instant)>,
+    /// What the holder wrote about itself with its claim.
+    metadata: Option<String>,
 }
 
 impl Record {
@@ -256,6 +258,7 @@ impl InMemoryStore {
         record.holder = Some(owner.to_owned());
         record.expires_at = Some(Instant::now() + ttl);
         record.preferred = None;
+        record.metadata = None;
         record.changed.notify_waiters();
         let token = FencingToken::new(record.token);
         state.publish(name);
@@ -269,6 +272,7 @@ impl InMemoryStore {
             record.holder = None;
             record.expires_at = None;
             record.preferred = None;
+            record.metadata = None;
             record.changed.notify_waiters();
             state.publish(name);
         }
@@ -365,6 +369,7 @@ impl StoreState {
     fn group_record(r: &Record) -> GroupRecord {
         let token = (r.token > 0).then(|| FencingToken::new(r.token));
         GroupRecord::new(r.holder.clone(), token, r.expires_at)
+            .with_metadata(r.holder.as_ref().and(r.metadata.clone()))
     }
 
     fn snapshot(records: &HashMap<String, Record>, prefix: &str) -> GroupSnapshot {
@@ -385,6 +390,7 @@ impl Record {
             token: 0,
             changed: Arc::new(Notify::new()),
             preferred: None,
+            metadata: None,
         }
     }
 }
@@ -452,6 +458,7 @@ impl LeaseBackend for InMemoryBackend {
                         record.token += 1;
                         record.holder = Some(owner.to_owned());
                         record.expires_at = Some(now + ttl);
+                        record.metadata = settings.metadata().map(str::to_owned);
                         record.changed.notify_waiters();
                         let token = record.token;
                         state.publish(name);
@@ -627,6 +634,7 @@ impl InMemoryBackend {
                 if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
                     record.holder = None;
                     record.expires_at = None;
+                    record.metadata = None;
                     record.preferred = preferred.map(|p| (p.to_owned(), now + ttl));
                     record.changed.notify_waiters();
                     state.publish(name);

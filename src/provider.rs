@@ -330,6 +330,26 @@ impl LeaseProvider {
         self.maker(config_key, owner)?.get(name)
     }
 
+    /// A new lease with exactly `settings` (timing, metadata and all), on the backend
+    /// `config_key` configures (its backend settings; the configuration's timing is not applied),
+    /// sharing that backend's session like every lease of the provider. It is not cached: each
+    /// call builds a new instance. For leases whose settings derive from another's, such as a
+    /// [candidacy](crate::ClusterSingletonManager::candidacy):
+    /// `.candidacy(candidate, |s| provider.lease_with_settings("singleton", s))`.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError`] when the config key or the backend is unknown, or the backend's settings
+    /// are invalid.
+    pub fn lease_with_settings(
+        &self,
+        config_key: &str,
+        settings: LeaseSettings,
+    ) -> Result<SharedLease, ProviderError> {
+        self.maker(config_key, settings.owner())?
+            .create_with(settings)
+    }
+
     /// What builds the leases of `owner` configured by `config_key`, also after the provider is
     /// gone (a sharded group builds a shard's lease only while the node needs it): it resolves the
     /// configuration and the backend once, and shares the provider's cache of leases handed out.
@@ -407,6 +427,11 @@ impl LeaseMaker {
                 config_key: self.config_key.clone(),
                 source,
             })?;
+        self.create_with(settings)
+    }
+
+    fn create_with(&self, settings: LeaseSettings) -> Result<SharedLease, ProviderError> {
+        let config = &self.config;
         self.factory
             .create(settings, config.rest.get(&config.backend))
             .map_err(|source| ProviderError::InvalidBackendConfig {

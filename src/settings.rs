@@ -13,6 +13,9 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// The longest owner identity accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 512;
 
+/// The longest holder metadata accepted, in bytes (see [`LeaseSettings::metadata`]).
+pub const MAX_METADATA_LEN: usize = 4096;
+
 /// Default time to live of a lease.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Default bound on a single backend call, when it is shorter than the renewal interval.
@@ -42,13 +45,13 @@ pub enum SettingsError {
     /// The lease name or the owner is empty.
     #[error("invalid `{field}`: must not be empty")]
     Empty {
-        /// `name` or `owner`.
+        /// `name`, `owner` or `metadata`.
         field: &'static str,
     },
     /// The lease name or the owner is longer than allowed.
     #[error("invalid `{field}`: {len} bytes long, at most {max} allowed")]
     TooLong {
-        /// `name` or `owner`.
+        /// `name`, `owner` or `metadata`.
         field: &'static str,
         /// The length given.
         len: usize,
@@ -58,7 +61,7 @@ pub enum SettingsError {
     /// The lease name or the owner contains a control character.
     #[error("invalid `{field}`: contains the control character {character:?}")]
     ControlCharacter {
-        /// `name` or `owner`.
+        /// `name`, `owner` or `metadata`.
         field: &'static str,
         /// The offending character.
         character: char,
@@ -218,6 +221,7 @@ pub struct LeaseSettings {
     acquire_retries: u32,
     acquire_retry_delay: Duration,
     clock_drift_margin: Duration,
+    metadata: Option<String>,
 }
 
 impl LeaseSettings {
@@ -241,6 +245,7 @@ impl LeaseSettings {
         LeaseSettingsBuilder {
             name: name.into(),
             owner: owner.into(),
+            metadata: None,
             timing: TimingConfig::default(),
         }
     }
@@ -286,6 +291,31 @@ impl LeaseSettings {
         self.clock_drift_margin
     }
 
+    /// What this owner writes about itself with every claim (default none): an opaque string of
+    /// at most [`MAX_METADATA_LEN`] bytes without control characters, which every
+    /// [`GroupWatch`](crate::GroupWatch) of the lease shows in [`GroupRecord::metadata`](crate::GroupRecord::metadata)
+    /// for as long as this owner holds it. A candidacy's revision, start time and address travel
+    /// this way ([`Candidate`](crate::Candidate)). It is never read for exclusivity.
+    pub fn metadata(&self) -> Option<&str> {
+        self.metadata.as_deref()
+    }
+
+    /// The same settings with other holder metadata (see [`metadata`](Self::metadata)).
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] (field `metadata`) when it is empty, longer than [`MAX_METADATA_LEN`] or
+    /// contains a control character.
+    pub fn with_metadata(&self, metadata: Option<String>) -> Result<Self, SettingsError> {
+        if let Some(metadata) = &metadata {
+            check_identifier("metadata", metadata, MAX_METADATA_LEN)?;
+        }
+        Ok(Self {
+            metadata,
+            ..self.clone()
+        })
+    }
+
     /// The holder keeps the lease for this long after the start of a successful renewal:
     /// `ttl - clock_drift_margin`.
     pub fn local_validity(&self) -> Duration {
@@ -298,6 +328,7 @@ impl LeaseSettings {
         LeaseSettingsBuilder {
             name: self.name.clone(),
             owner: self.owner.clone(),
+            metadata: self.metadata.clone(),
             timing: TimingConfig {
                 ttl: Some(self.ttl),
                 renewal_interval: Some(self.renewal_interval),
@@ -330,6 +361,7 @@ impl LeaseSettings {
 pub struct LeaseSettingsBuilder {
     name: String,
     owner: String,
+    metadata: Option<String>,
     timing: TimingConfig,
 }
 
@@ -343,6 +375,12 @@ impl LeaseSettingsBuilder {
     /// The owner identity.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = owner.into();
+        self
+    }
+
+    /// What this owner writes about itself with every claim (see [`LeaseSettings::metadata`]).
+    pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.metadata = Some(metadata.into());
         self
     }
 
@@ -401,6 +439,9 @@ impl LeaseSettingsBuilder {
     pub fn build(self) -> Result<LeaseSettings, SettingsError> {
         check_identifier("name", &self.name, MAX_NAME_LEN)?;
         check_identifier("owner", &self.owner, MAX_OWNER_LEN)?;
+        if let Some(metadata) = &self.metadata {
+            check_identifier("metadata", metadata, MAX_METADATA_LEN)?;
+        }
         let t = &self.timing;
         for (field, value) in [
             ("ttl", t.ttl),
@@ -479,6 +520,7 @@ impl LeaseSettingsBuilder {
             acquire_retries: t.acquire_retries.unwrap_or(DEFAULT_ACQUIRE_RETRIES),
             acquire_retry_delay,
             clock_drift_margin,
+            metadata: self.metadata,
         })
     }
 }

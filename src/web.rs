@@ -9,7 +9,11 @@ use std::time::Duration;
 use actix::Recipient;
 use actix_web::{web, HttpResponse, Scope};
 
-use crate::actors::Shutdown;
+mod leader;
+
+pub use leader::{LeaderOnly, LeaderOnlyService};
+
+use crate::actors::{GetLeader, Shutdown};
 use crate::health::HealthCheck;
 use crate::lease::Lease;
 use crate::vocab::LeaseError;
@@ -25,7 +29,9 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// (liveness), `GET /readyz` (readiness), `GET /leases` (the [`LeaseReport`](crate::LeaseReport)s
 /// as JSON) from a [`HealthCheck`], and `GET /metrics` when given a renderer (for example a
 /// Prometheus exporter's `render`, installed with the buckets of
-/// [`MetricDescription::buckets`](crate::MetricDescription::buckets)). Failing checks answer `503` with the reason.
+/// [`MetricDescription::buckets`](crate::MetricDescription::buckets)), and `GET /leader` when
+/// given a manager ([`with_leader`](AdminRoutes::with_leader)). Failing checks answer `503` with
+/// the reason.
 ///
 /// Cheap to clone: build it once and call [`register`](AdminRoutes::register) (or
 /// [`scope`](AdminRoutes::scope)) in the `HttpServer` factory (once per worker).
@@ -34,6 +40,7 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct AdminRoutes {
     health: HealthCheck,
     metrics: Option<Render>,
+    leader: Option<Recipient<GetLeader>>,
 }
 
 impl std::fmt::Debug for AdminRoutes {
@@ -41,6 +48,7 @@ impl std::fmt::Debug for AdminRoutes {
         f.debug_struct("AdminRoutes")
             .field("health", &self.health)
             .field("metrics", &self.metrics.is_some())
+            .field("leader", &self.leader.is_some())
             .finish()
     }
 }
@@ -51,7 +59,16 @@ impl AdminRoutes {
         Self {
             health,
             metrics: None,
+            leader: None,
         }
+    }
+
+    /// Adds `GET /leader`: `200` with who leads the singleton of `manager` as JSON (`holder`,
+    /// `fencing_token`, `here`, `address`, from [`GetLeader`]), `503` when nobody leads as this
+    /// node sees it. For routes only the leader serves, see [`LeaderOnly`].
+    pub fn with_leader(mut self, manager: impl Into<Recipient<GetLeader>>) -> Self {
+        self.leader = Some(manager.into());
+        self
     }
 
     /// Adds `GET /metrics`, answering what `render` returns as Prometheus text (for example
@@ -68,6 +85,10 @@ impl AdminRoutes {
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
             .route("/leases", web::get().to(leases));
+        if let Some(manager) = &self.leader {
+            cfg.app_data(web::Data::new(manager.clone()))
+                .route("/leader", web::get().to(leader::leader));
+        }
         if let Some(render) = &self.metrics {
             let render = Arc::clone(render);
             cfg.route(

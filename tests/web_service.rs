@@ -124,11 +124,19 @@ impl Service {
 
     /// `GET path`: status and body, `None` when nothing answers.
     async fn try_get(&self, path: &str) -> Option<(u16, String)> {
+        self.try_request("GET", path)
+            .await
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// `method path` without a body: status, head and body, `None` when nothing answers.
+    async fn try_request(&self, method: &str, path: &str) -> Option<(u16, String, String)> {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
             .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
@@ -139,7 +147,14 @@ impl Service {
         let (head, body) = response.split_once("\r\n\r\n")?;
         let status = head.split_whitespace().nth(1)?.parse().ok()?;
         // Bodies come with a content length here (no chunked encoding for these routes).
-        Some((status, body.to_owned()))
+        Some((status, head.to_owned(), body.to_owned()))
+    }
+
+    /// `POST path`: status, head and body.
+    async fn post(&self, path: &str) -> (u16, String, String) {
+        self.try_request("POST", path)
+            .await
+            .unwrap_or_else(|| panic!("{} did not answer POST {path}", self.owner))
     }
 
     async fn get(&self, path: &str) -> (u16, String) {
@@ -405,6 +420,32 @@ async fn two_instances_one_leader(
         assert_eq!(service.get("/healthz").await.0, 200);
         assert_eq!(service.get("/readyz").await.0, 200);
     }
+    // Both know who leads and where (a's advertised address, from its candidacy); the leader-only
+    // route runs on a, and b redirects it there.
+    let a_address = format!("http://127.0.0.1:{}", a.port);
+    for (service, here) in [(&a, true), (&b, false)] {
+        // `503` until the replica's watch of the lease has listed it.
+        let (_, body) = until(
+            Duration::from_secs(20),
+            || service.get("/leader"),
+            |(status, body)| *status == 200 && body.contains("node-a"),
+        )
+        .await;
+        let leader: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(leader["here"], here, "{leader}");
+        assert_eq!(leader["address"], a_address.as_str(), "{leader}");
+        assert_eq!(leader["fencing_token"], first["fencing_token"], "{leader}");
+    }
+    let (status, _, body) = a.post("/leader-only/run-now").await;
+    assert_eq!(status, 202, "{body}");
+    let (status, head, body) = b.post("/leader-only/run-now?now=1").await;
+    assert_eq!(status, 307, "{head}\n{body}");
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains(&format!("location: {a_address}/leader-only/run-now?now=1")),
+        "{head}"
+    );
+    assert!(head.contains("x-leader: node-a"), "{head}");
     // The 8 partitions split 4 and 4 between the replicas; both stay ready whatever they hold.
     for service in [&a, &b] {
         let shards = until(

@@ -9,6 +9,7 @@ use actix::prelude::*;
 use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
+use super::member::Member;
 use super::singleton::{
     ClusterSingletonManager, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
 };
@@ -169,13 +170,6 @@ pub struct GroupView {
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Reconcile;
-
-/// The trivial actor a member lease "runs": holding the member lease is the membership.
-struct Member;
-
-impl Actor for Member {
-    type Context = Context<Self>;
-}
 
 pub(super) type WorkerFactory<A> = Rc<dyn Fn(&ShardInfo, &mut Context<A>) -> A>;
 

@@ -16,12 +16,15 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::compete::{Competition, EndWatch, Next, RoundDone, TenureEnded};
-use crate::group::{GroupError, GroupWatch};
+use crate::group::GroupWatch;
 use crate::health::{HealthCheck, SingletonHealth};
 use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
 use crate::settings::{LeaseSettings, SettingsError};
 use crate::tenure::{TenureEnd, TenureGuard};
+
+mod candidacy;
+mod handlers;
 
 pub use super::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
@@ -346,6 +349,12 @@ where
     transfer_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
     /// The watch of the lease's record that [`GetLeader`] reads, made by the first one.
     leader_watch: Option<GroupWatch>,
+    /// This node's candidacy, if it publishes one.
+    candidacy: Option<candidacy::Candidacy<L>>,
+    /// How candidates are ranked (with a candidacy).
+    policy: crate::actors::candidacy::HandoverPolicy,
+    /// A better candidate is live: this node does not compete.
+    deferring: bool,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -408,6 +417,9 @@ where
             shutdown_waiters: Vec::new(),
             transfer_waiters: Vec::new(),
             leader_watch: None,
+            candidacy: None,
+            policy: Default::default(),
+            deferring: false,
             release_result: None,
             competition: None,
             instances: 0,
@@ -471,7 +483,7 @@ where
     }
 
     fn competing(&self) -> bool {
-        self.eligible && !self.shutting_down
+        self.eligible && !self.shutting_down && !self.deferring
     }
 
     fn competition(&mut self) -> &mut Competition<L> {
@@ -490,6 +502,11 @@ where
 
     /// Competes: an acquire round after `delay` (see [`SingletonSettings`]).
     fn compete(&mut self, delay: Duration, ctx: &mut Context<Self>) {
+        if self.deferring {
+            // A better candidate is live: wait for `reconsider` to say otherwise.
+            self.phase = Phase::Idle;
+            return;
+        }
         self.phase = Phase::Acquiring;
         let me = ctx.address().downgrade().recipient();
         self.competition().start(delay, me);
@@ -648,8 +665,13 @@ where
         let lease = Arc::clone(&self.lease);
         let to = match &then {
             AfterStop::Transfer { to } => Some(to.clone()),
+            // A leader on its way out hands over to the best remaining candidate.
+            AfterStop::Shutdown if self.lease.check_alive() => self.shutdown_target(),
             _ => None,
         };
+        if let (AfterStop::Shutdown, Some(to)) = (&then, &to) {
+            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease to the best other candidate");
+        }
         ctx.spawn(
             wrap_future::<_, Self>(async move {
                 match to {
@@ -698,7 +720,8 @@ where
         self.shutting_down = true;
         self.with_health(|h| h.shutting_down = true);
         tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
-        self.stop_singleton(AfterStop::Shutdown, ctx);
+        // A candidate withdraws first, so that nobody hands it the lease on its way out.
+        self.withdraw_then(ctx, |act, ctx| act.stop_singleton(AfterStop::Shutdown, ctx));
     }
 
     /// Answers every pending [`TransferLeadership`] with `result`: the release that ended the
@@ -753,6 +776,7 @@ where
                 }),
             );
         }
+        self.start_candidacy(ctx);
         if self.competing() {
             self.compete(Duration::ZERO, ctx);
         }
@@ -811,6 +835,9 @@ where
         }
         self.phase = Phase::Idle;
         match self.competition().next(done.result) {
+            Next::Acquired(_) if self.shutting_down => {
+                // Withdrawing on the way out: the shutdown that follows releases it unstarted.
+            }
             Next::Acquired(guard) => {
                 self.restarts.clear();
                 self.restart_count = 0;
@@ -897,171 +924,6 @@ where
                 }
             }
             _ => {}
-        }
-    }
-}
-
-impl<A, L> Handler<Shutdown> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = ResponseFuture<Result<bool, LeaseError>>;
-
-    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) -> Self::Result {
-        if let Some(result) = &self.release_result {
-            let result = result.clone();
-            return Box::pin(async move { result });
-        }
-        let (tx, rx) = oneshot::channel();
-        self.shutdown_waiters.push(tx);
-        self.begin_shutdown(ctx);
-        Box::pin(async move {
-            // The manager answers every waiter before it stops; a dropped sender means it was
-            // dropped without a graceful shutdown (`System::stop`).
-            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
-                operation: crate::lease::Operation::Release,
-            }))
-        })
-    }
-}
-
-impl<A, L> Handler<TransferLeadership> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = ResponseFuture<Result<bool, LeaseError>>;
-
-    fn handle(
-        &mut self,
-        TransferLeadership { to }: TransferLeadership,
-        ctx: &mut Self::Context,
-    ) -> Self::Result {
-        if let Some(result) = &self.release_result {
-            let result = result.clone();
-            return Box::pin(async move { result });
-        }
-        if let Err(error) = crate::lease::check_transfer_target(&*self.lease, &to) {
-            return Box::pin(async move { Err(error) });
-        }
-        let leading = matches!(self.phase, Phase::Running { .. } | Phase::Stopping { .. });
-        if !leading && !self.shutting_down {
-            return Box::pin(async { Ok(false) });
-        }
-        tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "transferring leadership: stopping the singleton, then releasing the lease to the preferred owner");
-        let (tx, rx) = oneshot::channel();
-        self.transfer_waiters.push(tx);
-        self.stop_singleton(AfterStop::Transfer { to }, ctx);
-        Box::pin(async move {
-            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
-                operation: crate::lease::Operation::Release,
-            }))
-        })
-    }
-}
-
-impl<A, L> Handler<GetLeader> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = Option<LeaderInfo>;
-
-    fn handle(&mut self, _: GetLeader, _: &mut Self::Context) -> Option<LeaderInfo> {
-        let owner = self.lease.owner();
-        if let Phase::Running { guard, .. } = &self.phase {
-            if guard.check_alive() {
-                return Some(LeaderInfo {
-                    holder: owner.to_owned(),
-                    fencing_token: Some(guard.token()),
-                    here: true,
-                });
-            }
-        }
-        if self.leader_watch.is_none() {
-            match self.lease.watch_group(self.lease.name()) {
-                Ok(watch) => self.leader_watch = Some(watch),
-                Err(GroupError::Unsupported { .. }) => {
-                    return self.lease.observed_holder().map(|holder| LeaderInfo {
-                        here: false,
-                        holder,
-                        fencing_token: None,
-                    });
-                }
-                Err(error) => {
-                    tracing::debug!(%error, lease = %self.lease.name(), "cannot watch the lease's record to answer who leads");
-                    return None;
-                }
-            }
-        }
-        let snapshot = self.leader_watch.as_ref()?.snapshot();
-        let record = snapshot.get(self.lease.name())?;
-        let holder = record.live_holder(Instant::now())?;
-        Some(LeaderInfo {
-            holder: holder.to_owned(),
-            fencing_token: record.token,
-            here: false,
-        })
-    }
-}
-
-impl<A, L> Handler<SetEligible> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = ();
-
-    fn handle(&mut self, SetEligible(eligible): SetEligible, ctx: &mut Self::Context) {
-        self.with_health(|h| h.eligible = eligible);
-        if self.eligible == eligible || self.shutting_down {
-            self.eligible = eligible;
-            return;
-        }
-        self.eligible = eligible;
-        if eligible {
-            if matches!(self.phase, Phase::Idle) {
-                self.compete(Duration::ZERO, ctx);
-            }
-        } else {
-            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
-            self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
-        }
-    }
-}
-
-impl<A, L> Handler<GetSingleton<A>> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = Option<Addr<A>>;
-
-    fn handle(&mut self, _: GetSingleton<A>, _: &mut Self::Context) -> Option<Addr<A>> {
-        match &self.phase {
-            Phase::Running { addr, .. } => Some(addr.clone()),
-            _ => None,
-        }
-    }
-}
-
-impl<A, L> Handler<GetStatus> for ClusterSingletonManager<A, L>
-where
-    A: Actor<Context = Context<A>>,
-    L: Lease,
-{
-    type Result = SingletonStatus;
-
-    fn handle(&mut self, _: GetStatus, _: &mut Self::Context) -> SingletonStatus {
-        SingletonStatus {
-            state: self.state(),
-            fencing_token: match &self.phase {
-                Phase::Running { guard, .. } => Some(guard.token()),
-                _ => None,
-            },
-            started: self.instances,
-            unstopped: self.unstopped,
         }
     }
 }

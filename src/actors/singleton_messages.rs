@@ -86,8 +86,9 @@ pub struct SingletonStatus {
     pub unstopped: u64,
 }
 
-/// Hand leadership to the node whose lease owner is `to`, on purpose (a drain, an operator
-/// moving the leader): the manager stops the singleton, then releases the lease *to* `to`
+/// Hand leadership to the node whose lease owner is `to` ([`to`](Self::to)), or to the best other
+/// live candidate ([`to_best`](Self::to_best)), on purpose (a drain, an operator moving the
+/// leader): the manager stops the singleton, then releases the lease *to* `to`
 /// ([`Lease::release_to`]): `to` may take it at once, every other node leaves it to `to` for one
 /// TTL (then anyone may), and this node competes again like the others.
 ///
@@ -97,17 +98,31 @@ pub struct SingletonStatus {
 /// ([`LeaseError::InvalidTransferTarget`], [`LeaseError::Unsupported`]) are refused before the
 /// singleton is touched; a release that failed leaves the lease to expire by its TTL, as after a
 /// crash. A transfer asked for while a shutdown is under way answers the shutdown's result.
+///
+/// [`to_best`](Self::to_best) picks, among the live candidates other than this node (see
+/// [`ClusterSingletonManager::candidacy`](crate::ClusterSingletonManager::candidacy)), the best
+/// under the manager's [`HandoverPolicy`](crate::HandoverPolicy) (with
+/// [`HandoverPolicy::Off`](crate::HandoverPolicy::Off): the earliest started); it answers
+/// `Ok(false)` and changes nothing when the manager has no candidacy or sees no other live
+/// candidate.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "Result<bool, LeaseError>")]
 pub struct TransferLeadership {
-    /// The owner identity of the node to hand the lease to.
-    pub to: String,
+    /// The owner identity of the node to hand the lease to; `None`: the best other candidate.
+    pub to: Option<String>,
 }
 
 impl TransferLeadership {
     /// A transfer to the node whose owner identity is `to`.
     pub fn to(to: impl Into<String>) -> Self {
-        Self { to: to.into() }
+        Self {
+            to: Some(to.into()),
+        }
+    }
+
+    /// A transfer to the best other live candidate.
+    pub fn to_best() -> Self {
+        Self { to: None }
     }
 }
 
@@ -127,6 +142,7 @@ pub struct GetLeader;
 
 /// The leader of a singleton, as [`GetLeader`] answers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaderInfo {
     /// The leader's owner identity.
     pub holder: String,
@@ -134,6 +150,27 @@ pub struct LeaderInfo {
     pub fencing_token: Option<FencingToken>,
     /// Whether the leader is this node (its singleton runs here).
     pub here: bool,
+    /// The leader's advertised address, from its candidacy
+    /// ([`Candidate::address`](crate::Candidate::address)); `None` when this manager has no
+    /// candidacy, or the leader published none.
+    pub address: Option<String>,
+}
+
+impl LeaderInfo {
+    /// A leader (for tests and custom answers).
+    pub fn new(
+        holder: impl Into<String>,
+        fencing_token: Option<FencingToken>,
+        here: bool,
+        address: Option<String>,
+    ) -> Self {
+        Self {
+            holder: holder.into(),
+            fencing_token,
+            here,
+            address,
+        }
+    }
 }
 
 /// Ask a manager for its [`SingletonStatus`].

@@ -176,7 +176,8 @@ struct Current {
 /// A claim that was sent and never answered: it may have been applied.
 #[derive(Debug)]
 struct Unanswered {
-    owner: String,
+    /// The value the claim wrote (the owner, and its metadata).
+    value: Vec<u8>,
     lease_id: i64,
 }
 
@@ -300,7 +301,7 @@ async fn remove_claim(
             let Some(current) = response.kvs().first() else {
                 return Ok(Removed::NotThere);
             };
-            let ours = current.value() == unanswered.owner.as_bytes()
+            let ours = current.value() == unanswered.value.as_slice()
                 && current.lease() == unanswered.lease_id
                 && claims.current_token() != Some(token_of(current.mod_revision()));
             if !ours {
@@ -308,7 +309,7 @@ async fn remove_claim(
             }
             let compare = vec![
                 Compare::mod_revision(key.clone(), CompareOp::Equal, current.mod_revision()),
-                Compare::value(key.clone(), CompareOp::Equal, unanswered.owner.as_bytes()),
+                Compare::value(key.clone(), CompareOp::Equal, unanswered.value.clone()),
                 Compare::lease(key.clone(), CompareOp::Equal, unanswered.lease_id),
             ];
             return delete_if(&mut kv, claims, key, compare).await;
@@ -342,7 +343,7 @@ struct ClaimGuard {
     claims: Arc<Claims>,
     client: Client,
     grant: Arc<Grant>,
-    owner: String,
+    value: Vec<u8>,
     sent: Instant,
     ttl: Duration,
     operation_timeout: Duration,
@@ -361,7 +362,7 @@ impl Drop for ClaimGuard {
             return;
         }
         let unanswered = Arc::new(Unanswered {
-            owner: self.owner.clone(),
+            value: self.value.clone(),
             lease_id: self.grant.id(),
         });
         self.claims.lock_unanswered().push(Arc::clone(&unanswered));
@@ -509,13 +510,14 @@ impl EtcdBackend {
         &self,
         kv: &mut KvClient,
         owner: &str,
+        value: &[u8],
         lease_id: i64,
         preferred_here: Option<i64>,
     ) -> Result<Claim, EtcdError> {
         let put = || {
             TxnOp::put(
                 self.key.clone(),
-                owner,
+                value,
                 Some(PutOptions::new().with_lease(lease_id)),
             )
         };
@@ -820,6 +822,7 @@ impl LeaseBackend for EtcdBackend {
         let client = inner.client().await?;
         let mut kv = client.kv_client();
         let owner = settings.owner();
+        let value = KeyContent::held_by(owner, settings.metadata());
         for _ in 0..CLAIM_ROUNDS {
             let preferred_here = self
                 .preferred_here
@@ -844,13 +847,15 @@ impl LeaseBackend for EtcdBackend {
                 claims: Arc::clone(&self.claims),
                 client: client.clone(),
                 grant: Arc::clone(&grant),
-                owner: owner.to_owned(),
+                value: value.clone(),
                 sent: Instant::now(),
                 ttl: settings.ttl(),
                 operation_timeout: settings.operation_timeout(),
                 armed: true,
             };
-            let claim = self.claim(&mut kv, owner, grant.id(), preferred_here).await;
+            let claim = self
+                .claim(&mut kv, owner, &value, grant.id(), preferred_here)
+                .await;
             let answered = match &claim {
                 Ok(_) => true,
                 Err(error) => matches!(

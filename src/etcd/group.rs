@@ -184,7 +184,10 @@ fn record(kv: &KeyValue) -> GroupRecord {
     let holder = (!kv.value().is_empty())
         .then(|| super::value::KeyContent::holder(kv.value()))
         .flatten();
-    GroupRecord::new(holder, Some(token_of(kv.mod_revision())), None)
+    let metadata = holder
+        .as_ref()
+        .and_then(|_| super::value::KeyContent::metadata(kv.value()));
+    GroupRecord::new(holder, Some(token_of(kv.mod_revision())), None).with_metadata(metadata)
 }
 
 /// How a round of list and watch ended.

@@ -6,6 +6,10 @@
 //! `\0preferred-holder\0<window in milliseconds>\0<target>`, still attached to the releasing
 //! owner's etcd lease (so it goes when that process does). Owner identities never contain a
 //! control character, so no holder's value can be mistaken for a preference.
+//!
+//! A holder with [metadata](crate::LeaseSettings::metadata) writes `<owner>\0<metadata>`: what
+//! precedes the first NUL is the holder (a peer that splits nothing still reads its identity
+//! first).
 
 use std::time::Duration;
 
@@ -43,7 +47,27 @@ impl KeyContent {
                 };
             }
         }
-        KeyContent::Holder(String::from_utf8_lossy(value).into_owned())
+        let owner = value.split(|b| *b == 0).next().unwrap_or_default();
+        KeyContent::Holder(String::from_utf8_lossy(owner).into_owned())
+    }
+
+    /// The value a claim by `owner` writes, with its metadata.
+    pub(super) fn held_by(owner: &str, metadata: Option<&str>) -> Vec<u8> {
+        let mut value = owner.as_bytes().to_vec();
+        if let Some(metadata) = metadata {
+            value.push(0);
+            value.extend_from_slice(metadata.as_bytes());
+        }
+        value
+    }
+
+    /// The metadata a holder's value carries.
+    pub(super) fn metadata(value: &[u8]) -> Option<String> {
+        if value.starts_with(TAG) {
+            return None;
+        }
+        let at = value.iter().position(|b| *b == 0)?;
+        Some(String::from_utf8_lossy(&value[at + 1..]).into_owned())
     }
 
     /// The holder a value names; `None` for a preference (the key is free).
@@ -80,10 +104,19 @@ mod tests {
         );
         assert_eq!(KeyContent::holder(&value), None);
         assert_eq!(KeyContent::holder(b"node-a"), Some("node-a".into()));
+        let held = KeyContent::held_by("node-a", Some(r#"{"revision":"v2"}"#));
+        assert_eq!(KeyContent::holder(&held), Some("node-a".into()));
+        assert_eq!(
+            KeyContent::metadata(&held).as_deref(),
+            Some(r#"{"revision":"v2"}"#)
+        );
+        assert_eq!(KeyContent::held_by("node-a", None), b"node-a");
+        assert_eq!(KeyContent::metadata(b"node-a"), None);
+        assert_eq!(KeyContent::metadata(&value), None);
         // Malformed: read as a holder (never as free).
         assert_eq!(
             KeyContent::parse(b"\0preferred-holder\0x"),
-            KeyContent::Holder("\0preferred-holder\0x".into())
+            KeyContent::Holder(String::new())
         );
     }
 }

@@ -74,7 +74,8 @@ impl Seen {
             lease: LeaseOf::of(object, lease),
             version,
             first_seen,
-            record: GroupRecord::new(holder, token, expires_at),
+            record: GroupRecord::new(holder, token, expires_at)
+                .with_metadata(super::record::metadata_of(lease).map(str::to_owned)),
         })
     }
 }

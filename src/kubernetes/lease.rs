@@ -25,6 +25,8 @@ use super::KubernetesSession;
 /// | `metadata.annotations["actix-coordination/lease-name"]` | the original lease name |
 /// | `metadata.annotations["actix-coordination/preferred-holder"]` | after a [`release_to`](crate::Lease::release_to): the preferred next holder; removed by the next claim |
 /// | `metadata.annotations["actix-coordination/preferred-at-transitions"]` | the `leaseTransitions` of that release: the preference holds only while the free object still shows it |
+/// | `metadata.annotations["actix-coordination/holder-metadata"]` | the holder's [`metadata`](crate::LeaseSettings::metadata), written with its claim, removed by a release |
+/// | `metadata.annotations["actix-coordination/holder-metadata-owner"]` | the owner that wrote it: the metadata counts only while it names the holder |
 /// | `spec.preferredHolder`, `spec.strategy` | the same preference (`OldestEmulationVersion`), where the API server keeps them |
 ///
 /// ```text

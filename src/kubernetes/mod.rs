@@ -35,7 +35,10 @@ pub use error::KubernetesError;
 pub use lease::KubernetesLease;
 pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
 pub use provider::provider_factory;
-pub use record::{PREFERRED_AT_ANNOTATION, PREFERRED_HOLDER_ANNOTATION};
+pub use record::{
+    HOLDER_METADATA_ANNOTATION, HOLDER_METADATA_OWNER_ANNOTATION, PREFERRED_AT_ANNOTATION,
+    PREFERRED_HOLDER_ANNOTATION,
+};
 pub use session::{KubernetesSession, KubernetesSessionStats};
 pub use settings::KubernetesSettings;
 pub use watch::{KubernetesWatchStats, WATCH_FLOOR};

@@ -25,6 +25,15 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "actix-coordination/preferred-hold
 /// count on).
 pub const PREFERRED_AT_ANNOTATION: &str = "actix-coordination/preferred-at-transitions";
 
+/// The annotation holding what the holder wrote about itself with its claim
+/// ([`LeaseSettings::metadata`]); it counts only while
+/// [`HOLDER_METADATA_OWNER_ANNOTATION`] names the object's holder.
+pub const HOLDER_METADATA_ANNOTATION: &str = "actix-coordination/holder-metadata";
+
+/// The annotation naming the owner that wrote [`HOLDER_METADATA_ANNOTATION`]: a client that
+/// knows nothing of it (client-go) claims without removing it, and its claim names another holder.
+pub const HOLDER_METADATA_OWNER_ANNOTATION: &str = "actix-coordination/holder-metadata-owner";
+
 /// The `spec.strategy` written with `spec.preferredHolder` (the API server accepts a preferred
 /// holder only with a strategy, and this is the only one it knows).
 const PREFERRED_STRATEGY: &str = "OldestEmulationVersion";
@@ -49,7 +58,7 @@ impl KubernetesBackend {
     /// A new object claimed by `settings.owner()`.
     pub(super) fn new_object(&self, settings: &LeaseSettings) -> LeaseObject {
         let now = now_micro();
-        LeaseObject {
+        let mut object = LeaseObject {
             metadata: ObjectMeta {
                 name: Some(self.object.clone()),
                 namespace: Some(self.namespace.clone()),
@@ -71,7 +80,9 @@ impl KubernetesBackend {
                 lease_transitions: Some(1),
                 ..LeaseSpec::default()
             }),
-        }
+        };
+        set_metadata(&mut object, settings);
+        object
     }
 
     /// `current` claimed by `settings.owner()` as a new tenure.
@@ -92,6 +103,7 @@ impl KubernetesBackend {
             .get_or_insert_with(BTreeMap::new)
             .insert(LEASE_NAME_ANNOTATION.to_owned(), self.name.clone());
         clear_preference(&mut current);
+        set_metadata(&mut current, settings);
         let now = now_micro();
         let spec = current.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(settings.owner().to_owned());
@@ -144,7 +156,45 @@ pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = None;
     spec.renew_time = Some(now_micro());
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove(HOLDER_METADATA_ANNOTATION);
+        annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
+    }
     lease
+}
+
+/// Writes the claiming owner's metadata (or removes a previous holder's).
+fn set_metadata(lease: &mut LeaseObject, settings: &LeaseSettings) {
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match settings.metadata() {
+        Some(metadata) => {
+            annotations.insert(HOLDER_METADATA_ANNOTATION.to_owned(), metadata.to_owned());
+            annotations.insert(
+                HOLDER_METADATA_OWNER_ANNOTATION.to_owned(),
+                settings.owner().to_owned(),
+            );
+        }
+        None => {
+            annotations.remove(HOLDER_METADATA_ANNOTATION);
+            annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
+        }
+    }
+}
+
+/// What the holder wrote about itself with its claim, if the holder wrote it.
+pub(super) fn metadata_of(lease: &LeaseObject) -> Option<&str> {
+    let holder = holder_of(lease)?;
+    let annotations = lease.metadata.annotations.as_ref()?;
+    if annotations
+        .get(HOLDER_METADATA_OWNER_ANNOTATION)
+        .map(String::as_str)
+        != Some(holder)
+    {
+        return None;
+    }
+    annotations
+        .get(HOLDER_METADATA_ANNOTATION)
+        .map(String::as_str)
 }
 
 /// `lease` without a holder, naming `preferred` as the next holder: in the annotations (which

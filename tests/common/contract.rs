@@ -792,3 +792,45 @@ pub async fn a_preference_nobody_takes_up_lapses_after_one_ttl<F: Fixture>(f: &F
     assert!(c.fencing_token().unwrap() > token_a);
     assert!(c.release().await.unwrap());
 }
+
+/// A holder's metadata ([`LeaseSettings::metadata`]) shows in every group watch of the lease for
+/// as long as it holds it: gone with a release, and never carried over to a next holder that
+/// wrote none.
+///
+/// [`LeaseSettings::metadata`]: actix_coordination::LeaseSettings::metadata
+pub async fn group_watch_shows_the_holders_metadata<F: Fixture>(f: &F) {
+    if !f.watches_groups() {
+        return; // the case above checks that such a backend says so
+    }
+    let group = f.unique_name("meta");
+    let name = format!("{group}-0");
+    let a = lease_with(f, &name, "a", |b| b.metadata(r#"{"revision":"v2"}"#)).await;
+    let b = lease(f, &name, "b").await;
+    let mut watch = a.watch_group(&format!("{group}-")).expect("group watch");
+    let within = f.settings(&name, "a").ttl() * 4 + f.slack() + Duration::from_secs(10);
+    group_until(&mut watch, within, "synced", |s, _| s.is_synced()).await;
+    let metadata =
+        |s: &actix_coordination::GroupSnapshot| s.get(&name).and_then(|r| r.metadata.clone());
+
+    assert!(a.acquire().await.unwrap());
+    let seen = group_until(&mut watch, within, "a with its metadata", |s, now| {
+        s.live_holder(&name, now) == Some("a")
+    })
+    .await;
+    assert_eq!(metadata(&seen).as_deref(), Some(r#"{"revision":"v2"}"#));
+
+    assert!(a.release().await.unwrap());
+    let seen = group_until(&mut watch, within, "a's release", |s, now| {
+        s.live_holder(&name, now).is_none()
+    })
+    .await;
+    assert_eq!(metadata(&seen), None, "released: no metadata: {seen:?}");
+
+    assert!(b.acquire().await.unwrap());
+    let seen = group_until(&mut watch, within, "b", |s, now| {
+        s.live_holder(&name, now) == Some("b")
+    })
+    .await;
+    assert_eq!(metadata(&seen), None, "b wrote none: {seen:?}");
+    assert!(b.release().await.unwrap());
+}

@@ -83,6 +83,7 @@ macro_rules! contract_suite {
             group_watch_shows_holders_releases_and_expiries
             release_to_hands_the_lease_to_the_preferred_owner
             a_preference_nobody_takes_up_lapses_after_one_ttl
+            group_watch_shows_the_holders_metadata
         );
     };
     (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {

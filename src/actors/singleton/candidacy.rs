@@ -1,0 +1,277 @@
+//! The manager's candidacy: publishing it, reading the other candidates, and applying the
+//! handover policy (see [`crate::actors::candidacy`] for the model).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{AfterStop, ClusterSingletonManager, Phase, SingletonSettings};
+use crate::actors::candidacy::{live_candidates, CandidacyError, Candidate, HandoverPolicy};
+use crate::actors::member::Member;
+use crate::actors::singleton_messages::{SetEligible, Shutdown};
+use crate::group::GroupWatch;
+use crate::lease::Lease;
+use crate::settings::LeaseSettings;
+use crate::vocab::BoxError;
+
+/// A manager's candidacy: its own candidacy lease and the watch of every candidacy.
+pub(super) struct Candidacy<L: Lease> {
+    me: Candidate,
+    lease: Arc<L>,
+    prefix: String,
+    watch: GroupWatch,
+    /// Holds the candidacy lease while the node competes; started with the manager.
+    holder: Option<Addr<ClusterSingletonManager<Member, L>>>,
+    /// Tells the manager when the candidates change (aborted when dropped).
+    feed: Option<AbortOnDrop>,
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Internal: the candidates changed (or one's claim expired): apply the policy.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct Reconsider;
+
+impl<A, L> Handler<Reconsider> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, _: Reconsider, ctx: &mut Self::Context) {
+        self.reconsider(ctx);
+    }
+}
+
+impl<A, L> ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    /// Publishes this node's candidacy for the singleton's lease `L` (see
+    /// [`HandoverPolicy`] for what the managers do with it): while the node competes, it holds
+    /// its candidacy lease `L-candidate-<owner>`, whose claim carries `candidate` (its owner is
+    /// filled in from the lease). `lease_for(settings)` builds that lease from `settings` (the
+    /// singleton lease's own, with the candidacy's name and metadata) on the same store:
+    /// `|s| Ok::<_, Infallible>(store.lease(s))`, `|s| Ok::<_, Infallible>(session.lease(s))`.
+    ///
+    /// Call it inside the runtime that will run the manager (the candidates' watch starts here).
+    /// The policy is [`HandoverPolicy::NewestRevision`] unless [`handover`](Self::handover) says
+    /// otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`CandidacyError`] when the candidacy's settings are invalid, `lease_for` fails or builds
+    /// another lease, or the backend cannot watch groups.
+    pub fn candidacy<E: Into<BoxError>>(
+        mut self,
+        mut candidate: Candidate,
+        lease_for: impl FnOnce(LeaseSettings) -> Result<L, E>,
+    ) -> Result<Self, CandidacyError> {
+        let (name, owner) = (self.lease.name(), self.lease.owner().to_owned());
+        let prefix = format!("{name}-candidate-");
+        let candidacy_name = format!("{prefix}{owner}");
+        candidate.owner = owner.clone();
+        let settings = self
+            .lease
+            .settings()
+            .to_builder()
+            .name(&candidacy_name)
+            .metadata(candidate.to_metadata())
+            .build()
+            .map_err(|source| CandidacyError::Settings {
+                name: candidacy_name.clone(),
+                source,
+            })?;
+        let lease = lease_for(settings).map_err(|e| CandidacyError::Build {
+            name: candidacy_name.clone(),
+            source: e.into(),
+        })?;
+        if lease.name() != candidacy_name || lease.owner() != owner {
+            return Err(CandidacyError::WrongLease {
+                got_name: lease.name().to_owned(),
+                got_owner: lease.owner().to_owned(),
+                name: candidacy_name,
+                owner,
+            });
+        }
+        let watch = lease
+            .watch_group(&prefix)
+            .map_err(|source| CandidacyError::Watch {
+                lease: name.to_owned(),
+                source,
+            })?;
+        self.candidacy = Some(Candidacy {
+            me: candidate,
+            lease: Arc::new(lease),
+            prefix,
+            watch,
+            holder: None,
+            feed: None,
+        });
+        Ok(self)
+    }
+
+    /// The handover policy (default [`HandoverPolicy::NewestRevision`]); it applies only with a
+    /// [`candidacy`](Self::candidacy).
+    pub fn handover(mut self, policy: HandoverPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Starts holding the candidacy lease (if the node competes) and reading the candidates.
+    pub(super) fn start_candidacy(&mut self, ctx: &mut Context<Self>) {
+        let competing = self.competing();
+        let max_error_backoff = self.settings.max_error_backoff;
+        let me = ctx.address().downgrade();
+        let Some(candidacy) = self.candidacy.as_mut() else {
+            return;
+        };
+        let mut holder =
+            ClusterSingletonManager::from_arc(Arc::clone(&candidacy.lease), |_, _| Member)
+                .settings(SingletonSettings {
+                    max_error_backoff,
+                    ..SingletonSettings::default()
+                });
+        if !competing {
+            holder = holder.not_eligible();
+        }
+        candidacy.holder = Some(holder.start());
+        // Who leads is asked for with a candidacy (it answers where the leader is): watch it now.
+        if self.leader_watch.is_none() {
+            self.leader_watch = self.lease.watch_group(self.lease.name()).ok();
+        }
+        let mut watch = candidacy.watch.clone();
+        candidacy.feed = Some(AbortOnDrop(actix_rt::spawn(async move {
+            loop {
+                let snapshot = watch.snapshot_and_mark();
+                match me.upgrade() {
+                    Some(manager) => manager.do_send(Reconsider),
+                    None => return,
+                }
+                let wake = snapshot.next_expiry(Instant::now());
+                tokio::select! {
+                    changed = watch.changed() => if changed.is_err() { return },
+                    () = async {
+                        match wake {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                }
+            }
+        })));
+    }
+
+    /// Tells the candidacy lease's holder whether to hold it.
+    pub(super) fn candidacy_eligible(&self, eligible: bool) {
+        if let Some(holder) = self.candidacy.as_ref().and_then(|c| c.holder.as_ref()) {
+            holder.do_send(SetEligible(eligible));
+        }
+    }
+
+    /// Withdraws the candidacy (releases its lease), then does `then`; at once without one.
+    pub(super) fn withdraw_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, &mut Context<Self>) + 'static,
+    ) {
+        let Some(holder) = self.candidacy.as_mut().and_then(|c| c.holder.take()) else {
+            then(self, ctx);
+            return;
+        };
+        tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "withdrawing the candidacy");
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(holder.send(Shutdown)).map(
+                move |result, act, ctx| {
+                    if let Ok(Err(error)) = &result {
+                        tracing::warn!(error = error as &dyn std::error::Error, lease = %act.lease.name(), owner = %act.lease.owner(), "withdrawing the candidacy failed; it expires after its TTL");
+                    }
+                    then(act, ctx);
+                },
+            ),
+        );
+    }
+
+    /// The live candidates other than this node, by owner.
+    pub(super) fn other_candidates(&self) -> BTreeMap<String, Candidate> {
+        match &self.candidacy {
+            Some(c) => live_candidates(
+                &c.watch.snapshot(),
+                &c.prefix,
+                self.lease.owner(),
+                Instant::now(),
+            ),
+            None => BTreeMap::new(),
+        }
+    }
+
+    /// The advertised address of candidate `owner` (this node's own included), if known.
+    pub(super) fn address_of(&self, owner: &str) -> Option<String> {
+        let candidacy = self.candidacy.as_ref()?;
+        if owner == self.lease.owner() {
+            return candidacy.me.address.clone();
+        }
+        self.other_candidates().remove(owner)?.address
+    }
+
+    /// The best other live candidate under the policy (with [`HandoverPolicy::Off`], the earliest
+    /// started), if any.
+    pub(super) fn best_other(&self) -> Option<String> {
+        let me = &self.candidacy.as_ref()?.me;
+        let others: Vec<Candidate> = self.other_candidates().into_values().collect();
+        self.policy.best(me, &others).map(|c| c.owner)
+    }
+
+    /// Where a leader that shuts down hands the lease: the best other live candidate, under any
+    /// policy but [`HandoverPolicy::Off`].
+    pub(super) fn shutdown_target(&self) -> Option<String> {
+        if matches!(self.policy, HandoverPolicy::Off) {
+            return None;
+        }
+        self.best_other()
+    }
+
+    /// Applies the policy to the candidates seen now: a leader hands over to a better candidate;
+    /// a node that is not leading defers to one (stops competing) while it is live.
+    fn reconsider(&mut self, ctx: &mut Context<Self>) {
+        let Some(candidacy) = &self.candidacy else {
+            return;
+        };
+        if self.shutting_down || matches!(self.policy, HandoverPolicy::Off) {
+            return;
+        }
+        let others: Vec<Candidate> = self.other_candidates().into_values().collect();
+        let better = self.policy.better_than(&candidacy.me, &others);
+        let defer = better.is_some();
+        let was_deferring = std::mem::replace(&mut self.deferring, defer);
+        match &self.phase {
+            Phase::Running { guard, .. } if guard.check_alive() => {
+                if let Some(best) = better {
+                    tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), to = %best.owner, revision = ?best.revision, "a better candidate is live: handing leadership over to it");
+                    self.stop_singleton(AfterStop::Transfer { to: best.owner }, ctx);
+                }
+            }
+            Phase::Acquiring if defer && !was_deferring => {
+                tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), "a better candidate is live: leaving the lease to it");
+                self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
+            }
+            Phase::Idle if !defer && was_deferring && self.competing() => {
+                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "no better candidate is live any more: competing again");
+                self.compete(std::time::Duration::ZERO, ctx);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The manager's answers to its public messages.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{AfterStop, ClusterSingletonManager, Phase};
+use crate::actors::singleton_messages::{
+    GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonStatus,
+    TransferLeadership,
+};
+use crate::group::GroupError;
+use crate::lease::{Lease, LeaseError};
+
+impl<A, L> Handler<Shutdown> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ResponseFuture<Result<bool, LeaseError>>;
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) -> Self::Result {
+        if let Some(result) = &self.release_result {
+            let result = result.clone();
+            return Box::pin(async move { result });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shutdown_waiters.push(tx);
+        self.begin_shutdown(ctx);
+        Box::pin(async move {
+            // The manager answers every waiter before it stops; a dropped sender means it was
+            // dropped without a graceful shutdown (`System::stop`).
+            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
+                operation: crate::lease::Operation::Release,
+            }))
+        })
+    }
+}
+
+impl<A, L> Handler<TransferLeadership> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ResponseFuture<Result<bool, LeaseError>>;
+
+    fn handle(
+        &mut self,
+        TransferLeadership { to }: TransferLeadership,
+        ctx: &mut Self::Context,
+    ) -> Self::Result {
+        if let Some(result) = &self.release_result {
+            let result = result.clone();
+            return Box::pin(async move { result });
+        }
+        let Some(to) = to.or_else(|| self.best_other()) else {
+            return Box::pin(async { Ok(false) }); // no other live candidate
+        };
+        if let Err(error) = crate::lease::check_transfer_target(&*self.lease, &to) {
+            return Box::pin(async move { Err(error) });
+        }
+        let leading = matches!(self.phase, Phase::Running { .. } | Phase::Stopping { .. });
+        if !leading && !self.shutting_down {
+            return Box::pin(async { Ok(false) });
+        }
+        tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "transferring leadership: stopping the singleton, then releasing the lease to the preferred owner");
+        let (tx, rx) = oneshot::channel();
+        self.transfer_waiters.push(tx);
+        self.stop_singleton(AfterStop::Transfer { to }, ctx);
+        Box::pin(async move {
+            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
+                operation: crate::lease::Operation::Release,
+            }))
+        })
+    }
+}
+
+impl<A, L> Handler<GetLeader> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = Option<LeaderInfo>;
+
+    fn handle(&mut self, _: GetLeader, _: &mut Self::Context) -> Option<LeaderInfo> {
+        let owner = self.lease.owner();
+        if let Phase::Running { guard, .. } = &self.phase {
+            if guard.check_alive() {
+                return Some(LeaderInfo::new(
+                    owner,
+                    Some(guard.token()),
+                    true,
+                    self.address_of(owner),
+                ));
+            }
+        }
+        if self.leader_watch.is_none() {
+            match self.lease.watch_group(self.lease.name()) {
+                Ok(watch) => self.leader_watch = Some(watch),
+                Err(GroupError::Unsupported { .. }) => {
+                    return self.lease.observed_holder().map(|holder| {
+                        let address = self.address_of(&holder);
+                        LeaderInfo::new(holder, None, false, address)
+                    });
+                }
+                Err(error) => {
+                    tracing::debug!(%error, lease = %self.lease.name(), "cannot watch the lease's record to answer who leads");
+                    return None;
+                }
+            }
+        }
+        let snapshot = self.leader_watch.as_ref()?.snapshot();
+        let record = snapshot.get(self.lease.name())?;
+        let holder = record.live_holder(Instant::now())?;
+        Some(LeaderInfo::new(
+            holder,
+            record.token,
+            false,
+            self.address_of(holder),
+        ))
+    }
+}
+
+impl<A, L> Handler<SetEligible> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, SetEligible(eligible): SetEligible, ctx: &mut Self::Context) {
+        self.with_health(|h| h.eligible = eligible);
+        if self.eligible == eligible || self.shutting_down {
+            self.eligible = eligible;
+            return;
+        }
+        self.eligible = eligible;
+        // An ineligible node is no candidate.
+        self.candidacy_eligible(eligible);
+        if eligible {
+            if matches!(self.phase, Phase::Idle) && self.competing() {
+                self.compete(Duration::ZERO, ctx);
+            }
+        } else {
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "not eligible any more: stopping the singleton and releasing");
+            self.stop_singleton(AfterStop::Release { then_pause: None }, ctx);
+        }
+    }
+}
+
+impl<A, L> Handler<GetSingleton<A>> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = Option<Addr<A>>;
+
+    fn handle(&mut self, _: GetSingleton<A>, _: &mut Self::Context) -> Option<Addr<A>> {
+        match &self.phase {
+            Phase::Running { addr, .. } => Some(addr.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl<A, L> Handler<GetStatus> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = SingletonStatus;
+
+    fn handle(&mut self, _: GetStatus, _: &mut Self::Context) -> SingletonStatus {
+        SingletonStatus {
+            state: self.state(),
+            fencing_token: match &self.phase {
+                Phase::Running { guard, .. } => Some(guard.token()),
+                _ => None,
+            },
+            started: self.instances,
+            unstopped: self.unstopped,
+        }
+    }
+}
