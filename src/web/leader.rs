@@ -211,7 +211,7 @@ mod tests {
                 .route("/leader", web::get().to(leader))
                 .service(web::scope("/jobs").wrap(LeaderOnly::new(manager)).route(
                     "/run",
-                    web::post().to(|| async { HttpResponse::Accepted() }),
+                    web::post().to(|| async { HttpResponse::Accepted().finish() }),
                 )),
         )
         .await;
