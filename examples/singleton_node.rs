@@ -21,7 +21,9 @@
 //! advertised address; either may also come from the environment, see `Candidate::from_env`),
 //! under the handover policy `--handover newest-revision` (the default) or `off`: a rolling update
 //! then moves the singleton once, to the new revision. With `--events FILE`, a `candidate` line
-//! says when the candidacy is published (the node is a ready candidate).
+//! says when the candidacy is published (the node is a ready candidate). SIGUSR1 asks the manager
+//! to hand leadership to the best other candidate (`TransferLeadership::to_best`; the chaos
+//! harness's `Transfer` fault).
 //!
 //! `--unsafe-ignore-guard` makes the node deliberately unsafe, to show that the chaos harness
 //! catches an unsafe singleton: its work runs on a detached task (not the actor's timer) that never
@@ -36,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use actix::prelude::*;
 use actix_coordination::{
     Candidate, ClusterSingletonManager, CoordinationConfig, HandoverPolicy, Lease, LeaseProvider,
-    SharedLease, SingletonInfo, SingletonSettings,
+    SharedLease, SingletonInfo, SingletonSettings, TransferLeadership,
 };
 
 #[derive(Clone)]
@@ -304,7 +306,19 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
             log_candidacy(candidacy, &events, &args.owner);
         }
     }
-    manager.start();
+    let manager = manager.start();
+    let owner = args.owner.clone();
+    actix_rt::spawn(async move {
+        let Ok(mut usr1) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            let answer = manager.send(TransferLeadership::to_best()).await;
+            println!("[{owner}] SIGUSR1: transfer to the best other candidate: {answer:?}");
+        }
+    });
     Ok(args.owner)
 }
 

@@ -13,6 +13,10 @@
 #   scripts/bench.sh chaos-long at least 1,000 faults per backend (CHAOS_FAULTS), the three backends
 #                               at once (about 100 minutes on 2 cores); prints the table of
 #                               docs/chaos/RESULTS.md (scripts/chaos-summary.py)
+#   scripts/bench.sh rollouts   rolling updates with real processes (tests/rollout.rs): 100 per
+#                               backend with the handover policy and 100 without (ROLLOUTS), etcd
+#                               and Kubernetes (about 5 minutes); prints the table of BENCHMARKS.md
+#                               ("Rolling updates", scripts/rollout-report.py)
 #   scripts/bench.sh chaos-sharded  sharded nodes (examples/sharded_node.rs, 16 shards): at least
 #                               300 faults per backend (CHAOS_FAULTS), etcd and Kubernetes at once
 #                               (about 40 minutes on 2 cores); every shard checked on its own;
@@ -26,10 +30,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=${1:-full}
 case $mode in
-    full | quick | chaos | chaos-long | chaos-sharded) ;;
+    full | quick | chaos | chaos-long | chaos-sharded | rollouts) ;;
     --inner) ;;
     *)
-        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
@@ -89,6 +93,22 @@ if [[ $mode == chaos-long ]]; then
     exit $status
 fi
 
+rollouts() {
+    local log=$out/rollouts.log
+    echo "=== rollouts: ${ROLLOUTS:-100} per backend and policy ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
+    rm -f target/rollout/results.jsonl
+    local status=0
+    ROLLOUTS=${ROLLOUTS:-100} cargo test --all-features --test rollout -- --nocapture --test-threads=1 2>&1 |
+        grep -v ' rollout [0-9]*: leader before' | tee -a "$log" || status=1
+    python3 scripts/rollout-report.py target/rollout/results.jsonl | tee -a "$log" || status=1
+    return $status
+}
+
+if [[ $mode == rollouts ]]; then
+    rollouts
+    exit $?
+fi
+
 if [[ $mode == chaos-sharded ]]; then
     log=$out/chaos-sharded.log
     commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -138,6 +158,12 @@ else
     bench in-memory --bench in_memory
     bench metrics-off --bench metrics
     bench metrics-on --features metrics --bench metrics
+fi
+# Rolling updates (tests/rollout.rs; their own table, scripts/rollout-report.py).
+if [[ $mode == quick ]]; then
+    ROLLOUTS=${ROLLOUTS:-10} rollouts || failed+=(rollouts)
+else
+    rollouts || failed+=(rollouts)
 fi
 
 # The tables: a full run updates benches/data/results.jsonl, BENCHMARKS.md and the README's

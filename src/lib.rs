@@ -211,18 +211,18 @@ pub use kubernetes::{
 /// README's examples use; `tests/readme.rs` compiles them with this prelude alone).
 pub mod prelude {
     pub use crate::{
-        Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinationConfig,
+        Acquire, AllocateShard, Candidate, CheckAlive, ClusterSingletonManager, CoordinationConfig,
         FencingToken, GateError, GetFencingToken, GetGroupView, GetLeader, GetShards, GetSingleton,
-        GetStatus, GetTenure, HealthCheck, HostShard, InMemoryLease, InMemoryStore, Lease,
-        LeaseActor, LeaseError, LeaseLost, LeaseProvider, LeaseSettings, LostReason,
-        RegisterRegion, Release, SetEligible, ShardAllocation, ShardCoordinator, ShardInfo,
-        ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
-        SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch,
-        TransferLeadership, UnsubscribeLeaseLost,
+        GetStatus, GetTenure, HandoverPolicy, HealthCheck, HostShard, InMemoryLease, InMemoryStore,
+        LeaderInfo, Lease, LeaseActor, LeaseError, LeaseLost, LeaseProvider, LeaseSettings,
+        LostReason, RegisterRegion, Release, SetEligible, ShardAllocation, ShardCoordinator,
+        ShardInfo, ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings,
+        SingletonState, SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard,
+        TenureWatch, TransferLeadership, UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
-    pub use crate::{AdminRoutes, GracefulShutdown};
+    pub use crate::{AdminRoutes, GracefulShutdown, LeaderOnly};
 }
 
 #[cfg(test)]
@@ -237,6 +237,10 @@ mod send_sync {
     fn public_types_are_send_and_sync() {
         // Leases, stores, settings and configuration.
         assert_send_sync::<LeaseSettings>();
+        assert_send_sync::<Candidate>();
+        assert_send_sync::<HandoverPolicy>();
+        assert_send_sync::<CandidacyError>();
+        assert_send_sync::<LeaderInfo>();
         assert_send_sync::<LeaseSettingsBuilder>();
         assert_send_sync::<TimingConfig>();
         assert_send_sync::<InMemoryLease>();

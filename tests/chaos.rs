@@ -55,7 +55,9 @@ fn seed() -> u64 {
 /// Prints the summary and checks that the run tested what it is for: the lease moved, and every
 /// kind of fault hit an acting holder (so the pause and graceful-stop checks ran).
 fn summarize(report: &ChaosReport) {
-    summarize_kinds(report, &Fault::ALL);
+    let mut kinds = Fault::ALL.to_vec();
+    kinds.push(Fault::Transfer);
+    summarize_kinds(report, &kinds);
 }
 
 fn summarize_kinds(report: &ChaosReport, kinds: &[Fault]) {
@@ -193,7 +195,9 @@ async fn chaos_etcd_cluster() {
     let seed = seed();
     println!("chaos on a three-member etcd cluster, seed {seed}");
     let report = chaos::run(&mut backend, 3, TTL, length(), seed).await;
-    summarize_kinds(&report, &Fault::CLUSTER);
+    let mut kinds = Fault::CLUSTER.to_vec();
+    kinds.push(Fault::Transfer);
+    summarize_kinds(&report, &kinds);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,6 +177,20 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
         env_var("ACTIX_COORD_CONFIG")["value"],
         "/etc/actix-coordination/config.toml"
     );
+    // The candidacy: the revision and the advertised address (`Candidate::from_env`).
+    assert_eq!(
+        env_var(actix_coordination::CANDIDATE_POD_TEMPLATE_HASH_ENV)["valueFrom"]["fieldRef"]
+            ["fieldPath"],
+        "metadata.labels['pod-template-hash']"
+    );
+    assert_eq!(
+        env_var(actix_coordination::CANDIDATE_ADDRESS_ENV)["value"],
+        "http://$(POD_IP):8080"
+    );
+    assert_eq!(
+        env_var("POD_IP")["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.podIP"
+    );
     // SIGTERM stops the job (at most the stop timeout), then releases (at most the operation
     // timeout): the kubelet must wait longer than both before its SIGKILL.
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();

@@ -191,6 +191,43 @@ let moved: bool = leader.send(TransferLeadership::to("node-b")).await??;  // fal
 Ok(())
 }
 
+struct JobScheduler {
+    info: SingletonInfo,
+}
+impl Actor for JobScheduler {
+    type Context = Context<Self>;
+}
+
+#[rustfmt::skip]
+async fn candidacy(provider: LeaseProvider, pod_name: String) -> Result {
+// README block
+let lease = provider.get_lease("job-scheduler", "singleton", &pod_name)?;
+let manager = ClusterSingletonManager::new(lease, |info: &SingletonInfo, _ctx| JobScheduler { info: info.clone() })
+    .candidacy(Candidate::from_env(), |settings| provider.lease_with_settings("singleton", settings))?
+    .handover(HandoverPolicy::NewestRevision)            // the default; or Off, or HandoverPolicy::ranked(..)
+    .start();
+// end of README block
+Ok(())
+}
+
+#[cfg(feature = "web")]
+async fn run_now() -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Accepted().finish()
+}
+
+#[cfg(feature = "web")]
+#[rustfmt::skip]
+fn leader_routes(health: HealthCheck, manager: Addr<ClusterSingletonManager<JobScheduler, SharedLease>>) {
+    use actix_web::{web, App};
+// README block
+let admin = AdminRoutes::new(health).with_leader(manager.clone());      // GET /leader
+let app = App::new()
+    .configure(|cfg| admin.register(cfg))
+    .service(web::scope("/jobs").wrap(LeaderOnly::new(manager.clone()))  // leader-only routes
+        .route("/run", web::post().to(run_now)));
+// end of README block
+}
+
 #[rustfmt::skip]
 async fn coordinator(provider: LeaseProvider, pod_name: String, region: Addr<Region>) -> Result {
 // README block

@@ -25,6 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::chaos_check::{self, EventKind, NodeEvent};
+use common::clock::mono_ns as now_ns;
 use tokio::time::{sleep, Instant};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -34,17 +35,6 @@ const WITHIN: Duration = Duration::from_secs(30);
 
 /// The runs go one at a time (each starts four processes at a time).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn now_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
-}
 
 fn rollouts() -> usize {
     std::env::var("ROLLOUTS")
@@ -118,6 +108,10 @@ struct Node {
     read: u64,
     partial: String,
     exited: bool,
+    /// When it was started, told to stop (SIGTERM) and seen gone (CLOCK_MONOTONIC ns).
+    spawned_ns: u128,
+    terminated_ns: Option<u128>,
+    gone_ns: Option<u128>,
 }
 
 impl Drop for Node {
@@ -199,6 +193,9 @@ impl Deployment {
             read: 0,
             partial: String::new(),
             exited: false,
+            spawned_ns: now_ns(),
+            terminated_ns: None,
+            gone_ns: None,
         });
         owner
     }
@@ -281,6 +278,7 @@ impl Deployment {
     async fn stop_replica(&mut self, owner: &str) {
         let node = self.nodes.iter_mut().find(|n| n.owner == owner).unwrap();
         node.exited = true;
+        node.terminated_ns = Some(now_ns());
         let pid = node.child.id();
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -291,6 +289,7 @@ impl Deployment {
         loop {
             let node = self.nodes.iter_mut().find(|n| n.owner == owner).unwrap();
             if let Some(status) = node.child.try_wait().unwrap() {
+                node.gone_ns = Some(now_ns());
                 assert!(status.success(), "{owner}: {status}: {}", tail(&node.log));
                 break;
             }
@@ -364,6 +363,71 @@ impl Deployment {
         }
     }
 
+    /// A text picture of the replicas between `from_ns` and `to_ns`, one row per replica, one
+    /// column per `step_ms`: `.` starting, `-` a ready candidate, `#` running the singleton, `~`
+    /// stopping after SIGTERM, `x` gone.
+    fn timeline(&self, from_ns: u128, to_ns: u128, step_ms: u128) -> String {
+        let step = step_ms * 1_000_000;
+        let columns = ((to_ns - from_ns) / step + 1) as usize;
+        let mut text = String::new();
+        let mut axis = format!("{:>8} ", "");
+        for c in (0..columns).step_by(10) {
+            let label = format!("{} ms", c as u128 * step_ms);
+            axis.push_str(&format!("{label:<10}"));
+        }
+        text.push_str(axis.trim_end());
+        text.push('\n');
+        for node in &self.nodes {
+            let gone = node.gone_ns.unwrap_or(u128::MAX);
+            if gone < from_ns {
+                continue;
+            }
+            let ready = self
+                .events
+                .iter()
+                .find(|e| e.owner == node.owner && e.event == "candidate")
+                .map_or(u128::MAX, |e| e.t_ns);
+            // The singleton's lifetimes on this replica.
+            let mut leading = Vec::new();
+            let mut since = None;
+            for e in self.events.iter().filter(|e| e.owner == node.owner) {
+                match e.event.as_str() {
+                    "start" => since = Some(e.t_ns),
+                    "stop" => {
+                        if let Some(s) = since.take() {
+                            leading.push((s, e.t_ns));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(s) = since {
+                leading.push((s, u128::MAX));
+            }
+            let mut row = format!("{:>8} ", node.owner);
+            for c in 0..columns {
+                let (t0, t1) = (from_ns + c as u128 * step, from_ns + (c as u128 + 1) * step);
+                let mark = if t1 <= node.spawned_ns {
+                    ' '
+                } else if leading.iter().any(|(s, e)| *s < t1 && *e > t0) {
+                    '#'
+                } else if t0 >= gone {
+                    'x'
+                } else if node.terminated_ns.is_some_and(|t| t0 >= t) {
+                    '~'
+                } else if t0 >= ready {
+                    '-'
+                } else {
+                    '.'
+                };
+                row.push(mark);
+            }
+            text.push_str(row.trim_end());
+            text.push('\n');
+        }
+        text
+    }
+
     /// Every replica's events, checked as the chaos harness checks a run.
     fn check_safety(&self) {
         let events: Vec<NodeEvent> = chaos_check::read_events(
@@ -421,10 +485,19 @@ async fn run(name: &'static str, handover: &'static str, config_for: impl Fn(&Pa
         d.start_replica("r0").await;
     }
     d.wait_until("a leader", |d| d.running.is_some()).await;
-    let mut results = Vec::new();
+    let mut results: Vec<Rollout> = Vec::new();
     for r in 1..=rollouts() {
         let (from, to) = (format!("r{}", r - 1), format!("r{r}"));
+        let from_ns = now_ns();
         let rollout = d.rollout(&from, &to).await;
+        // A picture of the first rollout, and of the first that changed leadership more than once.
+        let first_of_several =
+            rollout.changes.len() > 1 && results.iter().all(|r| r.changes.len() <= 1);
+        if r == 1 || first_of_several {
+            let picture = d.timeline(from_ns, now_ns(), 10);
+            println!("{name} ({handover}) rollout {r}:\n{picture}");
+            std::fs::write(d.dir.join(format!("timeline-rollout-{r}.txt")), picture).unwrap();
+        }
         println!(
             "{name} ({handover}) rollout {r}: leader before {:?}, changes {:?}, leader after: {}",
             rollout.first_leader, rollout.changes, rollout.final_leader_revision

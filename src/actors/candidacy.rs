@@ -1,46 +1,5 @@
 //! Candidates for a singleton's lease and the handover policy: who should lead during a rolling
-//! update.
-//!
-//! # Candidacy
-//!
-//! A [`ClusterSingletonManager`](crate::ClusterSingletonManager) given a
-//! [`candidacy`](crate::ClusterSingletonManager::candidacy) publishes that its node is a candidate
-//! for the singleton's lease `L`, through the store every node shares, the same way a sharded
-//! node publishes its membership: it holds a lease of its own, `L-candidate-<owner>`, whose claim
-//! carries the node's [`Candidate`] as [metadata](crate::LeaseSettings::metadata) (its revision,
-//! when it started, its advertised address). Every manager of `L` reads the candidates from one
-//! group watch of the prefix `L-candidate-` (no request per candidate per interval). A candidate
-//! is live while its candidacy lease is held and its claim has not expired as the reader observed
-//! it; a node that crashes drops out at its candidacy's expiry; a node that shuts down, or is made
-//! ineligible, *withdraws* first (it releases its candidacy lease before anything else).
-//!
-//! # The handover policy
-//!
-//! [`HandoverPolicy`] ranks the live candidates. With any policy but [`HandoverPolicy::Off`]:
-//!
-//! 1. **The leader hands over once to a better candidate.** When a live candidate ranks above the
-//!    leader, the leader stops the singleton and releases the lease *to* the best candidate
-//!    ([`Lease::release_to`](crate::Lease::release_to)): that one takes it within milliseconds,
-//!    every other node leaves it to it for one TTL.
-//! 2. **A worse candidate never takes over while a better one is live.** A node that ranks below a
-//!    live candidate does not compete (an acquire round in flight is ended, and anything it got
-//!    released); it competes again as soon as no live candidate ranks above it (the better one
-//!    withdrew, or its candidacy expired after a crash).
-//! 3. **A node on its way out never receives leadership.** On [`Shutdown`](crate::Shutdown) (and
-//!    SIGTERM with `handle_signals`) the manager withdraws its candidacy first, stops competing,
-//!    and, if it leads, hands the lease to the best remaining candidate instead of a plain release.
-//!
-//! So in a rolling update (maxSurge 1, maxUnavailable 0) with
-//! [`HandoverPolicy::NewestRevision`], leadership changes once: when the first replica of the new
-//! revision is up, the old leader hands over to it; every later step stops old replicas that do not
-//! lead, and new replicas never take over from each other.
-//!
-//! # Races
-//!
-//! The candidates a node sees are what its watch delivered, up to the watch's delay; two nodes can
-//! briefly rank differently. The policy decides who *should* lead; the lease alone decides who
-//! *may*: a wrong ranking costs one extra handover or one TTL without a leader (a transfer to a
-//! candidate that is already gone lapses after one TTL), never two singletons.
+//! update (the model: [`HandoverPolicy`]).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -61,8 +20,8 @@ pub const POD_TEMPLATE_HASH_ENV: &str = "POD_TEMPLATE_HASH";
 /// The environment variable [`Candidate::from_env`] reads the advertised address from.
 pub const ADDRESS_ENV: &str = "ACTIX_COORDINATION_ADDRESS";
 
-/// What a node says about itself as a candidate for a singleton's lease (see the
-/// [module docs](self)).
+/// What a node says about itself as a candidate for a singleton's lease (see
+/// [`HandoverPolicy`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
@@ -160,7 +119,50 @@ impl Default for Candidate {
 pub type RankCandidates = dyn Fn(&Candidate, &Candidate) -> Ordering + Send + Sync;
 
 /// How a [`ClusterSingletonManager`](crate::ClusterSingletonManager) with a candidacy ranks the
-/// live candidates (see the [module docs](self) for what it does with the ranking).
+/// live candidates, and what the managers do with the ranking.
+///
+/// # Candidacy
+///
+/// A [`ClusterSingletonManager`](crate::ClusterSingletonManager) given a
+/// [`candidacy`](crate::ClusterSingletonManager::candidacy) publishes that its node is a candidate
+/// for the singleton's lease `L`, through the store every node shares, the same way a sharded
+/// node publishes its membership: it holds a lease of its own, `L-candidate-<owner>`, whose claim
+/// carries the node's [`Candidate`] as [metadata](crate::LeaseSettings::metadata) (its revision,
+/// when it started, its advertised address). Every manager of `L` reads the candidates from one
+/// group watch of the prefix `L-candidate-` (no request per candidate per interval). A candidate
+/// is live while its candidacy lease is held and its claim has not expired as the reader observed
+/// it; a node that crashes drops out at its candidacy's expiry; a node that shuts down, or is made
+/// ineligible, *withdraws* first (it releases its candidacy lease before anything else). A node
+/// publishes its candidacy once its watch of `L` has listed it (at most one TTL after its
+/// start): a candidate is ready when it would notice a release to it at once.
+///
+/// # The handover policy
+///
+/// The policy ranks the live candidates. With any policy but [`HandoverPolicy::Off`]:
+///
+/// 1. **The leader hands over once to a better candidate.** When a live candidate ranks above the
+///    leader, the leader stops the singleton and releases the lease *to* the best candidate
+///    ([`Lease::release_to`](crate::Lease::release_to)): that one takes it within milliseconds,
+///    every other node leaves it to it for one TTL.
+/// 2. **A worse candidate never takes over while a better one is live.** A node that ranks below a
+///    live candidate does not compete (an acquire round in flight is ended, and anything it got
+///    released); it competes again as soon as no live candidate ranks above it (the better one
+///    withdrew, or its candidacy expired after a crash).
+/// 3. **A node on its way out never receives leadership.** On [`Shutdown`](crate::Shutdown) (and
+///    SIGTERM with `handle_signals`) the manager withdraws its candidacy first, stops competing,
+///    and, if it leads, hands the lease to the best remaining candidate instead of a plain release.
+///
+/// So in a rolling update (maxSurge 1, maxUnavailable 0) with
+/// [`HandoverPolicy::NewestRevision`], leadership changes once: when the first replica of the new
+/// revision is up, the old leader hands over to it; every later step stops old replicas that do not
+/// lead, and new replicas never take over from each other.
+///
+/// # Races
+///
+/// The candidates a node sees are what its watch delivered, up to the watch's delay; two nodes can
+/// briefly rank differently. The policy decides who *should* lead; the lease alone decides who
+/// *may*: a wrong ranking costs one extra handover or one TTL without a leader (a transfer to a
+/// candidate that is already gone lapses after one TTL), never two singletons.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum HandoverPolicy {

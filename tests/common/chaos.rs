@@ -207,7 +207,8 @@ async fn spawn_node<B: ChaosBackend>(
     command.args(["--config", config.to_str().unwrap()]);
     match program {
         Program::Singleton(mode) => {
-            command.args(["--lease", lease]);
+            // A candidacy (one revision for all): SIGUSR1 transfers to the best other candidate.
+            command.args(["--lease", lease, "--revision", "r0"]);
             if mode == NodeMode::IgnoreGuard {
                 command.arg("--unsafe-ignore-guard");
             }
@@ -515,15 +516,22 @@ pub fn sharded_graceful_handovers(dir: &Path) -> Vec<(String, Duration)> {
 }
 
 /// A graceful stop hands over at once (the release wakes a waiting node's watch), not after the
-/// TTL like a crash.
+/// TTL like a crash; a planned transfer within one TTL and a second (at once to a live target; a
+/// target that died a moment ago and still looked live is left the lease for one TTL).
 pub fn assert_graceful_handovers(outcomes: &[FaultOutcome], ttl: Duration) {
     for o in outcomes {
-        if let (Fault::GracefulStop, Some(t)) = (o.fault, o.takeover) {
-            assert!(
+        match (o.fault, o.takeover) {
+            (Fault::GracefulStop, Some(t)) => assert!(
                 t.after < ttl / 2,
                 "a graceful stop took {:?} to hand over (ttl {ttl:?})",
                 t.after
-            );
+            ),
+            (Fault::Transfer, Some(t)) => assert!(
+                t.after < ttl + Duration::from_secs(1),
+                "a transfer took {:?} to hand over (ttl {ttl:?})",
+                t.after
+            ),
+            _ => {}
         }
     }
 }
@@ -545,7 +553,11 @@ async fn drive<B: ChaosBackend>(
     let (dir, lease) = prepare_run(backend, kind).await;
     // The kinds of fault come from their own generator, so that a seed replays them whatever
     // the other draws (waits, targets when nobody acts).
-    let mut schedule = FaultSchedule::with_kinds(seed, &backend.fault_kinds());
+    let mut kinds = backend.fault_kinds();
+    if let Program::Singleton(_) = program {
+        kinds.push(Fault::Transfer); // planned transfers mixed with the faults
+    }
+    let mut schedule = FaultSchedule::with_kinds(seed, &kinds);
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut generation = 0usize;
     let mut running: Vec<Node> = Vec::new();
@@ -638,6 +650,10 @@ async fn drive<B: ChaosBackend>(
                 let mut node = running.remove(target);
                 stop_gracefully(&mut node).await;
                 replace = true;
+            }
+            Fault::Transfer => {
+                signal(running[target].child.id(), "USR1");
+                sleep(Duration::from_millis(200)).await;
             }
         }
         if replace {
@@ -934,6 +950,10 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
         Fault::Blackhole => ("#7b3fbf", "traffic blackholed"),
         Fault::ServerRestart => ("#888888", "server kill -9..ready"),
         Fault::GracefulStop => ("#2b8a3e", "SIGTERM (graceful stop, new process)"),
+        Fault::Transfer => (
+            "#1971c2",
+            "SIGUSR1 (planned transfer to the best other candidate)",
+        ),
         Fault::MemberKill => ("#5c5c5c", "etcd member kill -9..restarted"),
         Fault::LeaderKill => ("#222222", "etcd leader kill -9..restarted"),
         Fault::MemberPartition => ("#a0a0a0", "etcd member SIGSTOP..SIGCONT"),

@@ -429,6 +429,10 @@ pub enum Fault {
     /// The node's wall clock (libfaketime) jumps ahead or behind by more than the TTL for two to
     /// three TTLs, then back; its monotonic clock is untouched.
     ClockSkew,
+    /// A planned transfer (singleton nodes with a candidacy): SIGUSR1 makes the node hand
+    /// leadership to the best other live candidate (`TransferLeadership::to_best`); a candidate
+    /// killed a moment ago may still look live, and then the lease lapses for one TTL.
+    Transfer,
 }
 
 impl Fault {
@@ -462,7 +466,8 @@ impl Fault {
     ];
 
     /// Every kind.
-    pub const EVERY: [Fault; 12] = [
+    pub const EVERY: [Fault; 13] = [
+        Fault::Transfer,
         Fault::Kill,
         Fault::Pause,
         Fault::Blackhole,

@@ -131,27 +131,40 @@ where
     }
 
     /// Starts holding the candidacy lease (if the node competes) and reading the candidates.
+    ///
+    /// The candidacy is published once this node's watch of the singleton's lease has listed it
+    /// (at most one TTL after the start): a candidate is ready when it would notice a release to
+    /// it at once, so that a leader that hands over to it is not kept waiting.
     pub(super) fn start_candidacy(&mut self, ctx: &mut Context<Self>) {
-        let competing = self.competing();
-        let max_error_backoff = self.settings.max_error_backoff;
-        let me = ctx.address().downgrade();
-        let Some(candidacy) = self.candidacy.as_mut() else {
+        if self.candidacy.is_none() {
             return;
-        };
-        let mut holder =
-            ClusterSingletonManager::from_arc(Arc::clone(&candidacy.lease), |_, _| Member)
-                .settings(SingletonSettings {
-                    max_error_backoff,
-                    ..SingletonSettings::default()
-                });
-        if !competing {
-            holder = holder.not_eligible();
         }
-        candidacy.holder = Some(holder.start());
         // Who leads is asked for with a candidacy (it answers where the leader is): watch it now.
         if self.leader_watch.is_none() {
             self.leader_watch = self.lease.watch_group(self.lease.name()).ok();
         }
+        let mut lease_watch = self.leader_watch.clone();
+        let ttl = self.lease.settings().ttl();
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(async move {
+                let Some(watch) = lease_watch.as_mut() else {
+                    return;
+                };
+                let give_up = tokio::time::sleep(ttl);
+                tokio::pin!(give_up);
+                while !watch.snapshot_and_mark().is_synced() {
+                    tokio::select! {
+                        changed = watch.changed() => if changed.is_err() { return },
+                        () = &mut give_up => return,
+                    }
+                }
+            })
+            .map(|(), act, _| act.publish_candidacy()),
+        );
+        let me = ctx.address().downgrade();
+        let Some(candidacy) = self.candidacy.as_mut() else {
+            return;
+        };
         let mut watch = candidacy.watch.clone();
         candidacy.feed = Some(AbortOnDrop(actix_rt::spawn(async move {
             loop {
@@ -172,6 +185,28 @@ where
                 }
             }
         })));
+    }
+
+    /// Starts holding the candidacy lease (while eligible), unless the manager is shutting down.
+    fn publish_candidacy(&mut self) {
+        let hold = self.eligible && !self.shutting_down;
+        let max_error_backoff = self.settings.max_error_backoff;
+        let Some(candidacy) = self.candidacy.as_mut() else {
+            return;
+        };
+        if self.shutting_down || candidacy.holder.is_some() {
+            return;
+        }
+        let mut holder =
+            ClusterSingletonManager::from_arc(Arc::clone(&candidacy.lease), |_, _| Member)
+                .settings(SingletonSettings {
+                    max_error_backoff,
+                    ..SingletonSettings::default()
+                });
+        if !hold {
+            holder = holder.not_eligible();
+        }
+        candidacy.holder = Some(holder.start());
     }
 
     /// Tells the candidacy lease's holder whether to hold it.

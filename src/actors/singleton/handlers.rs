@@ -29,14 +29,21 @@ where
         let (tx, rx) = oneshot::channel();
         self.shutdown_waiters.push(tx);
         self.begin_shutdown(ctx);
-        Box::pin(async move {
-            // The manager answers every waiter before it stops; a dropped sender means it was
-            // dropped without a graceful shutdown (`System::stop`).
-            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
-                operation: crate::lease::Operation::Release,
-            }))
-        })
+        release_answer(rx)
     }
+}
+
+/// The answer of a release this manager will make: what it sends, or, when the sender is dropped
+/// (the manager was dropped without a graceful shutdown, `System::stop`; it answers every waiter
+/// before it stops otherwise), [`LeaseError::NoRuntime`].
+fn release_answer(
+    rx: oneshot::Receiver<Result<bool, LeaseError>>,
+) -> ResponseFuture<Result<bool, LeaseError>> {
+    Box::pin(async move {
+        rx.await.unwrap_or(Err(LeaseError::NoRuntime {
+            operation: crate::lease::Operation::Release,
+        }))
+    })
 }
 
 impl<A, L> Handler<TransferLeadership> for ClusterSingletonManager<A, L>
@@ -69,11 +76,7 @@ where
         let (tx, rx) = oneshot::channel();
         self.transfer_waiters.push(tx);
         self.stop_singleton(AfterStop::Transfer { to }, ctx);
-        Box::pin(async move {
-            rx.await.unwrap_or(Err(LeaseError::NoRuntime {
-                operation: crate::lease::Operation::Release,
-            }))
-        })
+        release_answer(rx)
     }
 }
 
