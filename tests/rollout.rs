@@ -2,8 +2,9 @@
 //! etcd and the real kube-apiserver (issue 25): three replicas, maxSurge 1 / maxUnavailable 0, as a
 //! Deployment rolls them: start a replica of the new revision, wait until it is a ready candidate,
 //! SIGTERM the most recently started old replica (a ReplicaSet scales down the newest first),
-//! three times. Rollouts follow each other (r0 → r1 → r2 …), so each starts with whatever replica
-//! the previous one left leading.
+//! three times. Rollouts follow each other (r0 → r1 → r2 …), each starting with whatever replica
+//! the previous one left leading; before every second one, SIGUSR1 moves leadership to another
+//! replica (`TransferLeadership::to_best`), so that the leader is not always the oldest.
 //!
 //! With the handover policy (`--handover newest-revision`), every rollout changes leadership
 //! exactly once, the old leader hands over as soon as the first new replica is a candidate, and
@@ -320,6 +321,29 @@ impl Deployment {
             .collect()
     }
 
+    /// Moves leadership from the leader to another replica before a rollout (SIGUSR1:
+    /// `TransferLeadership::to_best`, among replicas of one revision the earliest started other),
+    /// so that rollouts start with the oldest and with the second oldest replica leading.
+    async fn move_leader(&mut self) {
+        let (leader, _) = self.running.clone().expect("a leader");
+        let pid = self
+            .nodes
+            .iter()
+            .find(|n| n.owner == leader)
+            .unwrap()
+            .child
+            .id();
+        let status = Command::new("kill")
+            .args(["-USR1", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        self.wait_until("another replica leads", |d| {
+            d.running.as_ref().is_some_and(|(o, _)| *o != leader)
+        })
+        .await;
+    }
+
     /// One rollout from revision `from` to `to`: what it changed.
     async fn rollout(&mut self, from: &str, to: &str) -> Rollout {
         let start_ns = now_ns();
@@ -488,6 +512,9 @@ async fn run(name: &'static str, handover: &'static str, config_for: impl Fn(&Pa
     let mut results: Vec<Rollout> = Vec::new();
     for r in 1..=rollouts() {
         let (from, to) = (format!("r{}", r - 1), format!("r{r}"));
+        if r % 2 == 0 {
+            d.move_leader().await; // not counted: the rollout starts after it
+        }
         let from_ns = now_ns();
         let rollout = d.rollout(&from, &to).await;
         // A picture of the first rollout, and of the first that changed leadership more than once.
