@@ -176,7 +176,7 @@ pub enum HandoverPolicy {
     /// nodes without a revision count as one revision.
     #[default]
     NewestRevision,
-    /// A user's ranking.
+    /// A user's ranking (see [`HandoverPolicy::ranked`]).
     Ranked(Arc<RankCandidates>),
 }
 
@@ -193,6 +193,11 @@ impl fmt::Debug for HandoverPolicy {
 impl HandoverPolicy {
     /// A policy from a ranking function (`Greater`: the first candidate should lead rather than
     /// the second).
+    ///
+    /// The function must be a total order that gives every node the same answer for the same two
+    /// candidates (compute it from the candidates alone, not from the node it runs on): with an
+    /// order that is not, two nodes can each find the other better, and leadership moves back and
+    /// forth between them (safely, one holder at a time, but for nothing).
     pub fn ranked(
         rank: impl Fn(&Candidate, &Candidate) -> Ordering + Send + Sync + 'static,
     ) -> Self {
