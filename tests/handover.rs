@@ -282,3 +282,27 @@ fn every_node_finds_the_leaders_address_and_to_best_picks_the_best() {
         assert_eq!(leader.address.as_deref(), Some("http://c:8080"));
     });
 }
+
+/// Among equals a leader on its way out releases plainly: an equal candidate that crashed a
+/// moment ago still looks live until its candidacy expires, and naming it would leave the lease
+/// to a dead node for a TTL. The live one takes over at once.
+#[test]
+fn a_leader_on_its_way_out_never_names_an_equal_that_may_be_dead() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let policy = HandoverPolicy::NewestRevision;
+        let a = node(&store, "a", "v1", 3, policy.clone(), &log);
+        assert_eq!(wait_for_leader(&log, TTL).await, "a");
+        // b started first: among equals, the best by start time.
+        let _b = node(&store, "b", "v1", 1, policy.clone(), &log);
+        let _c = node(&store, "c", "v1", 2, policy.clone(), &log);
+        settle().await;
+        store.partition("b"); // b crashes; its candidacy looks live until it expires
+        let asked = Instant::now();
+        assert!(matches!(a.send(Shutdown).await.unwrap(), Ok(true)));
+        assert_eq!(wait_for_leader(&log, TTL).await, "c");
+        let took = asked.elapsed();
+        assert!(took < Duration::from_millis(100), "c waited {took:?}");
+    });
+}

@@ -149,8 +149,11 @@ pub type RankCandidates = dyn Fn(&Candidate, &Candidate) -> Ordering + Send + Sy
 ///    released); it competes again as soon as no live candidate ranks above it (the better one
 ///    withdrew, or its candidacy expired after a crash).
 /// 3. **A node on its way out never receives leadership.** On [`Shutdown`](crate::Shutdown) (and
-///    SIGTERM with `handle_signals`) the manager withdraws its candidacy first, stops competing,
-///    and, if it leads, hands the lease to the best remaining candidate instead of a plain release.
+///    SIGTERM with `handle_signals`) the manager withdraws its candidacy first and stops
+///    competing. If it leads, it hands the lease to the best remaining candidate that ranks above
+///    it; when none does, it releases plainly (naming one of its equals could name a node that
+///    died less than a TTL ago and still looks live), and rule 2 leaves the lease to the best
+///    live candidate.
 ///
 /// So in a rolling update (maxSurge 1, maxUnavailable 0) with
 /// [`HandoverPolicy::NewestRevision`], leadership changes once: when the first replica of the new

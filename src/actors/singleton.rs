@@ -665,12 +665,12 @@ where
         let lease = Arc::clone(&self.lease);
         let to = match &then {
             AfterStop::Transfer { to } => Some(to.clone()),
-            // A leader on its way out hands over to the best remaining candidate.
+            // A leader on its way out hands over to a better candidate, if one is live.
             AfterStop::Shutdown if self.lease.check_alive() => self.shutdown_target(),
             _ => None,
         };
         if let (AfterStop::Shutdown, Some(to)) = (&then, &to) {
-            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease to the best other candidate");
+            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease to a better candidate");
         }
         ctx.spawn(
             wrap_future::<_, Self>(async move {

@@ -269,13 +269,14 @@ where
         self.policy.best(me, &others).map(|c| c.owner)
     }
 
-    /// Where a leader that shuts down hands the lease: the best other live candidate, under any
-    /// policy but [`HandoverPolicy::Off`].
+    /// Where a leader that shuts down hands the lease: the best live candidate that ranks above
+    /// this node, if one does. Among equals a plain release is better: a candidate can look live
+    /// for up to a TTL after it died, and naming it would leave the lease to a dead node for a
+    /// TTL; after a plain release the worse candidates still defer to the best live one.
     pub(super) fn shutdown_target(&self) -> Option<String> {
-        if matches!(self.policy, HandoverPolicy::Off) {
-            return None;
-        }
-        self.best_other()
+        let me = &self.candidacy.as_ref()?.me;
+        let others: Vec<Candidate> = self.other_candidates().into_values().collect();
+        self.policy.better_than(me, &others).map(|c| c.owner)
     }
 
     /// Applies the policy to the candidates seen now: a leader hands over to a better candidate;
