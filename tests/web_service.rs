@@ -424,11 +424,14 @@ async fn two_instances_one_leader(
     // route runs on a, and b redirects it there.
     let a_address = format!("http://127.0.0.1:{}", a.port);
     for (service, here) in [(&a, true), (&b, false)] {
-        // `503` until the replica's watch of the lease has listed it.
+        // `503` until the replica's watch of the lease has listed it; no address until its watch
+        // of the candidacies has seen a's (published once a's own watch is up).
         let (_, body) = until(
             Duration::from_secs(20),
             || service.get("/leader"),
-            |(status, body)| *status == 200 && body.contains("node-a"),
+            |(status, body)| {
+                *status == 200 && body.contains("node-a") && !body.contains("\"address\":null")
+            },
         )
         .await;
         let leader: Value = serde_json::from_str(&body).unwrap();
