@@ -280,7 +280,11 @@ impl Fleet {
 
 /// One round: see the module docs. Returns (join to balance in ms, moves of the join,
 /// per-shard handover times in ms, per-shard kill-to-start times in ms).
-async fn round(bin: &Path, backend: &str, round: usize) -> (f64, usize, Vec<f64>, Vec<f64>) {
+async fn round(
+    bin: &Path,
+    backend: &str,
+    round: usize,
+) -> (f64, usize, Vec<f64>, Vec<f64>, Option<(f64, f64)>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target")
         .join("bench-sharded")
@@ -312,6 +316,7 @@ async fn round(bin: &Path, backend: &str, round: usize) -> (f64, usize, Vec<f64>
     let moves = fleet.starts_after(joined).len();
 
     // 2. A graceful shutdown.
+    let puts_before = apiserver_lease_puts(backend);
     let pid = fleet.node("node-2").child.id();
     let term = mono_ns();
     let status = Command::new("kill")
@@ -324,6 +329,10 @@ async fn round(bin: &Path, backend: &str, round: usize) -> (f64, usize, Vec<f64>
     assert!(exited.success(), "node-2 exited with {exited}");
     node.dead = true;
     fleet.settle("the SIGTERM").await;
+    let puts = match (puts_before, apiserver_lease_puts(backend)) {
+        (Some((sum0, n0)), Some((sum1, n1))) => Some((sum1 - sum0, n1 - n0)),
+        _ => None,
+    };
     let mut handovers = Vec::new();
     for start in fleet.starts_after(term) {
         let stop = fleet
@@ -356,7 +365,42 @@ async fn round(bin: &Path, backend: &str, round: usize) -> (f64, usize, Vec<f64>
         summarize(&handovers),
         summarize(&kills)
     );
-    (join_ms, moves, handovers, kills)
+    if let Some((sum, count)) = puts {
+        println!(
+            "sharded/{backend} round {round}: during the SIGTERM the API server's Lease PUTs took \
+             {:.1} ms on average ({count} PUTs, its own apiserver_request_duration_seconds)",
+            sum * 1000.0 / count.max(1.0)
+        );
+    }
+    (join_ms, moves, handovers, kills, puts)
+}
+
+/// The API server's own count of Lease `PUT`s and the seconds they took (its
+/// `apiserver_request_duration_seconds` sum and count, read with the admin token); `None` on etcd
+/// or when `/metrics` cannot be read.
+fn apiserver_lease_puts(backend: &str) -> Option<(f64, f64)> {
+    if backend != "kubernetes" {
+        return None;
+    }
+    let output = Command::new("curl")
+        .args(["-sk", "-H"])
+        .arg(format!(
+            "Authorization: Bearer {}",
+            env_var("ACTIX_COORD_TEST_K8S_ADMIN_TOKEN")
+        ))
+        .arg(format!("{}/metrics", env_var("ACTIX_COORD_TEST_K8S_URL")))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let value = |metric: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(metric))
+            .filter(|l| l.contains("resource=\"leases\"") && l.contains("verb=\"PUT\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let count = value("apiserver_request_duration_seconds_count{");
+    (count > 0.0).then(|| (value("apiserver_request_duration_seconds_sum{"), count))
 }
 
 fn main() {
@@ -378,15 +422,23 @@ fn main() {
     let mut report = Report::new("sharded");
     let bin = node_binary();
     let (mut joins, mut moves, mut handovers, mut kills) = (vec![], vec![], vec![], vec![]);
+    let mut puts: Option<(f64, f64)> = None;
     runtime.block_on(async {
         for r in 0..rounds {
-            let (join, moved, handover, kill) = round(&bin, &backend, r).await;
+            let (join, moved, handover, kill, put) = round(&bin, &backend, r).await;
             joins.push(join);
             moves.push(moved as f64);
             handovers.extend(handover);
             kills.extend(kill);
+            if let Some((sum, count)) = put {
+                let (s0, c0) = puts.unwrap_or_default();
+                puts = Some((s0 + sum, c0 + count));
+            }
         }
     });
+    // On Kubernetes: how long the API server itself took per Lease PUT while the shards moved
+    // (every move takes two: the release and the claim).
+    let put_mean_ms = puts.map(|(sum, count)| sum * 1000.0 / count.max(1.0));
     let handover = summarize(&handovers);
     let join = summarize(&joins);
     let kill = summarize(&kills);
@@ -394,7 +446,10 @@ fn main() {
     println!("sharded/{backend}: per-shard handover (stop -> start) {handover}");
     println!("sharded/{backend}: join -> full balance {join}; most moves {most_moves}");
     println!("sharded/{backend}: SIGKILL -> running elsewhere {kill}");
-    let setup = json!({ "shards": SHARDS, "nodes": 3, "ttl_ms": ms(TTL), "renewal_ms": ms(RENEWAL), "rounds": rounds });
+    let setup = json!({ "shards": SHARDS, "nodes": 3, "ttl_ms": ms(TTL), "renewal_ms": ms(RENEWAL), "rounds": rounds, "apiserver_lease_put_mean_ms_during_handovers": put_mean_ms });
+    if let Some(mean) = put_mean_ms {
+        println!("sharded/{backend}: the API server's own mean Lease PUT time during the handovers: {mean:.1} ms");
+    }
     report.record(
         "shard-handover",
         &backend,

@@ -182,6 +182,35 @@ pub trait LeaseBackend: Send + Sync + 'static {
         self.release(settings, tenure)
     }
 
+    /// Gives the tenure up like [`release`](Self::release) and, where the backend can do it
+    /// safely, makes `target` the holder in the same single compare-and-swap, so that `target`
+    /// takes over without a write of its own (a planned move costs one write instead of two).
+    /// The default is a plain [`release`](Self::release).
+    ///
+    /// A backend that overrides it must keep every rule of a claim for `target`: the new record
+    /// lasts only as long as `target` itself keeps it alive (so a `target` that is gone, or never
+    /// takes it up, frees it within one TTL), its fencing token rises, and `target`'s
+    /// `try_acquire` takes it up only when it can prove, from its own monotonic clock, how long
+    /// the record is valid. When the handover cannot be written (an unknown or expired `target`)
+    /// it releases plainly.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    fn hand_over(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+        target: &str,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send {
+        let _ = target;
+        self.release(settings, tenure)
+    }
+
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
     /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
     /// tenure ends. The default never resolves: losses are then found by renewals only.

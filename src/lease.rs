@@ -340,6 +340,40 @@ pub trait Lease: Send + Sync + 'static {
         }))
     }
 
+    /// Gives the lease up *to `target`*, the owner that should hold it next, for a planned move
+    /// to a contender known to be waiting (a shard moving to the node placement chose for it).
+    ///
+    /// The tenure ends exactly as with [`release`](Lease::release). Where the backend can make
+    /// `target` the holder safely in the same single write, it does (etcd: the key moves, by
+    /// compare-and-swap, to the etcd lease of `target`, which `target` then takes up without a
+    /// write of its own: a move costs one write instead of two). Everywhere else, and when that
+    /// write cannot be made (a `target` this process has not seen, or whose etcd lease is gone),
+    /// it is a plain `release`. Unlike [`release_to`](Lease::release_to) it records no
+    /// preference: nobody waits for `target`.
+    ///
+    /// A `target` that never takes the lease up does not keep it: on etcd the record lives only
+    /// as long as `target`'s own etcd lease, which `target` renews only while it runs; and a
+    /// contender of this crate takes up a record handed to it whenever it next competes.
+    ///
+    /// Resolves like [`release`](Lease::release). The default is `release`.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::InvalidTransferTarget`] when `target` is empty, longer than an owner may be,
+    /// has a control character or is this owner (nothing changed). Otherwise as
+    /// [`release`](Lease::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`release`](Lease::release).
+    fn hand_over(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        let checked = check_target(self, target);
+        async move {
+            checked?;
+            self.release().await
+        }
+    }
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;
@@ -407,6 +441,11 @@ pub(crate) fn check_transfer_target(lease: &impl Lease, target: &str) -> Result<
             what: "record a preferred next holder",
         });
     }
+    check_target(lease, target)
+}
+
+/// Whether `target` may be named as the next holder of `lease`: a valid owner, not this one.
+pub(crate) fn check_target(lease: &(impl Lease + ?Sized), target: &str) -> Result<(), LeaseError> {
     let reason = if target == lease.owner() {
         Some("it is this owner")
     } else {

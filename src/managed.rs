@@ -1,11 +1,10 @@
 //! [`ManagedLease`]: the one implementation of the lease contract on top of any
 //! [`LeaseBackend`].
 
-use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, OwnedMutexGuard};
@@ -22,6 +21,10 @@ use crate::lease::{
 use crate::metrics::{self, LeaseLabel};
 use crate::settings::LeaseSettings;
 use crate::tenure::{sleep_until_precise, RenewalTask, Tenure, TenureCell, TenureEnd, TenureWatch};
+
+mod registry;
+
+use registry::InstanceKey;
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -509,14 +512,15 @@ impl<B: LeaseBackend> ManagedLease<B> {
         }
     }
 
-    /// `release`, or `release_to(target)` when `preferred` names one (checked by the caller).
-    async fn release_inner(&self, preferred: Option<&str>) -> Result<bool, LeaseError> {
+    /// `release`, `release_to` or `hand_over`, as `giving` says (its target checked by the
+    /// caller).
+    async fn release_inner(&self, giving: Giving) -> Result<bool, LeaseError> {
         // Before anything changes: outside a runtime the tenure (if any) stays as it is.
         let runtime = current_runtime(Operation::Release)?;
         let shared = &self.shared;
         let mut ops = Arc::clone(&shared.ops).lock_owned().await;
         let Some(renewal) = ops.renewal.take() else {
-            if preferred.is_some() {
+            if matches!(giving, Giving::Prefer(_)) {
                 // Nothing held: nothing to hand over, and nothing of a plain release's clean-up
                 // is asked for.
                 return Ok(false);
@@ -541,7 +545,6 @@ impl<B: LeaseBackend> ManagedLease<B> {
         shared.end_by_choice(renewal.generation, TenureEnd::Released);
         // Stopping the renewal and telling the backend are polled right here, but never cut
         // short: if this future is dropped first, they are finished on a task of their own.
-        let preferred = preferred.map(str::to_owned);
         let call = FinishOnDrop::new(&runtime, {
             let shared = Arc::clone(shared);
             let span = tracing::Span::current();
@@ -550,9 +553,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 let Some(tenure) = stop_renewal(renewal).await else {
                     // The tenure was lost before the release; there is nothing of ours to
                     // release (nor to hand over).
-                    return Ok(preferred.is_none());
+                    return Ok(!matches!(giving, Giving::Prefer(_)));
                 };
-                let released = shared.release_tenure(tenure, preferred.as_deref()).await;
+                let released = shared.release_tenure(tenure, &giving).await;
                 if let Err(error) = &released {
                     tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = error as &dyn StdError, "release failed; the record may stay held until its TTL");
                     ops.unreleased = Some(Unreleased::now(error.clone(), &shared.settings));
@@ -563,6 +566,17 @@ impl<B: LeaseBackend> ManagedLease<B> {
         });
         call.await
     }
+}
+
+/// How a release gives the lease up.
+#[derive(Debug, Clone)]
+enum Giving {
+    /// A plain release.
+    Release,
+    /// A release recording this preferred next holder (`release_to`).
+    Prefer(String),
+    /// A release that makes this owner the holder where the backend can (`hand_over`).
+    HandOver(String),
 }
 
 /// An `acquire` call in flight: if the caller's future is dropped before the answer, the call is
@@ -620,7 +634,7 @@ fn spawn_release_abandoned<B: LeaseBackend>(
     tenure: B::Tenure,
 ) {
     runtime.spawn(async move {
-        match shared.release_tenure(tenure, None).await {
+        match shared.release_tenure(tenure, &Giving::Release).await {
             Ok(_) => ops.unreleased = None,
             Err(error) => {
                 tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it expires after its TTL");
@@ -740,26 +754,28 @@ impl<B: LeaseBackend> Shared<B> {
         }
     }
 
-    /// Gives `tenure` back to the backend, within the operation timeout, naming `preferred` as
-    /// the next holder when given.
-    async fn release_tenure(
-        &self,
-        tenure: B::Tenure,
-        preferred: Option<&str>,
-    ) -> Result<bool, LeaseError> {
+    /// Gives `tenure` back to the backend, within the operation timeout, as `giving` says.
+    async fn release_tenure(&self, tenure: B::Tenure, giving: &Giving) -> Result<bool, LeaseError> {
         let settings = &self.settings;
-        let outcome = match preferred {
-            None => {
+        let outcome = match giving {
+            Giving::Release => {
                 timeout(
                     settings.operation_timeout(),
                     self.backend.release(settings, tenure),
                 )
                 .await
             }
-            Some(preferred) => {
+            Giving::Prefer(preferred) => {
                 timeout(
                     settings.operation_timeout(),
                     self.backend.release_to(settings, tenure, preferred),
+                )
+                .await
+            }
+            Giving::HandOver(target) => {
+                timeout(
+                    settings.operation_timeout(),
+                    self.backend.hand_over(settings, tenure, target),
                 )
                 .await
             }
@@ -774,12 +790,15 @@ impl<B: LeaseBackend> Shared<B> {
                 *holder = None;
                 metrics::release(&self.label, "released");
                 tracing::Span::current().record("outcome", "released");
-                match preferred {
-                    None => {
+                match giving {
+                    Giving::Release => {
                         tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released")
                     }
-                    Some(preferred) => {
+                    Giving::Prefer(preferred) => {
                         tracing::info!(lease = %settings.name(), owner = %settings.owner(), %preferred, "lease released to a preferred holder")
+                    }
+                    Giving::HandOver(target) => {
+                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), %target, "lease released, handed over")
                     }
                 }
                 Ok(true)
@@ -972,72 +991,6 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
     }
 }
 
-/// (store, name, owner) of a lease instance.
-type Key = (String, String, String);
-
-/// What the registry knows of an instance: whether it holds the lease or has an `acquire` or
-/// `release` in flight.
-trait Instance: Send + Sync {
-    fn busy(&self) -> bool;
-}
-
-impl<B: LeaseBackend> Instance for Shared<B> {
-    fn busy(&self) -> bool {
-        self.tenure.watch().check_alive() || self.ops.try_lock().is_err()
-    }
-}
-
-/// The live lease instances of this process, by (store, name, owner).
-static INSTANCES: LazyLock<Mutex<HashMap<Key, Vec<Registered>>>> = LazyLock::new(Default::default);
-
-/// A registered instance: its id and a weak handle.
-type Registered = (u64, Weak<dyn Instance>);
-
-/// This instance's entry in [`INSTANCES`]; removed on drop.
-struct InstanceKey {
-    key: Key,
-    id: u64,
-}
-
-impl InstanceKey {
-    fn register<B: LeaseBackend>(key: Key, shared: &Arc<Shared<B>>) -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let weak: Weak<dyn Instance> = Arc::downgrade(shared) as Weak<dyn Instance>;
-        lock(&INSTANCES)
-            .entry(key.clone())
-            .or_default()
-            .push((id, weak));
-        Self { key, id }
-    }
-
-    /// Whether another live instance with the same key holds the lease or is acquiring or
-    /// releasing it. Called with this instance's own `ops` lock held, so two instances that try
-    /// at once cannot both pass.
-    fn other_busy(&self) -> bool {
-        let others: Vec<Arc<dyn Instance>> = lock(&INSTANCES)
-            .get(&self.key)
-            .into_iter()
-            .flatten()
-            .filter(|(id, _)| *id != self.id)
-            .filter_map(|(_, weak)| weak.upgrade())
-            .collect();
-        others.iter().any(|other| other.busy())
-    }
-}
-
-impl Drop for InstanceKey {
-    fn drop(&mut self) {
-        let mut instances = lock(&INSTANCES);
-        if let Some(list) = instances.get_mut(&self.key) {
-            list.retain(|(id, weak)| *id != self.id && weak.strong_count() > 0);
-            if list.is_empty() {
-                instances.remove(&self.key);
-            }
-        }
-    }
-}
-
 impl<B: LeaseBackend> Drop for ManagedLease<B> {
     fn drop(&mut self) {
         // Like a crash: renewal stops, nothing is released, the lease expires after its TTL.
@@ -1066,7 +1019,7 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
-        self.release_inner(None)
+        self.release_inner(Giving::Release)
             .instrument(self.span("lease_release"))
     }
 
@@ -1077,7 +1030,20 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         let span = self.span("lease_release");
         async move {
             crate::lease::check_transfer_target(self, target)?;
-            self.release_inner(Some(target)).await
+            self.release_inner(Giving::Prefer(target.to_owned())).await
+        }
+        .instrument(span)
+    }
+
+    fn hand_over(
+        &self,
+        target: &str,
+    ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
+        let span = self.span("lease_release");
+        async move {
+            crate::lease::check_target(self, target)?;
+            self.release_inner(Giving::HandOver(target.to_owned()))
+                .await
         }
         .instrument(span)
     }

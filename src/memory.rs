@@ -148,6 +148,9 @@ struct Record {
     preferred: Option<(String, Instant)>,
     /// What the holder wrote about itself with its claim.
     metadata: Option<String>,
+    /// When the record was handed over to its holder ([`Lease::hand_over`]), until the holder
+    /// takes it up (or anything else changes it).
+    handed_at: Option<Instant>,
 }
 
 impl Record {
@@ -391,6 +394,7 @@ impl Record {
             changed: Arc::new(Notify::new()),
             preferred: None,
             metadata: None,
+            handed_at: None,
         }
     }
 }
@@ -449,12 +453,25 @@ impl LeaseBackend for InMemoryBackend {
                         holder: Some(holder.to_owned()),
                         expires_at: record.expires_at,
                     },
+                    // Handed over to this owner: taken up as it is, valid from the handover
+                    // (the store's clock is everyone's).
+                    Some(_) if record.handed_at.is_some() && settings.metadata().is_none() => {
+                        let handed_at = record.handed_at.take();
+                        AcquireAttempt::Acquired {
+                            tenure: InMemoryTenure {
+                                token: record.token,
+                            },
+                            token: FencingToken::new(record.token),
+                            valid_from: handed_at,
+                        }
+                    }
                     None if record.deferring(owner, now).is_some() => AcquireAttempt::HeldByOther {
                         holder: None,
                         expires_at: record.deferring(owner, now),
                     },
                     _ => {
                         record.preferred = None;
+                        record.handed_at = None;
                         record.token += 1;
                         record.holder = Some(owner.to_owned());
                         record.expires_at = Some(now + ttl);
@@ -523,6 +540,45 @@ impl LeaseBackend for InMemoryBackend {
         preferred: &str,
     ) -> Result<ReleaseOutcome, InMemoryError> {
         self.release_preferring(settings, tenure, Some(preferred))
+            .await
+    }
+
+    /// The record goes to `target` in the same step: held by it for one TTL from now, with a new
+    /// token, until `target` takes it up (its next attempt, woken by the change) and renews it.
+    async fn hand_over(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+        target: &str,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
+        self.store
+            .call(owner, "release", held, |state, now| {
+                state.stats.releases += 1;
+                let Some(record) = state.records.get_mut(name) else {
+                    return ReleaseOutcome::Released;
+                };
+                if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
+                    record.holder = Some(target.to_owned());
+                    record.token += 1;
+                    record.expires_at = Some(now + ttl);
+                    record.metadata = None;
+                    record.preferred = None;
+                    record.handed_at = Some(now);
+                    record.changed.notify_waiters();
+                    state.publish(name);
+                    return ReleaseOutcome::Released;
+                }
+                match record.live_holder(now) {
+                    Some(h) if h != owner || record.token != tenure.token => {
+                        ReleaseOutcome::HeldByOther {
+                            holder: Some(h.to_owned()),
+                        }
+                    }
+                    _ => ReleaseOutcome::Released,
+                }
+            })
             .await
     }
 
@@ -635,6 +691,7 @@ impl InMemoryBackend {
                     record.holder = None;
                     record.expires_at = None;
                     record.metadata = None;
+                    record.handed_at = None;
                     record.preferred = preferred.map(|p| (p.to_owned(), now + ttl));
                     record.changed.notify_waiters();
                     state.publish(name);

@@ -21,6 +21,7 @@ trait DynLease: Send + Sync + 'static {
     fn acquire_within(&self, timeout: Duration) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
+    fn hand_over<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
     fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -43,6 +44,9 @@ impl<L: Lease> DynLease for L {
     }
     fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(Lease::release_to(self, target))
+    }
+    fn hand_over<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(Lease::hand_over(self, target))
     }
     fn records_preference(&self) -> bool {
         Lease::records_preference(self)
@@ -133,6 +137,10 @@ impl Lease for SharedLease {
         let (lease, target) = (Arc::clone(&self.0), target.to_owned());
         async move { lease.release_to(&target).await }
     }
+    fn hand_over(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        let (lease, target) = (Arc::clone(&self.0), target.to_owned());
+        async move { lease.hand_over(&target).await }
+    }
     fn records_preference(&self) -> bool {
         self.0.records_preference()
     }
@@ -168,6 +176,9 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn release_to(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).release_to(target)
+    }
+    fn hand_over(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).hand_over(target)
     }
     fn records_preference(&self) -> bool {
         (**self).records_preference()

@@ -67,6 +67,8 @@ struct Backend {
     config: PathBuf,
     /// How soon after a SIGKILL its shards must run elsewhere (see `kubernetes`).
     kill_bound: Duration,
+    /// The etcd key prefix of the group's leases (etcd only: the tests read the store's history).
+    etcd_prefix: Option<String>,
 }
 
 fn scratch(test: &str) -> PathBuf {
@@ -93,13 +95,14 @@ fn timing(ttl: Duration) -> String {
 /// The test cluster's etcd, under a key prefix of the test's own.
 fn etcd(dir: &Path, test: &str, ttl: Duration) -> Backend {
     let config = dir.join("config.toml");
+    let prefix = common::etcd::unique_prefix(test);
     std::fs::write(
         &config,
         format!(
             "[leases.sharded]\nbackend = \"etcd\"\n{}\n[leases.sharded.etcd]\nendpoints = [\"{}\"]\nprefix = \"{}\"\n",
             timing(ttl),
             common::etcd::endpoint(),
-            common::etcd::unique_prefix(test)
+            prefix
         ),
     )
     .unwrap();
@@ -110,6 +113,7 @@ fn etcd(dir: &Path, test: &str, ttl: Duration) -> Backend {
         // etcd deletes the dead node's keys one TTL after its last keep-alive, and the prefix
         // watch wakes the new owners at once.
         kill_bound: ttl + KILL_SLACK,
+        etcd_prefix: Some(prefix),
     }
 }
 
@@ -142,6 +146,7 @@ fn kubernetes(dir: &Path, test: &str, ttl: Duration) -> Backend {
         // received its last renewal (not from its own first read: that took a second TTL, 6.0 s
         // at TTL 3 s, before src/kubernetes/observed.rs took the watch's first sight).
         kill_bound: ttl + KILL_SLACK,
+        etcd_prefix: None,
     }
 }
 
@@ -580,6 +585,10 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
     let before = fleet.holders();
     let leaving: BTreeSet<usize> = (0..SHARDS).filter(|s| before[s] == "node-2").collect();
 
+    let from_revision = match &fleet.backend.etcd_prefix {
+        Some(_) => Some(etcd_revision().await),
+        None => None,
+    };
     let term = fleet.terminate("node-2").await;
     let settled = fleet.settle("after the SIGTERM", SETTLE_WITHIN).await;
     let after = fleet.holders();
@@ -627,7 +636,68 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
             ms(ns)
         );
     }
+    // On etcd, a move is one write: the leaver puts each of its shard keys in the new holder's
+    // name on the new holder's etcd lease, and the new holder writes nothing (no delete, no claim),
+    // as the store's own history shows.
+    if let (Some(prefix), Some(from)) = (&fleet.backend.etcd_prefix, from_revision) {
+        let writes = etcd_writes(prefix, from).await;
+        for &shard in &leaving {
+            let key = format!("{prefix}{}-{shard}", fleet.backend.group);
+            let new_holder = &after[&shard];
+            let expected = vec![(true, format!("{new_holder}\0\0handed-over-by\0node-2"))];
+            assert_eq!(
+                writes.get(&key),
+                Some(&expected),
+                "shard {shard}: one write, the handover to {new_holder}"
+            );
+        }
+    }
     fleet.assert_exclusive(&[]);
+}
+
+/// The store's current revision (the test etcd).
+async fn etcd_revision() -> i64 {
+    let mut admin = common::etcd::admin_client(&common::etcd::endpoint()).await;
+    let got = admin.get("/", None).await.unwrap();
+    got.header().unwrap().revision()
+}
+
+/// Every write to a key under `prefix` after revision `from`, up to now, by key: (a put?, value).
+/// "Now" is a marker key this writes under the prefix: the history is read until its event.
+async fn etcd_writes(prefix: &str, from: i64) -> BTreeMap<String, Vec<(bool, String)>> {
+    let mut admin = common::etcd::admin_client(&common::etcd::endpoint()).await;
+    let marker = format!("{prefix}~history-read-up-to-here");
+    admin.put(marker.as_str(), "", None).await.unwrap();
+    let mut stream = admin
+        .watch(
+            prefix,
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(from + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut writes: BTreeMap<String, Vec<(bool, String)>> = BTreeMap::new();
+    loop {
+        let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("etcd delivers the history within 10 s")
+            .unwrap()
+            .expect("the watch stays open");
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if key == marker {
+                return writes;
+            }
+            writes.entry(key).or_default().push((
+                event.event_type() == etcd_client::EventType::Put,
+                String::from_utf8_lossy(kv.value()).into_owned(),
+            ));
+        }
+    }
 }
 
 /// SIGKILL to one of 3 nodes: exactly its shards run elsewhere, within TTL + slack on etcd (twice

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::member::Member;
 use super::singleton::{
-    ClusterSingletonManager, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
+    ClusterSingletonManager, HandOverTo, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
 };
 use crate::group::{GroupError, GroupSnapshot, GroupWatch};
 use crate::lease::{FencingToken, Lease, LeaseError};
@@ -192,6 +192,9 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     eligible: bool,
     /// Whether the tenure was alive at the last reconcile (to count moves).
     was_held: bool,
+    /// The fencing token of the latest tenure this node had of the shard: a record naming this
+    /// node with a newer token was handed to it ([`Lease::hand_over`]).
+    last_token: Option<FencingToken>,
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
@@ -388,6 +391,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 retiring: false,
                 eligible: false,
                 was_held: false,
+                last_token: None,
             });
         }
         let node = node.expect("at least one shard");
@@ -548,16 +552,50 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 return (members, holders, targets.clone());
             }
         }
+        let targets = self.place(&members, &holders);
+        self.placed = Some((members.clone(), holders.clone(), targets.clone()));
+        (members, holders, targets)
+    }
+
+    /// The target of every shard (an index into `members`) for these members and holders.
+    fn place(&self, members: &[String], holders: &[Option<String>]) -> Vec<Option<usize>> {
         let by_id: HashMap<&str, &str> = self
             .shards
             .iter()
-            .zip(&holders)
+            .zip(holders)
             .filter_map(|(shard, holder)| Some((shard.id.as_str(), holder.as_deref()?)))
             .collect();
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
-        let targets = place(&ids, &members, |id| by_id.get(id).copied());
-        self.placed = Some((members.clone(), holders.clone(), targets.clone()));
-        (members, holders, targets)
+        place(&ids, members, |id| by_id.get(id).copied())
+    }
+
+    /// Where every shard goes once this node has left: the targets the other members compute
+    /// when they see its member lease gone (its shards still held in its name).
+    fn targets_after_leaving(&self) -> Vec<Option<String>> {
+        let snapshot = self.watch.snapshot();
+        let now = Instant::now();
+        let members: Vec<String> = snapshot
+            .with_prefix(&self.member_prefix)
+            .filter_map(|(_, record)| record.live_holder(now))
+            .filter(|member| *member != self.node)
+            .map(str::to_owned)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let holders: Vec<Option<String>> = self
+            .shards
+            .iter()
+            .map(|shard| {
+                if shard.held() {
+                    return Some(self.node.clone());
+                }
+                snapshot.live_holder(&shard.name, now).map(str::to_owned)
+            })
+            .collect();
+        self.place(&members, &holders)
+            .into_iter()
+            .map(|target| target.map(|t| members[t].clone()))
+            .collect()
     }
 
     /// Moves the `shards_held` gauge to `held` for this node.
@@ -580,7 +618,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             return; // started again once retired, if still eligible then
         }
         match &shard.manager {
-            Some(manager) => manager.do_send(SetEligible(eligible)),
+            Some(manager) => {
+                if eligible {
+                    // Targeted here again: a release after this one is a plain one.
+                    manager.do_send(HandOverTo(None));
+                }
+                manager.do_send(SetEligible(eligible))
+            }
             None if eligible => self.start_manager(index, ctx),
             None => {}
         }
@@ -618,7 +662,17 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 continue; // no member at all: leave everything as it is
             };
             let held = self.shards[index].held();
-            if members[target] == self.node {
+            // A record handed to this node (newer than any tenure it had) that it does not
+            // hold: take it up, so that it neither stays held in this node's name nor goes
+            // unrun (the node that handed it over may have placed it differently); if it is
+            // targeted elsewhere, it is then handed over again like any other.
+            let shard = &self.shards[index];
+            let handed_here = !held
+                && snapshot.get(&shard.name).is_some_and(|record| {
+                    record.live_holder(now) == Some(self.node.as_str())
+                        && record.token > shard.last_token
+                });
+            if members[target] == self.node || handed_here {
                 self.handing_over.remove(&index);
                 self.set_eligible(index, true, ctx);
             } else if held && self.shards[index].eligible {
@@ -643,6 +697,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         for (index, shard) in self.shards.iter_mut().enumerate() {
             let held = shard.held();
             held_now += usize::from(held);
+            if held {
+                let token = shard.lease.as_ref().and_then(|lease| lease.fencing_token());
+                shard.last_token = shard.last_token.max(token);
+            }
             if shard.was_held && !held {
                 let reason = if self.handing_over.contains_key(&index) || !shard.eligible {
                     "rebalance"
@@ -675,6 +733,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             }
             let target = targets[index].map(|t| members[t].clone());
             tracing::info!(group = %self.group, shard = %self.shards[index].id, ?target, "handing the shard over");
+            if let Some(manager) = &self.shards[index].manager {
+                manager.do_send(HandOverTo(target.clone()));
+            }
             self.set_eligible(index, false, ctx);
             self.handing_over.insert(index, now);
         }
@@ -872,10 +933,18 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
         metrics::shard_moved(&self.label, "shutdown", held as u64);
         self.report_held(0);
         let member = self.member.clone();
+        // Each shard goes straight to the node that targets it once this one has left: one write
+        // per shard where the backend can ([`Lease::hand_over`]).
+        let targets = self.targets_after_leaving();
         let managers: Vec<_> = self
             .shards
             .iter()
-            .filter_map(|s| s.manager.clone())
+            .zip(targets)
+            .filter_map(|(s, target)| {
+                let manager = s.manager.clone()?;
+                manager.do_send(HandOverTo(target));
+                Some(manager)
+            })
             .collect();
         let group = self.group.clone();
         let limit = self.settings.max_handovers;

@@ -26,6 +26,8 @@ use crate::tenure::{TenureEnd, TenureGuard};
 mod candidacy;
 mod handlers;
 
+pub(crate) use handlers::HandOverTo;
+
 pub use super::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
     SingletonStatus, TransferLeadership,
@@ -355,6 +357,9 @@ where
     policy: crate::actors::candidacy::HandoverPolicy,
     /// A better candidate is live: this node does not compete.
     deferring: bool,
+    /// Who the next plain release hands the lease over to ([`Lease::hand_over`]), if anyone:
+    /// set by the sharded workers, whose placement knows the next holder.
+    hand_to: Option<String>,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -420,6 +425,7 @@ where
             candidacy: None,
             policy: Default::default(),
             deferring: false,
+            hand_to: None,
             release_result: None,
             competition: None,
             instances: 0,
@@ -672,11 +678,17 @@ where
         if let (AfterStop::Shutdown, Some(to)) = (&then, &to) {
             tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease to a better candidate");
         }
+        // A plain release goes to the next holder the sharded placement named, if any.
+        let hand_to = match (&then, &to) {
+            (AfterStop::Transfer { .. }, _) | (_, Some(_)) => None,
+            _ => self.hand_to.clone(),
+        };
         ctx.spawn(
             wrap_future::<_, Self>(async move {
-                match to {
-                    Some(to) => lease.release_to(&to).await,
-                    None => lease.release().await,
+                match (to, hand_to) {
+                    (Some(to), _) => lease.release_to(&to).await,
+                    (None, Some(target)) => lease.hand_over(&target).await,
+                    (None, None) => lease.release().await,
                 }
             })
             .map(

@@ -1,17 +1,18 @@
 //! [`EtcdBackend`]: the [`LeaseBackend`] of one lease in etcd.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetResponse, KeyValue, KvClient, PutOptions, Txn, TxnOp,
+    Compare, CompareOp, EventType, GetResponse, KeyValue, KvClient, PutOptions, Txn, TxnOp,
     TxnOpResponse, TxnResponse,
 };
 use tokio::sync::watch;
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
-use super::session::{Freshness, Grant, GrantState, Registration, SessionInner};
+use super::claims::{remove_claim, ClaimGuard, Claims, Current, Removal, Target, Unanswered};
+use super::session::{Freshness, GrantState, Registration, SessionInner};
 use super::value::KeyContent;
 use super::watch::HubEvent;
 use super::{observe, observe_txn, token_of, EtcdError, EtcdSession};
@@ -27,8 +28,6 @@ const CLAIM_ROUNDS: usize = 3;
 /// doubling up to 200 ms.
 const RELEASE_RETRY: Doubling =
     Doubling::new(Duration::from_millis(25), Duration::from_millis(200));
-/// First delay before retrying a failed removal of a claim; doubles up to a quarter of the TTL.
-const REMOVAL_BACKOFF_START: Duration = Duration::from_millis(100);
 
 /// The [`LeaseBackend`] of one lease stored in etcd; see [`EtcdLease`](super::EtcdLease).
 pub struct EtcdBackend {
@@ -48,6 +47,18 @@ pub struct EtcdBackend {
     /// `wait_for_change` just saw the key released to this owner, at this `mod_revision`: the
     /// next attempt claims over it at once, without reading first.
     preferred_here: Mutex<Option<i64>>,
+    /// `wait_for_change` just saw the key handed to this owner (put in its name on an etcd
+    /// lease) at this `mod_revision`, on this etcd lease, with this value: the next attempt
+    /// takes it up without a write if that is this owner's etcd lease (see `hand_over`).
+    handed_here: Mutex<Option<Handed>>,
+    /// Releases that handed the key over to another owner's etcd lease.
+    handed_over: AtomicU64,
+    /// Keys handed to this owner that an attempt took up without a write.
+    taken_up: AtomicU64,
+    /// The highest revision of any tenure this backend had: a key in this owner's name at that
+    /// revision or below is an old claim of its own, never taken up as a new tenure (tokens
+    /// rise).
+    highest_tenure: AtomicI64,
     /// Claiming transactions sent.
     claims_sent: AtomicU64,
     /// Claiming transactions whose compare failed (the key was there, or changed).
@@ -133,254 +144,6 @@ impl Drop for EtcdTenure {
     }
 }
 
-/// What an [`EtcdBackend`] shares with the background clean-ups of its claims.
-struct Claims {
-    key: Vec<u8>,
-    /// The tenure being watched.
-    current: Mutex<Option<Current>>,
-    /// Held by a claim from before it is sent until its tenure is recorded in `current`, and by
-    /// a removal of an unanswered claim from its read to its delete: a removal never mistakes a
-    /// fresh tenure of ours for the unanswered claim.
-    claim_lock: tokio::sync::Mutex<()>,
-    /// Claims whose answer never arrived, until their removal is settled.
-    unanswered: Mutex<Vec<Arc<Unanswered>>>,
-    /// Renewals that read the key because the tenure's watch was not established.
-    verified_renewals: AtomicU64,
-    /// Keys removed by the clean-up of an unanswered claim or a dropped tenure.
-    claims_removed: AtomicU64,
-    /// Removal attempts that failed (and were retried).
-    removals_failed: AtomicU64,
-}
-
-impl Claims {
-    fn lock_current(&self) -> MutexGuard<'_, Option<Current>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lock_unanswered(&self) -> MutexGuard<'_, Vec<Arc<Unanswered>>> {
-        self.unanswered.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn current_token(&self) -> Option<FencingToken> {
-        self.lock_current().as_ref().map(|c| c.token)
-    }
-}
-
-/// The tenure being watched: its token, shared etcd lease and watch state.
-struct Current {
-    token: FencingToken,
-    grant: Arc<Grant>,
-    watch_ok: Arc<AtomicBool>,
-}
-
-/// A claim that was sent and never answered: it may have been applied.
-#[derive(Debug)]
-struct Unanswered {
-    /// The value the claim wrote (the owner, and its metadata).
-    value: Vec<u8>,
-    lease_id: i64,
-}
-
-/// Which claim a removal deletes.
-#[derive(Debug, Clone)]
-enum Target {
-    /// A dropped tenure: the key if its `mod_revision` is still the tenure's.
-    Tenure { revision: i64 },
-    /// An unanswered claim: the key if it holds our owner on this etcd lease and no tenure of ours
-    /// uses it.
-    Unanswered(Arc<Unanswered>),
-}
-
-/// The outcome of one removal attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Removed {
-    /// The key was ours and is deleted.
-    Deleted,
-    /// The key is not (or no longer) the claim: absent, someone else's, or a live tenure of ours.
-    NotThere,
-}
-
-/// The clean-up of a claim nobody will release: a dropped tenure, or a claim whose answer never
-/// arrived. It runs on the session's runtime, holds no session handle, and ends when its
-/// compare-and-swap delete succeeds or its compare fails, or when the etcd lease the key is
-/// attached to is gone (the key went with it).
-struct Removal {
-    claims: Arc<Claims>,
-    target: Target,
-    grant: Arc<Grant>,
-    /// The first attempt is not made before this instant.
-    not_before: Instant,
-    ttl: Duration,
-    operation_timeout: Duration,
-}
-
-impl Removal {
-    /// Attempts until settled; an unanswered claim is checked at once, again one TTL after it
-    /// was sent (`final_check`), and then once per TTL for as long as the etcd lease it names
-    /// lives (see [`Removal::next_check`]), since the claim may land after any attempt looked.
-    async fn run(self, client: Client, final_check: Option<Instant>) {
-        sleep_until(self.not_before).await;
-        let mut final_check = final_check;
-        let mut backoff = REMOVAL_BACKOFF_START;
-        loop {
-            if self.grant.state().lost.is_some() {
-                break;
-            }
-            match timeout(self.operation_timeout, self.attempt(&client)).await {
-                Ok(Ok(Removed::Deleted)) => break,
-                Ok(Ok(Removed::NotThere)) => match final_check.take() {
-                    Some(at) => {
-                        sleep_until(at).await;
-                        continue;
-                    }
-                    None => match self.next_check() {
-                        Some(at) => {
-                            sleep_until(at).await;
-                            continue;
-                        }
-                        None => break,
-                    },
-                },
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "removing a claim failed; retrying");
-                }
-                Err(_) => tracing::debug!("removing a claim timed out; retrying"),
-            }
-            self.claims.removals_failed.fetch_add(1, Ordering::Relaxed);
-            sleep(backoff).await;
-            backoff = (backoff * 2).min((self.ttl / 4).max(REMOVAL_BACKOFF_START));
-        }
-        if let Target::Unanswered(unanswered) = &self.target {
-            self.claims
-                .lock_unanswered()
-                .retain(|u| !Arc::ptr_eq(u, unanswered));
-        }
-    }
-
-    /// When to look for an unanswered claim again after it was not found: a claim request held
-    /// up on its way (a slow member, a stalled connection) can still land later, for as long as
-    /// the etcd lease it names lives, and would then block the lease while other leases keep that
-    /// etcd lease alive. So the guard holds until the etcd lease is gone (lost, or no longer kept
-    /// alive by this session), looking once per TTL, or at the etcd lease's expiry if sooner.
-    /// `None` once it is gone, and for every other target.
-    fn next_check(&self) -> Option<Instant> {
-        if !matches!(self.target, Target::Unanswered(_)) {
-            return None;
-        }
-        let state = self.grant.state();
-        let expires = state.last_ok + self.ttl;
-        let now = Instant::now();
-        (state.lost.is_none() && now < expires).then(|| (now + self.ttl).min(expires))
-    }
-
-    /// One compare-and-swap delete of the claim.
-    async fn attempt(&self, client: &Client) -> Result<Removed, etcd_client::Error> {
-        remove_claim(&self.claims, client, &self.target).await
-    }
-}
-
-/// One compare-and-swap delete of the claim `target`.
-async fn remove_claim(
-    claims: &Claims,
-    client: &Client,
-    target: &Target,
-) -> Result<Removed, etcd_client::Error> {
-    let key = claims.key.clone();
-    let mut kv = client.kv_client();
-    let compare = match target {
-        Target::Tenure { revision } => {
-            vec![Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                *revision,
-            )]
-        }
-        Target::Unanswered(unanswered) => {
-            let _claims = claims.claim_lock.lock().await;
-            let response = observe("range", kv.get(key.clone(), None).await)?;
-            let Some(current) = response.kvs().first() else {
-                return Ok(Removed::NotThere);
-            };
-            let ours = current.value() == unanswered.value.as_slice()
-                && current.lease() == unanswered.lease_id
-                && claims.current_token() != Some(token_of(current.mod_revision()));
-            if !ours {
-                return Ok(Removed::NotThere);
-            }
-            let compare = vec![
-                Compare::mod_revision(key.clone(), CompareOp::Equal, current.mod_revision()),
-                Compare::value(key.clone(), CompareOp::Equal, unanswered.value.clone()),
-                Compare::lease(key.clone(), CompareOp::Equal, unanswered.lease_id),
-            ];
-            return delete_if(&mut kv, claims, key, compare).await;
-        }
-    };
-    delete_if(&mut kv, claims, key, compare).await
-}
-
-async fn delete_if(
-    kv: &mut KvClient,
-    claims: &Claims,
-    key: Vec<u8>,
-    compare: Vec<Compare>,
-) -> Result<Removed, etcd_client::Error> {
-    let txn = Txn::new()
-        .when(compare)
-        .and_then([TxnOp::delete(key, None)]);
-    if observe_txn(kv.txn(txn).await)?.succeeded() {
-        claims.claims_removed.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(key = %String::from_utf8_lossy(&claims.key), "removed a claim nobody holds");
-        Ok(Removed::Deleted)
-    } else {
-        Ok(Removed::NotThere)
-    }
-}
-
-/// Armed before a claim is sent; disarmed by its answer. Dropped armed (the claim failed with an
-/// unknown outcome, timed out, or its future was dropped), it starts the claim's removal.
-struct ClaimGuard {
-    session: Arc<SessionInner>,
-    claims: Arc<Claims>,
-    client: Client,
-    grant: Arc<Grant>,
-    value: Vec<u8>,
-    sent: Instant,
-    ttl: Duration,
-    operation_timeout: Duration,
-    armed: bool,
-}
-
-impl ClaimGuard {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let unanswered = Arc::new(Unanswered {
-            value: self.value.clone(),
-            lease_id: self.grant.id(),
-        });
-        self.claims.lock_unanswered().push(Arc::clone(&unanswered));
-        tracing::debug!(key = %String::from_utf8_lossy(&self.claims.key), lease_id = %format_args!("{:x}", self.grant.id()), "a claim was not answered; removing it if it landed");
-        let removal = Removal {
-            claims: Arc::clone(&self.claims),
-            target: Target::Unanswered(unanswered),
-            grant: Arc::clone(&self.grant),
-            not_before: Instant::now(),
-            ttl: self.ttl,
-            operation_timeout: self.operation_timeout,
-        };
-        let final_check = self.sent + self.ttl;
-        self.session
-            .spawn(removal.run(self.client.clone(), Some(final_check)));
-    }
-}
-
 enum Claim {
     Won {
         revision: i64,
@@ -418,6 +181,10 @@ impl EtcdBackend {
             preference: Mutex::new(None),
             deferred_until: Mutex::new(None),
             preferred_here: Mutex::new(None),
+            handed_here: Mutex::new(None),
+            handed_over: AtomicU64::new(0),
+            taken_up: AtomicU64::new(0),
+            highest_tenure: AtomicI64::new(0),
             claims_sent: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             seen_held: AtomicU64::new(0),
@@ -434,6 +201,18 @@ impl EtcdBackend {
     /// sent, for tests and cost checks.
     pub fn claims_sent(&self) -> u64 {
         self.claims_sent.load(Ordering::Relaxed)
+    }
+
+    /// How many releases handed the key over to another owner's etcd lease
+    /// ([`Lease::hand_over`](crate::Lease::hand_over)), for tests and cost checks.
+    pub fn handed_over(&self) -> u64 {
+        self.handed_over.load(Ordering::Relaxed)
+    }
+
+    /// How many acquire attempts took up a key handed over to this owner without writing
+    /// anything, for tests and cost checks.
+    pub fn taken_up(&self) -> u64 {
+        self.taken_up.load(Ordering::Relaxed)
     }
 
     /// How many of the claiming transactions etcd refused because their compare failed: the key
@@ -544,7 +323,22 @@ impl EtcdBackend {
                     revision,
                 })
             }
-            KeyContent::Holder(_) => {}
+            KeyContent::Holder(_) => {
+                if self.may_take_up(
+                    current.value(),
+                    current.lease(),
+                    current.mod_revision(),
+                    owner,
+                    value,
+                    lease_id,
+                ) {
+                    self.taken_up.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(key = %self.key_lossy(), revision = current.mod_revision(), "took up the lease key handed to this owner");
+                    return Ok(Claim::Won {
+                        revision: current.mod_revision(),
+                    });
+                }
+            }
             KeyContent::Preferred { target, window } => {
                 if let Some(until) =
                     self.defer_until(owner, current.mod_revision(), &target, window)
@@ -571,6 +365,27 @@ impl EtcdBackend {
         } else {
             Claim::Raced
         })
+    }
+
+    /// Whether a key with `current` value, etcd lease and revision was handed to `owner` (whose
+    /// claims write `value` on etcd lease `lease_id`) and may be taken up as a new tenure
+    /// without a write: in the handover's form (no claim writes it, so another owner did), on
+    /// this very etcd lease, by an owner without metadata (a claim writes it; a handover carries
+    /// none), newer than any tenure this backend had, and no claim of ours unanswered.
+    fn may_take_up(
+        &self,
+        current: &[u8],
+        current_lease: i64,
+        revision: i64,
+        owner: &str,
+        value: &[u8],
+        lease_id: i64,
+    ) -> bool {
+        KeyContent::handed_to(current).as_deref() == Some(owner)
+            && value == owner.as_bytes()
+            && current_lease == lease_id
+            && revision > self.highest_tenure.load(Ordering::Relaxed)
+            && self.claims.lock_unanswered().is_empty()
     }
 
     fn lock_observed(&self) -> MutexGuard<'_, Option<i64>> {
@@ -648,30 +463,39 @@ impl EtcdBackend {
         }))
     }
 
-    /// A release: the key deleted, or, with `preferred`, overwritten with that preference.
-    async fn release_preferring(
+    /// A release: the key deleted; with [`Giving::Prefer`] overwritten with that preference;
+    /// with [`Giving::HandTo`] put on the target's etcd lease in its name (a plain release if
+    /// etcd no longer has that lease).
+    async fn release_giving(
         &self,
         settings: &LeaseSettings,
         mut tenure: EtcdTenure,
-        preferred: Option<&str>,
+        mut giving: Giving<'_>,
     ) -> Result<ReleaseOutcome, EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
-        let write = match preferred {
-            None => TxnOp::delete(self.key.clone(), None),
-            Some(preferred) => TxnOp::put(
-                self.key.clone(),
-                KeyContent::preference(preferred, settings.ttl()),
-                Some(PutOptions::new().with_lease(tenure.lease_id())),
-            ),
+        let txn = |giving: &Giving<'_>| {
+            let write = match giving {
+                Giving::Delete => TxnOp::delete(self.key.clone(), None),
+                Giving::Prefer(preferred) => TxnOp::put(
+                    self.key.clone(),
+                    KeyContent::preference(preferred, settings.ttl()),
+                    Some(PutOptions::new().with_lease(tenure.lease_id())),
+                ),
+                Giving::HandTo { target, lease_id } => TxnOp::put(
+                    self.key.clone(),
+                    KeyContent::handed(target, settings.owner()),
+                    Some(PutOptions::new().with_lease(*lease_id)),
+                ),
+            };
+            Txn::new()
+                .when([Compare::mod_revision(
+                    self.key.clone(),
+                    CompareOp::Equal,
+                    tenure.revision,
+                )])
+                .and_then([write])
+                .or_else([TxnOp::get(self.key.clone(), None)])
         };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                tenure.revision,
-            )])
-            .and_then([write])
-            .or_else([TxnOp::get(self.key.clone(), None)]);
         // With several endpoints, a request may go to a member that is down (connection refused)
         // while the others answer, several times in a row: retry an unavailable cluster until
         // the caller's operation timeout ends the call (`ManagedLease` bounds every release by
@@ -682,10 +506,19 @@ impl EtcdBackend {
         let mut pauses = RELEASE_RETRY;
         let mut attempts = 1u32;
         let response = loop {
-            match observe_txn(kv.txn(txn.clone()).await) {
+            match observe_txn(kv.txn(txn(&giving)).await) {
                 Ok(response) => break response,
                 Err(error) => {
                     let error = EtcdError::from_client("release", tenure.lease_id(), error);
+                    if let (EtcdError::LeaseNotFound { .. }, Giving::HandTo { target, .. }) =
+                        (&error, &giving)
+                    {
+                        // The target's etcd lease is gone (it stopped or lost it): nothing was
+                        // written; release plainly.
+                        tracing::debug!(key = %self.key_lossy(), %target, "the handover target's etcd lease is gone: releasing plainly");
+                        giving = Giving::Delete;
+                        continue;
+                    }
                     if !matches!(error, EtcdError::Unavailable { .. }) {
                         return Err(error);
                     }
@@ -698,7 +531,11 @@ impl EtcdBackend {
         tenure.settled = true;
         self.claims.lock_current().take();
         if response.succeeded() {
-            if preferred.is_some() {
+            if let Giving::HandTo { target, lease_id } = &giving {
+                self.handed_over.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(key = %self.key_lossy(), %target, lease_id = %format_args!("{lease_id:x}"), "handed the lease key over");
+            }
+            if matches!(giving, Giving::Prefer(_)) {
                 // The preference lives on the tenure's etcd lease: left to expire, not revoked,
                 // if this was its last user (a contender leaves it to the target for one window
                 // at most in any case).
@@ -727,14 +564,25 @@ impl EtcdBackend {
             .map_err(|e| EtcdError::from_client("read the lease key", 0, e))
     }
 
-    /// Reads the key: whether it is absent (free), or released to a preferred holder.
-    async fn key_is_absent_or_preferred(&self) -> Result<(bool, bool), EtcdError> {
+    /// Reads the key: whether it is absent (free), released to a preferred holder, handed to
+    /// `owner`, or held.
+    async fn key_now(&self, owner: &str) -> Result<KeyNow, EtcdError> {
         let mut kv = self.inner().client().await?.kv_client();
         let response = self.read_key(&mut kv).await?;
         Ok(match response.kvs().first() {
-            None => (true, false),
-            Some(kv) => (false, KeyContent::holder(kv.value()).is_none()),
+            None => KeyNow::Absent,
+            Some(kv) => match KeyContent::holder(kv.value()) {
+                None => KeyNow::Preferred,
+                Some(holder) if holder == owner => KeyNow::HandedHere(Handed::of(kv)),
+                Some(_) => KeyNow::Held,
+            },
         })
+    }
+
+    /// Remembers that the key was seen handed to this owner, for the next attempt.
+    fn seen_handed(&self, handed: Handed) {
+        tracing::trace!(key = %self.key_lossy(), revision = handed.revision, "the key was handed to this owner");
+        *self.handed_here.lock().unwrap_or_else(|p| p.into_inner()) = Some(handed);
     }
 
     /// What the key looks like now compared with tenure `token`: `None` while it is still ours.
@@ -751,6 +599,41 @@ impl EtcdBackend {
         };
         Ok((reason, revision))
     }
+}
+
+/// A key seen handed to this owner: its `mod_revision`, etcd lease and value.
+struct Handed {
+    revision: i64,
+    lease_id: i64,
+    value: Vec<u8>,
+}
+
+impl Handed {
+    fn of(kv: &KeyValue) -> Self {
+        Self {
+            revision: kv.mod_revision(),
+            lease_id: kv.lease(),
+            value: kv.value().to_vec(),
+        }
+    }
+}
+
+/// What a read of the key found (see `EtcdBackend::key_now`).
+enum KeyNow {
+    Absent,
+    Preferred,
+    HandedHere(Handed),
+    Held,
+}
+
+/// What a release writes.
+enum Giving<'a> {
+    /// Deletes the key.
+    Delete,
+    /// Overwrites it with a preference for this owner, on the tenure's etcd lease.
+    Prefer(&'a str),
+    /// Puts it in `target`'s name on `target`'s etcd lease.
+    HandTo { target: &'a str, lease_id: i64 },
 }
 
 fn header_revision(response: &TxnResponse, operation: &'static str) -> Result<i64, EtcdError> {
@@ -829,8 +712,14 @@ impl LeaseBackend for EtcdBackend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            let just_freed =
-                self.seen_deleted.swap(false, Ordering::Relaxed) || preferred_here.is_some();
+            let handed = self
+                .handed_here
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let just_freed = self.seen_deleted.swap(false, Ordering::Relaxed)
+                || preferred_here.is_some()
+                || handed.is_some();
             if !just_freed && !inner.has_usable_grant(settings) {
                 // Read before granting: a contender that finds the lease held needs no etcd lease.
                 // (Skipped right after the watch saw the key deleted: it is most likely free.)
@@ -853,9 +742,27 @@ impl LeaseBackend for EtcdBackend {
                 operation_timeout: settings.operation_timeout(),
                 armed: true,
             };
-            let claim = self
-                .claim(&mut kv, owner, &value, grant.id(), preferred_here)
-                .await;
+            // A key handed to this owner on this very etcd lease is taken up without a write, at
+            // the handover's revision: it lives as long as this etcd lease (so its validity is
+            // the lease's, like a claim's), and any later change to it is seen by the tenure's
+            // watch, which starts after that revision. Otherwise (another etcd lease, metadata
+            // to write) a compare-and-swap over the key makes it a claim of ours.
+            let take_up = handed.filter(|h| {
+                self.may_take_up(&h.value, h.lease_id, h.revision, owner, &value, grant.id())
+            });
+            let claim = match take_up {
+                Some(handed) => {
+                    self.taken_up.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(key = %self.key_lossy(), revision = handed.revision, "took up the lease key handed to this owner");
+                    Ok(Claim::Won {
+                        revision: handed.revision,
+                    })
+                }
+                None => {
+                    self.claim(&mut kv, owner, &value, grant.id(), preferred_here)
+                        .await
+                }
+            };
             let answered = match &claim {
                 Ok(_) => true,
                 Err(error) => matches!(
@@ -872,6 +779,7 @@ impl LeaseBackend for EtcdBackend {
             }
             match claim {
                 Ok(Claim::Won { revision }) => {
+                    self.highest_tenure.fetch_max(revision, Ordering::Relaxed);
                     let token = token_of(revision);
                     let watch_ok = Arc::new(AtomicBool::new(false));
                     *self.claims.lock_current() = Some(Current {
@@ -969,7 +877,7 @@ impl LeaseBackend for EtcdBackend {
         settings: &LeaseSettings,
         tenure: EtcdTenure,
     ) -> Result<ReleaseOutcome, EtcdError> {
-        self.release_preferring(settings, tenure, None).await
+        self.release_giving(settings, tenure, Giving::Delete).await
     }
 
     /// The key is not deleted but overwritten with the preference (see `value.rs`), on the
@@ -985,8 +893,26 @@ impl LeaseBackend for EtcdBackend {
         tenure: EtcdTenure,
         preferred: &str,
     ) -> Result<ReleaseOutcome, EtcdError> {
-        self.release_preferring(settings, tenure, Some(preferred))
+        self.release_giving(settings, tenure, Giving::Prefer(preferred))
             .await
+    }
+
+    /// The key is put in `target`'s name on `target`'s own etcd lease (the one a group watch of
+    /// this session last saw it hold a key with), in the same compare-and-swap on the tenure's
+    /// revision: etcd deletes it when `target` stops renewing, and `target` takes it up without
+    /// a write when its watch shows it (see `wait_for_change`). With no etcd lease known for
+    /// `target`, or one etcd no longer has, it is a plain release.
+    async fn hand_over(
+        &self,
+        settings: &LeaseSettings,
+        tenure: EtcdTenure,
+        target: &str,
+    ) -> Result<ReleaseOutcome, EtcdError> {
+        let giving = match self.inner().holder_lease(target) {
+            Some(lease_id) => Giving::HandTo { target, lease_id },
+            None => Giving::Delete,
+        };
+        self.release_giving(settings, tenure, giving).await
     }
 
     async fn watch_lost(
@@ -1118,18 +1044,22 @@ impl LeaseBackend for EtcdBackend {
             loop {
                 match watch.next().await {
                     Some(HubEvent::Created { revision }) if revision > seen => {
-                        match self.key_is_absent_or_preferred().await {
-                            Ok((_, true)) => {
+                        match self.key_now(settings.owner()).await {
+                            Ok(KeyNow::HandedHere(handed)) => {
+                                self.seen_handed(handed);
+                                return;
+                            }
+                            Ok(KeyNow::Preferred) => {
                                 tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was released to a preferred holder before its watch started");
                                 return;
                             }
-                            Ok((true, _)) => {
+                            Ok(KeyNow::Absent) => {
                                 tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was deleted before its watch started");
                                 self.seen_deleted.store(true, Ordering::Relaxed);
                                 return;
                             }
-                            // Still held (by anyone): its deletion comes through the watch.
-                            Ok((false, false)) => {}
+                            // Still held by another owner: its deletion comes through the watch.
+                            Ok(KeyNow::Held) => {}
                             Err(_) => return sleep_until(retry_at).await,
                         }
                     }
@@ -1151,6 +1081,18 @@ impl LeaseBackend for EtcdBackend {
                                 KeyContent::Holder(_) => None,
                             }
                         });
+                        // Handed to this owner (see `hand_over`): take it up now.
+                        let handed = events
+                            .iter()
+                            .filter(|e| e.event_type() == EventType::Put)
+                            .filter_map(|e| e.kv())
+                            .find(|kv| {
+                                KeyContent::holder(kv.value()).as_deref() == Some(settings.owner())
+                            });
+                        if let Some(kv) = handed {
+                            self.seen_handed(Handed::of(kv));
+                            return;
+                        }
                         if let Some((here, revision)) = preferred {
                             if here {
                                 *self

@@ -65,13 +65,53 @@ pub(super) trait GroupSource: Send + Sync + 'static {
     ) -> impl Future<Output = Result<WatchHandle, EtcdError>> + Send;
 }
 
-/// A session's group feeds, by group prefix (without the session's key prefix).
+/// A session's group feeds, by group prefix (without the session's key prefix), and what they
+/// saw of the holders' etcd leases.
 #[derive(Default)]
-pub(super) struct GroupFeeds(Mutex<HashMap<String, Weak<Feed>>>);
+pub(super) struct GroupFeeds {
+    feeds: Mutex<HashMap<String, Weak<Feed>>>,
+    holders: Arc<HolderLeases>,
+}
+
+/// The etcd lease each holder was last seen claiming a key with, in any group this session
+/// watches: where a handover puts the key it hands to that holder (see `EtcdBackend::hand_over`).
+#[derive(Default)]
+pub(super) struct HolderLeases(Mutex<HashMap<String, (i64, i64)>>);
+
+impl HolderLeases {
+    /// Remembers that `kv` (a put) names its holder on its etcd lease, unless a later revision
+    /// of that holder was seen already.
+    fn saw(&self, kv: &KeyValue) {
+        let Some(holder) = super::value::KeyContent::holder(kv.value()) else {
+            return;
+        };
+        if kv.lease() == 0 || holder.is_empty() {
+            return;
+        }
+        let mut holders = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = holders
+            .entry(holder)
+            .or_insert((kv.lease(), kv.mod_revision()));
+        if kv.mod_revision() >= entry.1 {
+            *entry = (kv.lease(), kv.mod_revision());
+        }
+    }
+
+    /// The etcd lease `holder` was last seen holding a key with.
+    pub(super) fn lease_of(&self, holder: &str) -> Option<i64> {
+        let holders = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        holders.get(holder).map(|(lease, _)| *lease)
+    }
+}
 
 impl GroupFeeds {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Feed>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.feeds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the feeds saw of the holders' etcd leases.
+    pub(super) fn holders(&self) -> &HolderLeases {
+        &self.holders
     }
 
     /// A watch of group `group` (keys starting with `key`; lease names are keys without their
@@ -99,6 +139,7 @@ impl GroupFeeds {
             strip,
             records: BTreeMap::new(),
             sender,
+            holders: Arc::clone(&self.holders),
         };
         let span = tracing::debug_span!("etcd_group_watch", group = %group);
         let task = runtime.spawn(tracing::Instrument::instrument(feed(source, fold), span));
@@ -132,6 +173,7 @@ struct Fold {
     strip: usize,
     records: BTreeMap<String, GroupRecord>,
     sender: GroupSender,
+    holders: Arc<HolderLeases>,
 }
 
 impl Fold {
@@ -141,6 +183,7 @@ impl Fold {
 
     /// The group as listed; published (as synced) once its watch is created.
     fn listed(&mut self, kvs: &[KeyValue]) {
+        kvs.iter().for_each(|kv| self.holders.saw(kv));
         self.records = kvs
             .iter()
             .map(|kv| (self.name(kv.key()), record(kv)))
@@ -153,6 +196,7 @@ impl Fold {
             let name = self.name(kv.key());
             match event.event_type() {
                 EventType::Put => {
+                    self.holders.saw(kv);
                     self.records.insert(name, record(kv));
                 }
                 // Released, expired with its etcd lease, or deleted by hand.
@@ -316,6 +360,7 @@ mod tests {
             strip: 3,
             records: BTreeMap::new(),
             sender,
+            holders: Arc::default(),
         };
         (fold, receiver)
     }

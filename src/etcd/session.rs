@@ -307,6 +307,12 @@ impl SessionInner {
         )
     }
 
+    /// The etcd lease `owner` was last seen holding a key with, by any group watch of this
+    /// session (`None` when none saw it).
+    pub(super) fn holder_lease(&self, owner: &str) -> Option<i64> {
+        self.groups.holders().lease_of(owner)
+    }
+
     /// The session's runtime.
     fn runtime(&self) -> Result<&Handle, EtcdError> {
         self.runtime

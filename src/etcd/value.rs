@@ -10,11 +10,18 @@
 //! A holder with [metadata](crate::LeaseSettings::metadata) writes `<owner>\0<metadata>`: what
 //! precedes the first NUL is the holder (a peer that splits nothing still reads its identity
 //! first).
+//!
+//! A key [handed over](crate::Lease::hand_over) to `<target>` by `<from>` reads
+//! `<target>\0\0handed-over-by\0<from>`: held by `<target>`, without metadata (metadata never
+//! starts with a control character). No claim writes that form, so a key in an owner's name in
+//! that form was written by another owner: the target may take it up as a new tenure.
 
 use std::time::Duration;
 
 /// How a preference value starts.
 const TAG: &[u8] = b"\0preferred-holder\0";
+/// What follows the target's identity in a handed-over value.
+const HANDED: &[u8] = b"\0\0handed-over-by\0";
 
 /// What a key's value says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +74,9 @@ impl KeyContent {
             return None;
         }
         let at = value.iter().position(|b| *b == 0)?;
+        if value[at..].starts_with(HANDED) {
+            return None;
+        }
         Some(String::from_utf8_lossy(&value[at + 1..]).into_owned())
     }
 
@@ -76,6 +86,22 @@ impl KeyContent {
             KeyContent::Holder(holder) => Some(holder),
             KeyContent::Preferred { .. } => None,
         }
+    }
+
+    /// The value of a key `from` hands over to `target`.
+    pub(super) fn handed(target: &str, from: &str) -> Vec<u8> {
+        let mut value = target.as_bytes().to_vec();
+        value.extend_from_slice(HANDED);
+        value.extend_from_slice(from.as_bytes());
+        value
+    }
+
+    /// The owner a key was handed over to, if the value is a handover's.
+    pub(super) fn handed_to(value: &[u8]) -> Option<String> {
+        let at = value.iter().position(|b| *b == 0)?;
+        value[at..]
+            .starts_with(HANDED)
+            .then(|| String::from_utf8_lossy(&value[..at]).into_owned())
     }
 
     /// The value of a key released to `target`, which others leave to it for `window`.
@@ -113,6 +139,14 @@ mod tests {
         assert_eq!(KeyContent::held_by("node-a", None), b"node-a");
         assert_eq!(KeyContent::metadata(b"node-a"), None);
         assert_eq!(KeyContent::metadata(&value), None);
+        // Handed over: held by the target, no metadata, and never what a claim writes.
+        let handed = KeyContent::handed("node-b", "node-a");
+        assert_eq!(KeyContent::holder(&handed), Some("node-b".into()));
+        assert_eq!(KeyContent::metadata(&handed), None);
+        assert_eq!(KeyContent::handed_to(&handed), Some("node-b".into()));
+        assert_eq!(KeyContent::handed_to(b"node-b"), None);
+        assert_eq!(KeyContent::handed_to(&held), None);
+        assert_eq!(KeyContent::handed_to(&value), None);
         // Malformed: read as a holder (never as free).
         assert_eq!(
             KeyContent::parse(b"\0preferred-holder\0x"),

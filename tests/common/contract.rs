@@ -834,3 +834,47 @@ pub async fn group_watch_shows_the_holders_metadata<F: Fixture>(f: &F) {
     assert_eq!(metadata(&seen), None, "b wrote none: {seen:?}");
     assert!(b.release().await.unwrap());
 }
+
+/// `hand_over` gives the lease up to the named owner: the tenure ends as with a release, and the
+/// target holds it next with a higher token, while others still find it held.
+/// (On etcd, when the holder's session has seen the target's etcd lease, and in memory, the target
+/// takes up the record written in its name; elsewhere it claims the released lease.) Invalid
+/// targets are refused with nothing changed; with nothing held it is a release.
+pub async fn hand_over_gives_the_lease_to_the_waiting_target<F: Fixture>(f: &F) {
+    let name = f.unique_name("hand-over");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let c = lease_with(f, &name, "c", |b| b.acquire_retries(0)).await;
+    assert!(a.acquire().await.unwrap());
+    let token_a = a.fencing_token().unwrap();
+    for bad in ["", "a", "line\nbreak"] {
+        let error = a.hand_over(bad).await.unwrap_err();
+        assert!(
+            matches!(error, LeaseError::InvalidTransferTarget { .. }),
+            "{bad:?}: {error}"
+        );
+        assert_eq!(a.fencing_token(), Some(token_a), "nothing changed");
+    }
+    assert!(
+        !b.acquire_within(Duration::ZERO).await.unwrap(),
+        "held by a"
+    );
+    assert!(a.hand_over("b").await.unwrap(), "a held the lease");
+    assert!(!a.check_alive());
+    assert!(
+        b.acquire_within(f.slack()).await.unwrap(),
+        "the target holds the lease after the handover"
+    );
+    assert!(b.fencing_token().unwrap() > token_a);
+    assert!(!c.acquire().await.unwrap(), "held by b");
+    assert!(b.release().await.unwrap());
+    assert!(
+        c.acquire_within(f.slack()).await.unwrap(),
+        "free for anyone after b's release"
+    );
+    assert!(c.release().await.unwrap());
+    assert!(
+        a.hand_over("b").await.unwrap(),
+        "with nothing held, a release"
+    );
+}

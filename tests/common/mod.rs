@@ -84,6 +84,7 @@ macro_rules! contract_suite {
             release_to_hands_the_lease_to_the_preferred_owner
             a_preference_nobody_takes_up_lapses_after_one_ttl
             group_watch_shows_the_holders_metadata
+            hand_over_gives_the_lease_to_the_waiting_target
         );
     };
     (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {

@@ -187,3 +187,22 @@ where
         }
     }
 }
+
+/// Internal: the next plain release of the lease hands it over to this owner
+/// ([`Lease::hand_over`]), or releases it plainly (`None`). Sent by the sharded workers before
+/// they make a shard's manager ineligible or shut it down.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct HandOverTo(pub(crate) Option<String>);
+
+impl<A, L> Handler<HandOverTo> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, HandOverTo(target): HandOverTo, _: &mut Self::Context) {
+        self.hand_to = target.filter(|target| target != self.lease.owner());
+    }
+}

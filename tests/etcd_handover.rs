@@ -1,0 +1,231 @@
+//! `Lease::hand_over` on a real etcd: a planned move in one write. The holder puts the key in the
+//! target's name on the target's own etcd lease (compare-and-swap on its tenure's revision), and
+//! the waiting target takes it up from its watch without a write of its own.
+//!
+//! Needs `ACTIX_COORD_TEST_ETCD_ENDPOINT` (`scripts/test-cluster.sh`). Every test uses its own key
+//! prefix.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_coordination::{EtcdSession, Lease, LeaseSettings};
+use common::etcd::{admin_client, endpoint, etcd_settings, unique_prefix};
+use tokio::time::{sleep, timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(TTL)
+        .acquire_retry_delay(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `within`.
+async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let give_up = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < give_up, "{what} (waited {within:?})");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The key's value and etcd lease, as etcd has it.
+async fn key_now(admin: &mut etcd_client::Client, key: &str) -> Option<(String, i64, i64)> {
+    let got = admin.get(key, None).await.unwrap();
+    got.kvs().first().map(|kv| {
+        (
+            String::from_utf8_lossy(kv.value()).into_owned(),
+            kv.lease(),
+            kv.mod_revision(),
+        )
+    })
+}
+
+/// The key moves to the waiting contender in the holder's one compare-and-swap: it is then in
+/// the contender's name on the contender's etcd lease (the one its other key uses), the contender
+/// holds it without sending a claim, with a higher fencing token, renews it with its etcd lease's
+/// keep-alives, and releases it like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_moves_the_key_to_the_waiting_contender_in_one_write() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("hand-over");
+    let mut admin = admin_client(&endpoint).await;
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    // b is a member of the group (a key of its own on its etcd lease), which a watches.
+    let member_b = session_b.lease(settings("g-member-b", "b"));
+    assert!(member_b.acquire().await.unwrap());
+    let a = session_a.lease(settings("g-0", "a"));
+    let b = Arc::new(session_b.lease(settings("g-0", "b")));
+    let group = a.watch_group("g-").unwrap();
+    assert!(a.acquire().await.unwrap());
+    let a_token = a.fencing_token().unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "a's group watch shows b's member key",
+        || {
+            group
+                .snapshot()
+                .get("g-member-b")
+                .is_some_and(|r| r.holder.as_deref() == Some("b"))
+        },
+    )
+    .await;
+
+    let b_wait = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move { b.acquire_within(Duration::from_secs(30)).await }
+    });
+    eventually(Duration::from_secs(10), "b found the key held", || {
+        b.backend().seen_held() >= 1
+    })
+    .await;
+    let claims_before = b.backend().claims_sent();
+    assert!(a.hand_over("b").await.unwrap(), "a held it: handed over");
+    assert!(!a.check_alive());
+    let got = timeout(Duration::from_secs(20), b_wait)
+        .await
+        .expect("b takes the key up from its watch, not after its retry delay")
+        .unwrap();
+    assert!(got.unwrap(), "b holds the lease");
+    assert_eq!(a.backend().handed_over(), 1, "a wrote the handover");
+    assert_eq!(b.backend().taken_up(), 1, "b took the key up");
+    assert_eq!(
+        b.backend().claims_sent(),
+        claims_before,
+        "b sent no claim after the handover: one write for the move"
+    );
+    let b_token = b.fencing_token().unwrap();
+    assert!(b_token > a_token, "tokens rise: {a_token:?} -> {b_token:?}");
+
+    let key = format!("{prefix}g-0");
+    let member_key = format!("{prefix}g-member-b");
+    let (value, lease, revision) = key_now(&mut admin, &key).await.expect("the key is there");
+    let (_, member_lease, _) = key_now(&mut admin, &member_key).await.unwrap();
+    assert!(value.starts_with("b\0"), "the key names b: {value:?}");
+    assert_eq!(lease, member_lease, "on b's own etcd lease");
+    assert_eq!(
+        b_token.value(),
+        revision as u64,
+        "b's token is the handover's revision"
+    );
+
+    // b's tenure renews like a claimed one: it stays held across more renewals than one TTL
+    // would allow without them (the renewals are the etcd lease's keep-alives).
+    let renewals = b.stats().renewals;
+    eventually(TTL * 3, "b renews the lease it took up", || {
+        assert!(b.check_alive(), "b keeps the lease");
+        b.stats().renewals >= renewals + 3
+    })
+    .await;
+    assert!(b.release().await.unwrap());
+    assert_eq!(
+        key_now(&mut admin, &key).await,
+        None,
+        "b's release deletes the key"
+    );
+    assert!(member_b.release().await.unwrap());
+}
+
+/// Without a known etcd lease for the target (no group watch of this session saw it hold a
+/// key), a handover is a plain release: the key is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_to_an_owner_never_seen_is_a_plain_release() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("hand-over-unknown");
+    let mut admin = admin_client(&endpoint).await;
+    let session = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let a = session.lease(settings("g-0", "a"));
+    assert!(a.acquire().await.unwrap());
+    assert!(a.hand_over("b").await.unwrap());
+    assert_eq!(a.backend().handed_over(), 0);
+    assert_eq!(key_now(&mut admin, &format!("{prefix}g-0")).await, None);
+    assert!(
+        a.hand_over("a").await.is_err(),
+        "handing over to oneself is refused"
+    );
+}
+
+/// A target whose etcd lease is gone (it stopped) gets nothing: etcd refuses the write, and the
+/// handover releases plainly instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_to_a_stopped_owner_is_a_plain_release() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("hand-over-gone");
+    let mut admin = admin_client(&endpoint).await;
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let member_b = session_b.lease(settings("g-member-b", "b"));
+    assert!(member_b.acquire().await.unwrap());
+    let a = session_a.lease(settings("g-0", "a"));
+    let group = a.watch_group("g-").unwrap();
+    assert!(a.acquire().await.unwrap());
+    eventually(Duration::from_secs(10), "a sees b's member key", || {
+        group.snapshot().get("g-member-b").is_some()
+    })
+    .await;
+    // b's etcd lease is gone (as when b stops, or when it expires).
+    let ids = session_b.shared_lease_ids().await;
+    assert_eq!(ids.len(), 1, "b's one etcd lease: {ids:?}");
+    admin.lease_revoke(ids[0]).await.unwrap();
+    assert!(a.hand_over("b").await.unwrap());
+    assert_eq!(a.backend().handed_over(), 0, "etcd refused the handover");
+    assert_eq!(
+        key_now(&mut admin, &format!("{prefix}g-0")).await,
+        None,
+        "released plainly"
+    );
+}
+
+/// A key handed to an owner that is not waiting for it is not lost to it: the owner's next
+/// acquire takes it up (on the etcd lease it was handed to, without a write), while others see it
+/// held; an instance of that owner on another etcd lease takes it over with a new token instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_handed_to_an_owner_not_waiting_is_taken_when_it_competes() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("hand-over-idle");
+    let mut admin = admin_client(&endpoint).await;
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let member_b = session_b.lease(settings("g-member-b", "b"));
+    assert!(member_b.acquire().await.unwrap());
+    let a0 = session_a.lease(settings("g-0", "a"));
+    let a1 = session_a.lease(settings("g-1", "a"));
+    let group = a0.watch_group("g-").unwrap();
+    assert!(a0.acquire().await.unwrap());
+    assert!(a1.acquire().await.unwrap());
+    eventually(Duration::from_secs(10), "a sees b's member key", || {
+        group.snapshot().get("g-member-b").is_some()
+    })
+    .await;
+    assert!(a0.hand_over("b").await.unwrap());
+    assert!(a1.hand_over("b").await.unwrap());
+    assert_eq!(a0.backend().handed_over() + a1.backend().handed_over(), 2);
+    let (value, _, handed_0) = key_now(&mut admin, &format!("{prefix}g-0")).await.unwrap();
+    assert!(value.starts_with("b\0"), "the key names b: {value:?}");
+    let (_, _, handed_1) = key_now(&mut admin, &format!("{prefix}g-1")).await.unwrap();
+    // Another contender sees it held by b.
+    let c = EtcdSession::new(etcd_settings(&endpoint, &prefix)).lease(settings("g-0", "c"));
+    assert!(
+        !c.acquire_within(Duration::ZERO).await.unwrap(),
+        "held by b"
+    );
+    // b, on the etcd lease it was handed to: taken up as it is.
+    let b = session_b.lease(settings("g-0", "b"));
+    assert!(b.acquire().await.unwrap(), "b takes the key up");
+    assert_eq!(b.backend().taken_up(), 1);
+    assert_eq!(b.fencing_token().unwrap().value(), handed_0 as u64);
+    // b on another etcd lease: a compare-and-swap over it, with a new token.
+    let b_elsewhere =
+        EtcdSession::new(etcd_settings(&endpoint, &prefix)).lease(settings("g-1", "b"));
+    assert!(b_elsewhere.acquire().await.unwrap());
+    assert_eq!(b_elsewhere.backend().taken_up(), 0);
+    assert!(b_elsewhere.fencing_token().unwrap().value() > handed_1 as u64);
+    assert!(b.release().await.unwrap());
+    assert!(b_elsewhere.release().await.unwrap());
+    assert!(member_b.release().await.unwrap());
+}
