@@ -752,6 +752,35 @@ mod tests {
         );
     }
 
+    /// A handover puts the record in the target's name in the same step, and the target takes
+    /// it up as it is: the handover's token (a claim would raise it again), valid from the
+    /// handover (so its deadline is the record's expiry); others find it held meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_handed_over_record_is_taken_up_as_it_is() {
+        let store = InMemoryStore::new();
+        let a = store.lease(settings("a"));
+        assert!(a.acquire().await.unwrap());
+        let token_a = a.fencing_token().unwrap();
+        assert!(a.hand_over("b").await.unwrap());
+        let handed_at = Instant::now();
+        assert_eq!(store.holder("lease").as_deref(), Some("b"));
+        let c = InMemoryBackend::new(&store);
+        assert!(matches!(
+            c.try_acquire(&settings("c")).await.unwrap(),
+            AcquireAttempt::HeldByOther { .. }
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let b = InMemoryBackend::new(&store);
+        let AcquireAttempt::Acquired {
+            token, valid_from, ..
+        } = b.try_acquire(&settings("b")).await.unwrap()
+        else {
+            panic!("b takes the record handed to it up")
+        };
+        assert_eq!(token.value(), token_a.value() + 1, "the handover's token");
+        assert_eq!(valid_from, Some(handed_at), "valid from the handover");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn store_down_makes_acquire_fail_not_false() {
         let store = InMemoryStore::new();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    FencingToken, GetGroupView, GetShards, InMemoryFault, InMemoryLease, InMemoryStore,
+    FencingToken, GetGroupView, GetShards, InMemoryFault, InMemoryLease, InMemoryStore, Lease,
     LeaseSettings, ShardInfo, ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
     DEFAULT_MAX_HANDOVERS,
 };
@@ -332,6 +332,59 @@ fn a_node_shutting_down_hands_over_exactly_its_shards_at_once() {
             counts(&after)
         );
         assert_exactly_once(&log);
+    });
+}
+
+/// A shard handed over ([`Lease::hand_over`]) to a node that does not target it (the node that
+/// handed it over placed it differently, say during a membership change) neither stays in that
+/// node's name unrun nor waits out the TTL: the node takes it up and hands it on to the shard's
+/// target at once. Without that, the record handed to it would block the target for a TTL (in
+/// memory, where it expires; on etcd for as long as the node lives).
+#[test]
+fn a_shard_handed_to_a_node_that_does_not_target_it_goes_on_to_its_target() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        // An outsider holds shard 0 before the nodes start.
+        let outsider = store.lease(settings(&format!("{GROUP}-0"), "outsider"));
+        assert!(outsider.acquire().await.unwrap());
+        let nodes = [
+            start_in(&store, GROUP, 8, "node-a", &log),
+            start_in(&store, GROUP, 8, "node-b", &log),
+        ];
+        // The nodes run the 7 other shards and agree on shard 0's target.
+        let mut target = None;
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while target.is_none() {
+            assert!(Instant::now() < give_up, "the nodes never settled");
+            sleep(Duration::from_millis(5)).await;
+            let a = nodes[0].send(GetGroupView).await.unwrap();
+            let b = nodes[1].send(GetGroupView).await.unwrap();
+            if running(&log).len() == 7 && a.members.len() == 2 && a.targets == b.targets {
+                target = a.targets["0"].clone();
+            }
+        }
+        let target = target.unwrap();
+        let other = if target == "node-a" {
+            "node-b"
+        } else {
+            "node-a"
+        };
+        assert!(outsider.hand_over(other).await.unwrap());
+        let handed = Instant::now();
+        let ran = until(TTL, "shard 0 runs on its target", || {
+            running(&log).get("0") == Some(&target)
+        })
+        .await;
+        assert!(
+            ran - handed < TTL / 2,
+            "shard 0 reached its target {:?} after the handover: not at once",
+            ran - handed
+        );
+        assert_exactly_once(&log);
+        for node in &nodes {
+            assert!(node.send(Shutdown).await.unwrap().unwrap());
+        }
     });
 }
 
