@@ -399,6 +399,17 @@ impl Record {
     }
 }
 
+/// What a release does with the record.
+#[derive(Clone, Copy)]
+enum Giving<'a> {
+    /// Frees it.
+    Release,
+    /// Frees it, preferring this owner (`release_to`).
+    Prefer(&'a str),
+    /// Hands it to this owner (`hand_over`).
+    HandTo(&'a str),
+}
+
 /// The [`LeaseBackend`] of one lease on an [`InMemoryStore`].
 #[derive(Debug, Clone)]
 pub struct InMemoryBackend {
@@ -526,7 +537,7 @@ impl LeaseBackend for InMemoryBackend {
         settings: &LeaseSettings,
         tenure: InMemoryTenure,
     ) -> Result<ReleaseOutcome, InMemoryError> {
-        self.release_preferring(settings, tenure, None).await
+        self.release_giving(settings, tenure, Giving::Release).await
     }
 
     fn records_preference(&self) -> bool {
@@ -539,7 +550,7 @@ impl LeaseBackend for InMemoryBackend {
         tenure: InMemoryTenure,
         preferred: &str,
     ) -> Result<ReleaseOutcome, InMemoryError> {
-        self.release_preferring(settings, tenure, Some(preferred))
+        self.release_giving(settings, tenure, Giving::Prefer(preferred))
             .await
     }
 
@@ -551,34 +562,7 @@ impl LeaseBackend for InMemoryBackend {
         tenure: InMemoryTenure,
         target: &str,
     ) -> Result<ReleaseOutcome, InMemoryError> {
-        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
-        let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
-        self.store
-            .call(owner, "release", held, |state, now| {
-                state.stats.releases += 1;
-                let Some(record) = state.records.get_mut(name) else {
-                    return ReleaseOutcome::Released;
-                };
-                if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
-                    record.holder = Some(target.to_owned());
-                    record.token += 1;
-                    record.expires_at = Some(now + ttl);
-                    record.metadata = None;
-                    record.preferred = None;
-                    record.handed_at = Some(now);
-                    record.changed.notify_waiters();
-                    state.publish(name);
-                    return ReleaseOutcome::Released;
-                }
-                match record.live_holder(now) {
-                    Some(h) if h != owner || record.token != tenure.token => {
-                        ReleaseOutcome::HeldByOther {
-                            holder: Some(h.to_owned()),
-                        }
-                    }
-                    _ => ReleaseOutcome::Released,
-                }
-            })
+        self.release_giving(settings, tenure, Giving::HandTo(target))
             .await
     }
 
@@ -673,11 +657,13 @@ impl LeaseBackend for InMemoryBackend {
 
 impl InMemoryBackend {
     /// A release, recording `preferred` as the next holder for one TTL when given.
-    async fn release_preferring(
+    /// A release: the record freed, with a preference for [`Giving::Prefer`], or handed to the
+    /// target ([`Giving::HandTo`]).
+    async fn release_giving(
         &self,
         settings: &LeaseSettings,
         tenure: InMemoryTenure,
-        preferred: Option<&str>,
+        giving: Giving<'_>,
     ) -> Result<ReleaseOutcome, InMemoryError> {
         let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
         let held = |r: &ReleaseOutcome| matches!(r, ReleaseOutcome::HeldByOther { .. });
@@ -688,11 +674,25 @@ impl InMemoryBackend {
                     return ReleaseOutcome::Released;
                 };
                 if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
-                    record.holder = None;
-                    record.expires_at = None;
                     record.metadata = None;
-                    record.handed_at = None;
-                    record.preferred = preferred.map(|p| (p.to_owned(), now + ttl));
+                    match giving {
+                        Giving::Release | Giving::Prefer(_) => {
+                            record.holder = None;
+                            record.expires_at = None;
+                            record.handed_at = None;
+                            record.preferred = match giving {
+                                Giving::Prefer(p) => Some((p.to_owned(), now + ttl)),
+                                _ => None,
+                            };
+                        }
+                        Giving::HandTo(target) => {
+                            record.holder = Some(target.to_owned());
+                            record.token += 1;
+                            record.expires_at = Some(now + ttl);
+                            record.preferred = None;
+                            record.handed_at = Some(now);
+                        }
+                    }
                     record.changed.notify_waiters();
                     state.publish(name);
                     return ReleaseOutcome::Released;

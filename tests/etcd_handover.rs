@@ -10,7 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_coordination::{EtcdSession, Lease, LeaseSettings};
+use actix_coordination::{
+    EtcdBackend, EtcdSession, GroupWatch, Lease, LeaseSettings, ManagedLease,
+};
 use common::etcd::{admin_client, endpoint, etcd_settings, unique_prefix};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -45,25 +47,24 @@ async fn key_now(admin: &mut etcd_client::Client, key: &str) -> Option<(String, 
     })
 }
 
-/// The key moves to the waiting contender in the holder's one compare-and-swap: it is then in
-/// the contender's name on the contender's etcd lease (the one its other key uses), the contender
-/// holds it without sending a claim, with a higher fencing token, renews it with its etcd lease's
-/// keep-alives, and releases it like any other.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handover_moves_the_key_to_the_waiting_contender_in_one_write() {
-    let endpoint = endpoint();
-    let prefix = unique_prefix("hand-over");
-    let mut admin = admin_client(&endpoint).await;
-    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    // b is a member of the group (a key of its own on its etcd lease), which a watches.
+/// Two sessions on `prefix`, of owners `a` and `b`: `b` is a member of group `g-` (its key
+/// `g-member-b` on its etcd lease), and a group watch of `a`'s session has seen it.
+struct Pair {
+    session_a: EtcdSession,
+    session_b: EtcdSession,
+    member_b: ManagedLease<EtcdBackend>,
+    _group: GroupWatch,
+}
+
+async fn pair(endpoint: &str, prefix: &str) -> Pair {
+    let session_a = EtcdSession::new(etcd_settings(endpoint, prefix));
+    let session_b = EtcdSession::new(etcd_settings(endpoint, prefix));
     let member_b = session_b.lease(settings("g-member-b", "b"));
     assert!(member_b.acquire().await.unwrap());
-    let a = session_a.lease(settings("g-0", "a"));
-    let b = Arc::new(session_b.lease(settings("g-0", "b")));
-    let group = a.watch_group("g-").unwrap();
-    assert!(a.acquire().await.unwrap());
-    let a_token = a.fencing_token().unwrap();
+    let group = session_a
+        .lease(settings("g-watch", "a"))
+        .watch_group("g-")
+        .unwrap();
     eventually(
         Duration::from_secs(10),
         "a's group watch shows b's member key",
@@ -75,6 +76,34 @@ async fn a_handover_moves_the_key_to_the_waiting_contender_in_one_write() {
         },
     )
     .await;
+    Pair {
+        session_a,
+        session_b,
+        member_b,
+        _group: group,
+    }
+}
+
+/// The key moves to the waiting contender in the holder's one compare-and-swap: it is then in
+/// the contender's name on the contender's etcd lease (the one its other key uses), the contender
+/// holds it without sending a claim, with a higher fencing token, renews it with its etcd lease's
+/// keep-alives, and releases it like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_moves_the_key_to_the_waiting_contender_in_one_write() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("hand-over");
+    let mut admin = admin_client(&endpoint).await;
+    // b is a member of the group (a key of its own on its etcd lease), which a watches.
+    let Pair {
+        session_a,
+        session_b,
+        member_b,
+        ..
+    } = pair(&endpoint, &prefix).await;
+    let a = session_a.lease(settings("g-0", "a"));
+    let b = Arc::new(session_b.lease(settings("g-0", "b")));
+    assert!(a.acquire().await.unwrap());
+    let a_token = a.fencing_token().unwrap();
 
     let b_wait = tokio::spawn({
         let b = Arc::clone(&b);
@@ -157,17 +186,13 @@ async fn a_handover_to_a_stopped_owner_is_a_plain_release() {
     let endpoint = endpoint();
     let prefix = unique_prefix("hand-over-gone");
     let mut admin = admin_client(&endpoint).await;
-    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    let member_b = session_b.lease(settings("g-member-b", "b"));
-    assert!(member_b.acquire().await.unwrap());
+    let Pair {
+        session_a,
+        session_b,
+        ..
+    } = pair(&endpoint, &prefix).await;
     let a = session_a.lease(settings("g-0", "a"));
-    let group = a.watch_group("g-").unwrap();
     assert!(a.acquire().await.unwrap());
-    eventually(Duration::from_secs(10), "a sees b's member key", || {
-        group.snapshot().get("g-member-b").is_some()
-    })
-    .await;
     // b's etcd lease is gone (as when b stops, or when it expires).
     let ids = session_b.shared_lease_ids().await;
     assert_eq!(ids.len(), 1, "b's one etcd lease: {ids:?}");
@@ -189,19 +214,16 @@ async fn a_key_handed_to_an_owner_not_waiting_is_taken_when_it_competes() {
     let endpoint = endpoint();
     let prefix = unique_prefix("hand-over-idle");
     let mut admin = admin_client(&endpoint).await;
-    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    let session_b = EtcdSession::new(etcd_settings(&endpoint, &prefix));
-    let member_b = session_b.lease(settings("g-member-b", "b"));
-    assert!(member_b.acquire().await.unwrap());
+    let Pair {
+        session_a,
+        session_b,
+        member_b,
+        ..
+    } = pair(&endpoint, &prefix).await;
     let a0 = session_a.lease(settings("g-0", "a"));
     let a1 = session_a.lease(settings("g-1", "a"));
-    let group = a0.watch_group("g-").unwrap();
     assert!(a0.acquire().await.unwrap());
     assert!(a1.acquire().await.unwrap());
-    eventually(Duration::from_secs(10), "a sees b's member key", || {
-        group.snapshot().get("g-member-b").is_some()
-    })
-    .await;
     assert!(a0.hand_over("b").await.unwrap());
     assert!(a1.hand_over("b").await.unwrap());
     assert_eq!(a0.backend().handed_over() + a1.backend().handed_over(), 2);

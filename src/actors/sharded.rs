@@ -533,20 +533,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             members.remove(&self.node);
         }
         let members: Vec<String> = members.into_iter().collect();
-        let holders: Vec<Option<String>> = self
-            .shards
-            .iter()
-            .map(|shard| {
-                if shard.held() {
-                    return Some(self.node.clone());
-                }
-                // A record naming this node whose tenure is not alive here is over (or ending).
-                snapshot
-                    .live_holder(&shard.name, now)
-                    .filter(|holder| *holder != self.node)
-                    .map(str::to_owned)
-            })
-            .collect();
+        let holders = self.holders(snapshot, now);
         if let Some((m, h, targets)) = &self.placed {
             if *m == members && *h == holders {
                 return (members, holders, targets.clone());
@@ -555,6 +542,23 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let targets = self.place(&members, &holders);
         self.placed = Some((members.clone(), holders.clone(), targets.clone()));
         (members, holders, targets)
+    }
+
+    /// Who holds each shard: this node for the shards it holds, else the live holder in the
+    /// view (a record naming this node whose tenure is not alive here is over, or ending).
+    fn holders(&self, snapshot: &GroupSnapshot, now: Instant) -> Vec<Option<String>> {
+        self.shards
+            .iter()
+            .map(|shard| {
+                if shard.held() {
+                    return Some(self.node.clone());
+                }
+                snapshot
+                    .live_holder(&shard.name, now)
+                    .filter(|holder| *holder != self.node)
+                    .map(str::to_owned)
+            })
+            .collect()
     }
 
     /// The target of every shard (an index into `members`) for these members and holders.
@@ -582,16 +586,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let holders: Vec<Option<String>> = self
-            .shards
-            .iter()
-            .map(|shard| {
-                if shard.held() {
-                    return Some(self.node.clone());
-                }
-                snapshot.live_holder(&shard.name, now).map(str::to_owned)
-            })
-            .collect();
+        let holders = self.holders(&snapshot, now);
         self.place(&members, &holders)
             .into_iter()
             .map(|target| target.map(|t| members[t].clone()))
