@@ -2115,3 +2115,143 @@ async fn the_namespace_watch_is_current_again_soon_after_the_servers_return() {
         "the namespace watch was current again only {took:?} after the server's return"
     );
 }
+
+/// Issue 24: a contender whose lease instance never waited before (no subscription to its object
+/// yet) reads the object held; the holder releases, and the contender's session's namespace watch
+/// sees the release, before the contender starts waiting. Nothing delivers that release to the
+/// subscription made when the wait starts, so the wait slept until the retry delay (a sharded
+/// node's handover took 500 ms, the default delay, instead of milliseconds). The wait must see
+/// that the watch has a newer version than the contender's read and end at once; the retry delay
+/// is a minute here (and the holder's TTL two), so that a wait for either is unmistakable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_seen_by_the_watch_before_the_contender_waits_wakes_it() {
+    const RETRY_DELAY: Duration = Duration::from_secs(60);
+    let f = KubeFixture::new().await;
+    let name = unique("missed-release");
+    // a's claim lasts longer than the retry delay: b is not woken by its expiry either.
+    let a_settings = LeaseSettings::builder(&name, "a")
+        .ttl(RETRY_DELAY * 2)
+        .build()
+        .unwrap();
+    let a = f.lease(a_settings).await;
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
+    let b_settings = settings(&name, "b")
+        .to_builder()
+        .acquire_retry_delay(RETRY_DELAY)
+        .build()
+        .unwrap();
+    let b = session.lease(b_settings.clone());
+    // Keeps b's session's namespace watch running (as a sharded node's group watch does),
+    // without subscribing b's lease to its object.
+    let mut group = b.watch_group(&name).expect("a group watch");
+    let within = Duration::from_secs(30);
+    assert!(a.acquire().await.unwrap());
+    common::contract::group_until(&mut group, within, "b's session sees a", |s, now| {
+        s.live_holder(&name, now) == Some("a")
+    })
+    .await;
+    let backend = b.backend();
+    let attempt = backend.try_acquire(&b_settings).await.unwrap();
+    assert!(
+        matches!(attempt, AcquireAttempt::HeldByOther { .. }),
+        "{attempt:?}"
+    );
+    assert!(a.release().await.unwrap());
+    common::contract::group_until(
+        &mut group,
+        within,
+        "b's session sees the release",
+        |s, _| s.get(&name).is_some_and(|r| r.holder.is_none()),
+    )
+    .await;
+    timeout(
+        RETRY_DELAY / 2,
+        backend.wait_for_change(&b_settings, Instant::now() + RETRY_DELAY),
+    )
+    .await
+    .expect("b's wait ended on the release its session saw, not after the retry delay");
+    let attempt = backend.try_acquire(&b_settings).await.unwrap();
+    let AcquireAttempt::Acquired { tenure, .. } = attempt else {
+        panic!("b gets the released lease: {attempt:?}");
+    };
+    assert_eq!(
+        backend.release(&b_settings, tenure).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Issue 24: a contender's read, made before its lease first waited, becomes its current view
+/// once its wait subscribes and the namespace watch shows the same version (nothing changed
+/// since, and the watch now delivers every change): no read of its own while it waits, the
+/// release wakes it, and it claims without reading again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contenders_read_is_current_once_its_wait_subscribes() {
+    const RETRY_DELAY: Duration = Duration::from_secs(60);
+    let f = KubeFixture::new().await;
+    let name = unique("read-current");
+    let a_settings = LeaseSettings::builder(&name, "a")
+        .ttl(RETRY_DELAY * 2)
+        .renewal_interval(RETRY_DELAY)
+        .build()
+        .unwrap();
+    let a = f.lease(a_settings).await;
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
+    let b_settings = settings(&name, "b")
+        .to_builder()
+        .acquire_retry_delay(RETRY_DELAY)
+        .build()
+        .unwrap();
+    let b = session.lease(b_settings.clone());
+    let mut group = b.watch_group(&name).expect("a group watch");
+    let within = Duration::from_secs(30);
+    assert!(a.acquire().await.unwrap());
+    common::contract::group_until(&mut group, within, "b's session sees a", |s, now| {
+        s.live_holder(&name, now) == Some("a")
+    })
+    .await;
+    let backend = b.backend();
+    let attempt = backend.try_acquire(&b_settings).await.unwrap();
+    assert!(
+        matches!(attempt, AcquireAttempt::HeldByOther { .. }),
+        "{attempt:?}"
+    );
+    assert_eq!(backend.current_version(), None, "no watch of its own yet");
+    let read = backend.stats();
+    let waited = async {
+        // Longer than `released` waits for the view, shorter than the retry delay.
+        timeout(
+            RETRY_DELAY * 3 / 4,
+            backend.wait_for_change(&b_settings, Instant::now() + RETRY_DELAY),
+        )
+        .await
+        .expect("b's wait ended on the release, not after the retry delay")
+    };
+    let released = async {
+        let deadline = Instant::now() + within;
+        while backend.current_version().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "b's read did not become current within {within:?}"
+            );
+            sleep(Duration::from_millis(5)).await;
+        }
+        // a renews only after a minute: the object is still as b read it.
+        assert_eq!(
+            backend.current_version(),
+            Some(resource_version(&name).await)
+        );
+        assert!(a.release().await.unwrap());
+    };
+    futures_util::future::join(waited, released).await;
+    let attempt = backend.try_acquire(&b_settings).await.unwrap();
+    let AcquireAttempt::Acquired { tenure, .. } = attempt else {
+        panic!("b gets the released lease: {attempt:?}");
+    };
+    let spent = backend.stats();
+    assert_eq!(spent.gets, read.gets, "no read while waiting or to claim");
+    assert_eq!(spent.updates, read.updates + 1, "one claim");
+    assert_eq!(
+        backend.release(&b_settings, tenure).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}

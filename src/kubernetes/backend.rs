@@ -725,7 +725,11 @@ impl LeaseBackend for KubernetesBackend {
         // have passed its whole deadline as `not_after`).
         let mut unsynced_since: Option<Instant> = None;
         loop {
-            self.fold(&subscription);
+            // A change the watch received before this instance subscribed (the release of the
+            // holder this attempt's read saw) is delivered no more: the next attempt reads.
+            if self.catch_up(&subscription) {
+                return;
+            }
             if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
                 return;
             }

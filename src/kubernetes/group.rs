@@ -196,6 +196,13 @@ impl Index {
             .map(|seen| seen.first_seen)
     }
 
+    /// The `resourceVersion` of object `object` in the index (`None`: it has none of the
+    /// object), while the index is current: listed, not listing again, not failing.
+    pub(super) fn current_version(&self, object: &str) -> Option<Option<&str>> {
+        self.synced
+            .then(|| self.objects.get(object).and_then(|s| s.version.as_deref()))
+    }
+
     /// Removes group watch `id`.
     pub(super) fn unsubscribe(&mut self, id: u64) {
         self.groups.retain(|g| g.id != id);

@@ -181,6 +181,46 @@ impl KubernetesBackend {
         self.learn(view, snapshot.at, epoch);
     }
 
+    /// Folds the latest delivery of `subscription`, then brings what this instance knows of the
+    /// object up to date with the synced namespace watch where it can without a request; whether
+    /// the watch received a change this instance missed (its next attempt must read the object).
+    ///
+    /// What it knows is not current when it came from one of its own requests outside the watch's
+    /// epoch, typically the read of an attempt made before it first waited (and subscribed): the
+    /// watch delivers to a subscription only what it receives after the subscription was made, so
+    /// a change in between (the holder's release, just before the contender starts waiting)
+    /// reached this instance no other way, and its wait slept until the retry delay (issue 24).
+    /// The version the watch received last of the object (its index keeps it) tells:
+    ///
+    /// * the same version: nothing changed since, and the subscription gets any later change:
+    ///   what this instance knows is current, in the watch's epoch;
+    /// * a newer one: a change this instance missed (`true`);
+    /// * none, or an older one: the watch has not received this version yet, and delivers it
+    ///   (or a later one) when it does.
+    pub(super) fn catch_up(&self, subscription: &Subscription) -> bool {
+        self.fold(subscription);
+        let Some((epoch, seen)) = subscription.seen_version() else {
+            return false;
+        };
+        let mut state = self.lock();
+        let Some((view, known_epoch)) = state.known.as_mut() else {
+            return false;
+        };
+        if *known_epoch == epoch {
+            return false;
+        }
+        let (Some(known), Some(seen)) = (view.version(), seen.as_deref()) else {
+            return false;
+        };
+        if known == seen {
+            if matches!(view, View::Present(_)) {
+                *known_epoch = epoch;
+            }
+            return false;
+        }
+        newer(seen, known)
+    }
+
     /// What this instance knows of the object, if it is current: learned in the epoch of the
     /// namespace watch that still runs, synced (see the `watch` module). Never subscribes: an
     /// attempt does not start a watch (its listing would compete with the attempt's own bounded

@@ -23,7 +23,14 @@
 //! start and after `410 Gone`), after which every change is delivered in order. What a backend
 //! learned (from a snapshot or from its own read or write) during the epoch that is still running
 //! is current, as long as the watch is *synced* (listed, and not failing). Only a current view lets
-//! an attempt skip its read; otherwise it reads the object first. A stale view can never grant a
+//! an attempt skip its read; otherwise it reads the object first.
+//!
+//! A subscription gets only what the watch receives after it was made, so a lease that read the
+//! object before it subscribed (an attempt's read, before the lease first waits) compares the
+//! version it read with the version the watch received last (its index keeps one per object): the
+//! same version makes the read current; a newer one is a change the lease missed (a release just
+//! before the wait), and its wait ends at once, so that its next attempt reads (issue 24: such a
+//! wait slept until the retry delay). A stale view can never grant a
 //! claim: every claim is a compare-and-swap on the `resourceVersion` it judged, and the expiry of a
 //! version counts from when this process first saw it, after it was written.
 //!
@@ -457,6 +464,23 @@ impl Subscription {
         let epoch = if status.synced { status.epoch } else { 0 };
         let mut registry = lock(&state.registry);
         state.deliver(&mut registry, &self.object, epoch, View::Present(lease), at);
+    }
+
+    /// The `resourceVersion` of the object the watch received last (`None`: it has none of the
+    /// object), and the epoch it is synced in; `None` while the watch is not synced. The watch
+    /// delivers to a subscription only what it receives after the subscription was made: this
+    /// tells a lease whether the object changed before (see `KubernetesBackend::catch_up`).
+    pub(super) fn seen_version(&self) -> Option<(u64, Option<String>)> {
+        // Under the index's lock, which the watch holds while it updates the index, delivers and
+        // starts an epoch: the version and the epoch belong together.
+        let index = lock(&self.watch.state.index);
+        let status = *self.watch.state.status.borrow();
+        if !status.synced || status.ended {
+            return None;
+        }
+        index
+            .current_version(&self.object)
+            .map(|version| (status.epoch, version.map(str::to_owned)))
     }
 
     /// The health of the watch now.
