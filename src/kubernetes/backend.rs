@@ -728,6 +728,7 @@ impl LeaseBackend for KubernetesBackend {
             // A change the watch received before this instance subscribed (the release of the
             // holder this attempt's read saw) is delivered no more: the next attempt reads.
             if self.catch_up(&subscription) {
+                tracing::debug!(object = %self.object, "the namespace watch received a change of the object before this lease waited; reading it again");
                 return;
             }
             if matches!(self.lock().known, Some((View::Absent { .. }, _))) {
