@@ -198,6 +198,8 @@ pub use kubernetes::{
     object_name as kubernetes_object_name, provider_factory as kubernetes_provider_factory,
     KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSessionStats,
     KubernetesSettings, KubernetesStats, KubernetesTenure, KubernetesWatchStats,
+    HANDED_OVER_AFTER_ANNOTATION as KUBERNETES_HANDED_OVER_AFTER_ANNOTATION,
+    HANDED_OVER_BY_ANNOTATION as KUBERNETES_HANDED_OVER_BY_ANNOTATION,
     HOLDER_METADATA_ANNOTATION as KUBERNETES_HOLDER_METADATA_ANNOTATION,
     HOLDER_METADATA_OWNER_ANNOTATION as KUBERNETES_HOLDER_METADATA_OWNER_ANNOTATION,
     KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::observed::{Observed, State};
 use super::record::{
-    duration_secs, holder_of, now_micro, post_params, preferred_of, released, released_to, slim,
-    transitions_of,
+    clear_handed, duration_secs, holder_of, now_micro, post_params, preferred_of, released,
+    released_to, slim, transitions_of,
 };
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
@@ -33,6 +33,17 @@ const RELEASE_RETRY: Doubling =
 /// Unconfirmed renewals remembered (renewals whose answer was lost) before the oldest are forgotten.
 const MAX_UNCONFIRMED: usize = 16;
 
+/// How a tenure is given up.
+#[derive(Clone, Copy)]
+enum Giving<'a> {
+    /// A plain release.
+    Release,
+    /// A release naming a preferred next holder.
+    Prefer(&'a str),
+    /// A handover to a target (a plain release where it cannot be written).
+    HandTo(&'a str),
+}
+
 /// Counters of the requests a [`KubernetesBackend`] sent, for tests and cost checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KubernetesStats {
@@ -45,6 +56,12 @@ pub struct KubernetesStats {
     /// `create` and `update` requests the API server refused with `409 Conflict` (someone else
     /// wrote first: a lost compare-and-swap race); counted in `creates` and `updates` too.
     pub conflicts: u64,
+    /// Tenures given up with a handover to a named target ([`Lease::hand_over`](crate::Lease::hand_over)),
+    /// in one update (counted in `updates` too).
+    pub handed_over: u64,
+    /// Tenures taken up without a write: records handed over to this owner (see
+    /// [`HANDED_OVER_AFTER_ANNOTATION`](super::HANDED_OVER_AFTER_ANNOTATION)).
+    pub taken_up: u64,
 }
 
 impl KubernetesStats {
@@ -60,6 +77,8 @@ pub(super) struct Counters {
     creates: AtomicU64,
     updates: AtomicU64,
     conflicts: AtomicU64,
+    pub(super) handed_over: AtomicU64,
+    pub(super) taken_up: AtomicU64,
 }
 
 pub(super) enum ClientSource {
@@ -201,6 +220,8 @@ impl KubernetesBackend {
             creates: self.counters.creates.load(Ordering::Relaxed),
             updates: self.counters.updates.load(Ordering::Relaxed),
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
+            handed_over: self.counters.handed_over.load(Ordering::Relaxed),
+            taken_up: self.counters.taken_up.load(Ordering::Relaxed),
         }
     }
 
@@ -252,11 +273,12 @@ impl KubernetesBackend {
         lease: &LeaseObject,
     ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.creates.fetch_add(1, Ordering::Relaxed);
+        let sent = Instant::now();
         let created = api
             .create(&post_params(), lease)
             .await
             .map_err(|e| self.write_error("create", e))?;
-        Ok(self.observe_shared(Arc::new(slim(created))))
+        Ok(self.wrote(self.observe_shared(Arc::new(slim(created))), sent))
     }
 
     pub(super) async fn update(
@@ -265,11 +287,20 @@ impl KubernetesBackend {
         lease: &LeaseObject,
     ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let sent = Instant::now();
         let updated = api
             .replace(&self.object, &post_params(), lease)
             .await
             .map_err(|e| self.write_error("update", e))?;
-        Ok(self.observe_shared(Arc::new(slim(updated))))
+        Ok(self.wrote(self.observe_shared(Arc::new(slim(updated))), sent))
+    }
+
+    /// Logs that the write sent at `sent` produced `written` (see the `handover` module).
+    fn wrote(&self, written: Arc<LeaseObject>, sent: Instant) -> Arc<LeaseObject> {
+        if let Some(version) = written.metadata.resource_version.as_deref() {
+            self.hub.wrote(&self.object, version, sent);
+        }
+        written
     }
 
     /// Records a claim about to be sent (by its `acquireTime`, which only this instance writes),
@@ -298,12 +329,23 @@ impl KubernetesBackend {
     }
 
     pub(super) fn acquired(&self, lease: Arc<LeaseObject>) -> AcquireAttempt<KubernetesTenure> {
+        self.tenure_of(lease, None)
+    }
+
+    /// The tenure of `lease`, valid from `valid_from` (`None`: from the start of the attempt).
+    pub(super) fn tenure_of(
+        &self,
+        lease: Arc<LeaseObject>,
+        valid_from: Option<Instant>,
+    ) -> AcquireAttempt<KubernetesTenure> {
         let transitions = transitions_of(&lease);
         {
             let mut state = self.lock();
             state.tenure_version = lease.metadata.resource_version.clone();
             // Whatever an earlier claim left in the store, this tenure supersedes it.
             state.unanswered.clear();
+            let token = transitions.max(0) as u64;
+            state.highest_token = Some(state.highest_token.map_or(token, |h| h.max(token)));
         }
         AcquireAttempt::Acquired {
             token: FencingToken::new(transitions as u64),
@@ -312,7 +354,7 @@ impl KubernetesBackend {
                 transitions,
                 unconfirmed: Vec::new(),
             },
-            valid_from: None,
+            valid_from,
         }
     }
 
@@ -384,6 +426,15 @@ impl KubernetesBackend {
                     Err(e) => return Err(e),
                 }
             };
+            // A record another holder handed over to this owner: taken up without a write when
+            // this instance can tell from its own clock how long it is valid.
+            if let Some(valid_from) = self.may_take_up(&current, settings) {
+                let mut taken = current;
+                clear_handed(&mut taken);
+                self.counters.taken_up.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(object = %self.object, "took up a lease handed over to this owner");
+                return Ok(self.tenure_of(Arc::new(taken), Some(valid_from)));
+            }
             let holder = holder_of(&current).map(str::to_owned);
             // Another holder, or a release that named another preferred holder: free only once
             // its duration has passed since this version was first observed.
@@ -426,6 +477,7 @@ impl KubernetesBackend {
         let start = Instant::now();
         let renew_time = now_micro();
         let mut next = (*tenure.lease).clone();
+        clear_handed(&mut next);
         let spec = next.spec.get_or_insert_with(LeaseSpec::default);
         spec.renew_time = Some(renew_time.clone());
         spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
@@ -487,7 +539,7 @@ impl KubernetesBackend {
         &self,
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
-        preferred: Option<&str>,
+        giving: Giving<'_>,
     ) -> Result<ReleaseOutcome, KubernetesError> {
         let api = self.api()?;
         let owner = settings.owner();
@@ -496,29 +548,39 @@ impl KubernetesBackend {
         // it (one that has the fields but not coordinated leader election enabled may): then
         // the annotations alone.
         let mut with_spec = true;
-        let release = |lease: LeaseObject, with_spec: bool| match preferred {
-            None => released(lease),
-            Some(preferred) => released_to(lease, preferred, with_spec),
+        // The object given up, and whether it is handed over (else released).
+        let release = |lease: LeaseObject, with_spec: bool| match giving {
+            Giving::Release => Ok((released(lease), false)),
+            Giving::Prefer(preferred) => Ok((released_to(lease, preferred, with_spec), false)),
+            Giving::HandTo(target) => {
+                Ok(match self.handed_to(lease.clone(), settings, target)? {
+                    Some(handed) => (handed, true),
+                    None => (released(lease), false),
+                })
+            }
         };
-        let mut next = release((*tenure.lease).clone(), with_spec);
-        // A refusal for now (`429 Too Many Requests` from an API server at its limit of requests
-        // in flight, a `5xx`, a lost connection) is tried again after a pause, while the pauses
-        // leave half the operation timeout: a release given up on leaves the shard or singleton
-        // running nowhere until the TTL (8 nodes claiming 1,024 shards at once met 43 such 429s).
-        // Its outcome may be unknown: the next write, over the same `resourceVersion`, then
-        // conflicts, and the read after it tells.
+        let (mut next, mut handing) = release((*tenure.lease).clone(), with_spec)?;
         let started = Instant::now();
         let mut pauses = RELEASE_RETRY;
         let mut conflicts = 0;
         loop {
             match self.update(&api, &next).await {
-                Ok(_) => return Ok(ReleaseOutcome::Released),
+                Ok(_) => {
+                    if handing {
+                        self.counters.handed_over.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(ReleaseOutcome::Released);
+                }
                 Err(e) if e.status_code() == Some(404) => return Ok(ReleaseOutcome::Released),
                 Err(e) if e.status_code() == Some(409) => conflicts += 1,
-                Err(e) if e.status_code() == Some(422) && preferred.is_some() && with_spec => {
+                Err(e)
+                    if e.status_code() == Some(422)
+                        && matches!(giving, Giving::Prefer(_))
+                        && with_spec =>
+                {
                     tracing::debug!(error = %e, "the API server refused spec.preferredHolder; naming the preferred holder in the annotations only");
                     with_spec = false;
-                    next = release((*tenure.lease).clone(), with_spec);
+                    (next, handing) = release((*tenure.lease).clone(), with_spec)?;
                     continue;
                 }
                 Err(e)
@@ -544,7 +606,7 @@ impl KubernetesBackend {
                 Some(holder)
                     if holder == owner && transitions_of(&current) == tenure.transitions =>
                 {
-                    next = release(current, with_spec)
+                    (next, handing) = release(current, with_spec)?
                 }
                 Some(holder) => {
                     return Ok(ReleaseOutcome::HeldByOther {
@@ -599,7 +661,7 @@ impl LeaseBackend for KubernetesBackend {
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
     ) -> Result<ReleaseOutcome, KubernetesError> {
-        Box::pin(self.release_inner(settings, tenure, None)).await
+        Box::pin(self.release_inner(settings, tenure, Giving::Release)).await
     }
 
     /// The preferred holder goes in the annotations `actix-coordination/preferred-holder` and
@@ -618,7 +680,26 @@ impl LeaseBackend for KubernetesBackend {
         tenure: KubernetesTenure,
         preferred: &str,
     ) -> Result<ReleaseOutcome, KubernetesError> {
-        Box::pin(self.release_inner(settings, tenure, Some(preferred))).await
+        Box::pin(self.release_inner(settings, tenure, Giving::Prefer(preferred))).await
+    }
+
+    /// The object is handed over in one compare-and-swap on the tenure's `resourceVersion`:
+    /// `target` becomes its holder, with the next `leaseTransitions` and this lease's duration,
+    /// and the annotations [`HANDED_OVER_BY_ANNOTATION`](super::HANDED_OVER_BY_ANNOTATION) and
+    /// [`HANDED_OVER_AFTER_ANNOTATION`](super::HANDED_OVER_AFTER_ANNOTATION), the newest version
+    /// of an object held by `target` that this session's namespace watch received: `target`
+    /// takes it up without a write when that version is one its own session wrote (it then knows
+    /// from its own clock a moment before the handover); otherwise it claims it with a
+    /// compare-and-swap. Contenders see a record held by `target` and wait for its expiry. With
+    /// no object of `target` known to this session (its watch not synced, or `target` holding
+    /// nothing), it is a plain release.
+    async fn hand_over(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+        target: &str,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(self.release_inner(settings, tenure, Giving::HandTo(target))).await
     }
 
     /// Releases a claim of this instance whose answer never arrived, if the object still shows
@@ -848,7 +929,7 @@ mod tests {
                 .unwrap();
         let settings = LeaseSettings::new("held", "a").unwrap();
         let outcome = backend
-            .release_inner(&settings, tenure(), None)
+            .release_inner(&settings, tenure(), Giving::Release)
             .await
             .unwrap();
         assert_eq!(outcome, ReleaseOutcome::Released);
@@ -876,7 +957,7 @@ mod tests {
             .unwrap();
         let started = Instant::now();
         let error = backend
-            .release_inner(&settings, tenure(), None)
+            .release_inner(&settings, tenure(), Giving::Release)
             .await
             .unwrap_err();
         assert_eq!(error.status_code(), Some(429), "{error}");

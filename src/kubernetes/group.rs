@@ -34,7 +34,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of, older};
+use super::record::{duration_of, holder_of, newer, older};
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
 use crate::lease::FencingToken;
@@ -194,6 +194,20 @@ impl Index {
             .get(object)
             .filter(|seen| seen.version.as_deref() == Some(version))
             .map(|seen| seen.first_seen)
+    }
+
+    /// The newest version of an object held by `holder` (`(object, resourceVersion)`), while
+    /// the index is current: what a handover to `holder` names (see the `handover` module).
+    pub(super) fn latest_held_by(&self, holder: &str) -> Option<(String, String)> {
+        if !self.synced {
+            return None;
+        }
+        self.objects
+            .iter()
+            .filter(|(_, seen)| seen.record.holder.as_deref() == Some(holder))
+            .filter_map(|(object, seen)| Some((object, seen.version.as_deref()?)))
+            .reduce(|a, b| if newer(b.1, a.1) { b } else { a })
+            .map(|(object, version)| (object.clone(), version.to_owned()))
     }
 
     /// The `resourceVersion` of object `object` in the index (`None`: it has none of the

@@ -7,6 +7,7 @@
 //! * `backend.rs`: [`KubernetesBackend`], the [`LeaseBackend`](crate::LeaseBackend) of one lease:
 //!   its requests and compare-and-swap rounds.
 //! * `record.rs`: the `Lease` object as written and read (holder, fencing token, duration).
+//! * `handover.rs`: a planned move in one write (the target takes the handed object up).
 //! * `observed.rs`: what a backend knows of its object, and the observed-time expiry clock.
 //! * `watch.rs`: one namespace watch shared by the leases of a client.
 //! * `group.rs`: the namespace watch's index of every object, and the group watches served
@@ -20,6 +21,7 @@ mod backend;
 mod client;
 mod error;
 mod group;
+mod handover;
 mod lease;
 mod name;
 mod observed;
@@ -36,8 +38,8 @@ pub use lease::KubernetesLease;
 pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
 pub use provider::provider_factory;
 pub use record::{
-    HOLDER_METADATA_ANNOTATION, HOLDER_METADATA_OWNER_ANNOTATION, PREFERRED_AT_ANNOTATION,
-    PREFERRED_HOLDER_ANNOTATION,
+    HANDED_OVER_AFTER_ANNOTATION, HANDED_OVER_BY_ANNOTATION, HOLDER_METADATA_ANNOTATION,
+    HOLDER_METADATA_OWNER_ANNOTATION, PREFERRED_AT_ANNOTATION, PREFERRED_HOLDER_ANNOTATION,
 };
 pub use session::{KubernetesSession, KubernetesSessionStats};
 pub use settings::KubernetesSettings;

@@ -28,6 +28,9 @@ pub(super) struct State {
     pub(super) unanswered: Vec<MicroTime>,
     /// The `resourceVersion` of this instance's latest write in the current tenure.
     pub(super) tenure_version: Option<String>,
+    /// The highest fencing token of the tenures this instance has had: a record handed over to
+    /// this owner is taken up only when it is newer (see the `handover` module).
+    pub(super) highest_token: Option<u64>,
 }
 
 /// What the backend last saw of its object, and when it first saw that version.

@@ -34,6 +34,14 @@ pub const HOLDER_METADATA_ANNOTATION: &str = "actix-coordination/holder-metadata
 /// knows nothing of it (client-go) claims without removing it, and its claim names another holder.
 pub const HOLDER_METADATA_OWNER_ANNOTATION: &str = "actix-coordination/holder-metadata-owner";
 
+/// The annotation naming the owner that handed the object over to its holder.
+pub const HANDED_OVER_BY_ANNOTATION: &str = "actix-coordination/handed-over-by";
+
+/// The annotation `<object>/<resourceVersion>`: a version of a `Lease` object held by the holder
+/// that the owner that handed the object over had seen before it wrote the handover (see the
+/// `handover` module).
+pub const HANDED_OVER_AFTER_ANNOTATION: &str = "actix-coordination/handed-over-after";
+
 /// The `spec.strategy` written with `spec.preferredHolder` (the API server accepts a preferred
 /// holder only with a strategy, and this is the only one it knows).
 const PREFERRED_STRATEGY: &str = "OldestEmulationVersion";
@@ -103,6 +111,7 @@ impl KubernetesBackend {
             .get_or_insert_with(BTreeMap::new)
             .insert(LEASE_NAME_ANNOTATION.to_owned(), self.name.clone());
         clear_preference(&mut current);
+        clear_handed(&mut current);
         set_metadata(&mut current, settings);
         let now = now_micro();
         let spec = current.spec.get_or_insert_with(LeaseSpec::default);
@@ -160,7 +169,61 @@ pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
         annotations.remove(HOLDER_METADATA_ANNOTATION);
         annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
     }
+    clear_handed(&mut lease);
     lease
+}
+
+/// `lease` handed over by `from` to `target`, after the handing holder saw version `version` of
+/// object `object` held by `target`: `target` is the holder, with the next `leaseTransitions`
+/// and a duration of `ttl`; no preference, no holder metadata.
+pub(super) fn handed(
+    mut lease: LeaseObject,
+    from: &str,
+    target: &str,
+    (object, version): (&str, &str),
+    ttl: Duration,
+) -> Option<LeaseObject> {
+    let transitions = transitions_of(&lease).checked_add(1)?;
+    clear_preference(&mut lease);
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.remove(HOLDER_METADATA_ANNOTATION);
+    annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
+    annotations.insert(HANDED_OVER_BY_ANNOTATION.to_owned(), from.to_owned());
+    annotations.insert(
+        HANDED_OVER_AFTER_ANNOTATION.to_owned(),
+        format!("{object}/{version}"),
+    );
+    let now = now_micro();
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = Some(target.to_owned());
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    spec.lease_duration_seconds = Some(duration_secs(ttl));
+    spec.lease_transitions = Some(transitions);
+    Some(lease)
+}
+
+/// Removes the handover annotations (a claim, a renewal and a release write the object without).
+pub(super) fn clear_handed(lease: &mut LeaseObject) {
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove(HANDED_OVER_BY_ANNOTATION);
+        annotations.remove(HANDED_OVER_AFTER_ANNOTATION);
+    }
+}
+
+/// The version a handover to `lease`'s holder names (`(object, resourceVersion)`), if `lease` is
+/// a record handed over by another owner to its holder.
+pub(super) fn handed_after(lease: &LeaseObject) -> Option<(&str, &str)> {
+    let holder = holder_of(lease)?;
+    let annotations = lease.metadata.annotations.as_ref()?;
+    let by = annotations.get(HANDED_OVER_BY_ANNOTATION)?;
+    if by == holder {
+        return None;
+    }
+    annotations
+        .get(HANDED_OVER_AFTER_ANNOTATION)?
+        .split_once('/')
+        .filter(|(object, version)| !object.is_empty() && !version.is_empty())
 }
 
 /// Writes the claiming owner's metadata (or removes a previous holder's).

@@ -73,6 +73,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::group::Index;
+use super::handover::WriteLog;
 use super::record::older;
 use super::KubernetesError;
 use crate::backoff::Doubling;
@@ -186,6 +187,8 @@ pub(super) struct WatchHub {
     runtime: Option<Handle>,
     watches: Mutex<HashMap<String, Weak<NamespaceWatch>>>,
     pub(super) counters: Arc<WatchCounters>,
+    /// When the leases of this hub sent their latest writes (see the `handover` module).
+    writes: Mutex<WriteLog>,
 }
 
 impl WatchHub {
@@ -195,7 +198,30 @@ impl WatchHub {
             runtime,
             watches: Mutex::default(),
             counters: Arc::default(),
+            writes: Mutex::default(),
         }
+    }
+
+    /// A write of `object` by a lease of this hub, sent at `sent`, produced `version`.
+    pub(super) fn wrote(&self, object: &str, version: &str, sent: Instant) {
+        lock(&self.writes).wrote(object, version, sent);
+    }
+
+    /// When a lease of this hub sent the write that produced `version` of `object`, if one did
+    /// (and it is among the writes kept).
+    pub(super) fn sent(&self, object: &str, version: &str) -> Option<Instant> {
+        lock(&self.writes).sent(object, version)
+    }
+
+    /// The newest version of an object of `namespace` held by `holder` that the running watch of
+    /// `namespace` (none is started) received, while it is synced.
+    pub(super) fn latest_held_by(&self, namespace: &str, holder: &str) -> Option<(String, String)> {
+        let watch = lock(&self.watches).get(namespace).and_then(Weak::upgrade)?;
+        if watch.ended() {
+            return None;
+        }
+        let latest = lock(&watch.state.index).latest_held_by(holder);
+        latest
     }
 
     /// Subscribes to object `object` of `namespace`, starting that namespace's watch if no lease
