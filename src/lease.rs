@@ -344,16 +344,25 @@ pub trait Lease: Send + Sync + 'static {
     /// to a contender known to be waiting (a shard moving to the node placement chose for it).
     ///
     /// The tenure ends exactly as with [`release`](Lease::release). Where the backend can make
-    /// `target` the holder safely in the same single write, it does (etcd: the key moves, by
-    /// compare-and-swap, to the etcd lease of `target`, which `target` then takes up without a
-    /// write of its own: a move costs one write instead of two). Everywhere else, and when that
-    /// write cannot be made (a `target` this process has not seen, or whose etcd lease is gone),
-    /// it is a plain `release`. Unlike [`release_to`](Lease::release_to) it records no
-    /// preference: nobody waits for `target`.
+    /// `target` the holder safely in the same single write, it does, and `target` takes it up
+    /// without a write of its own: a move costs one write instead of two.
+    ///
+    /// * etcd: the key moves, by compare-and-swap, to the etcd lease of `target`.
+    /// * Kubernetes: the object names `target` as its holder, by compare-and-swap, and the newest
+    ///   version of an object held by `target` that this session had seen; `target` takes it up
+    ///   when its own session wrote that version (it then knows from its own clock a moment
+    ///   before the handover), and claims it with a compare-and-swap otherwise.
+    /// * In memory: the record goes to `target`.
+    ///
+    /// Everywhere else, and when that write cannot be made (a `target` this process has not seen
+    /// holding anything, or whose etcd lease is gone), it is a plain `release`. Unlike
+    /// [`release_to`](Lease::release_to) it records no preference: nobody waits for `target`.
     ///
     /// A `target` that never takes the lease up does not keep it: on etcd the record lives only
-    /// as long as `target`'s own etcd lease, which `target` renews only while it runs; and a
-    /// contender of this crate takes up a record handed to it whenever it next competes.
+    /// as long as `target`'s own etcd lease, which `target` renews only while it runs; on
+    /// Kubernetes it expires like any record `target` stops renewing (one TTL after a contender
+    /// sees it); and a contender of this crate takes up a record handed to it whenever it next
+    /// competes.
     ///
     /// Resolves like [`release`](Lease::release). The default is `release`.
     ///

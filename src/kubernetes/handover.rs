@@ -180,6 +180,55 @@ mod tests {
         assert!(log.sent("new", "1").is_some());
     }
 
+    /// `a`'s object with token 4 handed over to `b`, naming version 17 of `m-b`.
+    fn handed_to_b() -> LeaseObject {
+        let a_holds = crate::kubernetes::record::tests::object(Some("a"), Some(4));
+        handed(a_holds, "a", "b", ("m-b", "17"), Duration::from_secs(15)).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_target_takes_up_only_a_handover_it_can_date_from_its_own_write() {
+        let backend = KubernetesBackend::with_client_for_tests("mine");
+        let b = LeaseSettings::builder("mine", "b")
+            .ttl(Duration::from_secs(15))
+            .build()
+            .unwrap();
+        let record = handed_to_b();
+        assert_eq!(backend.may_take_up(&record, &b), None, "no write of m-b@17");
+        let sent = Instant::now();
+        backend.hub.wrote("m-b", "16", sent);
+        assert_eq!(backend.may_take_up(&record, &b), None, "another version");
+        backend.hub.wrote("m-b", "17", sent);
+        assert_eq!(
+            backend.may_take_up(&record, &b),
+            Some(sent),
+            "valid from its send"
+        );
+        // Not for another owner, nor one that writes metadata.
+        let c = LeaseSettings::new("mine", "c").unwrap();
+        assert_eq!(backend.may_take_up(&record, &c), None);
+        let with_metadata = b.with_metadata(Some("zone-a".into())).unwrap();
+        assert_eq!(backend.may_take_up(&record, &with_metadata), None);
+        // Not a record shorter than this owner's TTL: contenders would wait less.
+        let longer = b.to_builder().ttl(Duration::from_secs(20)).build().unwrap();
+        assert_eq!(backend.may_take_up(&record, &longer), None);
+        // Not while a claim of this instance is unanswered (the record may be older).
+        backend
+            .lock()
+            .unanswered
+            .push(crate::kubernetes::record::now_micro());
+        assert_eq!(backend.may_take_up(&record, &b), None);
+        backend.lock().unanswered.clear();
+        // Not a record no newer than a tenure this instance had.
+        backend.lock().highest_token = Some(5);
+        assert_eq!(backend.may_take_up(&record, &b), None);
+        backend.lock().highest_token = Some(4);
+        assert_eq!(backend.may_take_up(&record, &b), Some(sent));
+        // Not once the write is so old that the tenure would end within a renewal interval.
+        tokio::time::advance(b.local_validity() - b.renewal_interval()).await;
+        assert_eq!(backend.may_take_up(&record, &b), None);
+    }
+
     #[test]
     fn a_handed_record_names_its_target_and_the_version_seen() {
         let mut lease = LeaseObject::default();

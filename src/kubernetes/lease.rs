@@ -28,6 +28,8 @@ use super::KubernetesSession;
 /// | `metadata.annotations["actix-coordination/holder-metadata"]` | the holder's [`metadata`](crate::LeaseSettings::metadata), written with its claim, removed by a release |
 /// | `metadata.annotations["actix-coordination/holder-metadata-owner"]` | the owner that wrote it: the metadata counts only while it names the holder |
 /// | `spec.preferredHolder`, `spec.strategy` | the same preference (`OldestEmulationVersion`), where the API server keeps them |
+/// | `metadata.annotations["actix-coordination/handed-over-by"]` | after a [`hand_over`](crate::Lease::hand_over): the owner that handed the object to its holder; removed by the holder's first renewal |
+/// | `metadata.annotations["actix-coordination/handed-over-after"]` | `<object>/<resourceVersion>`: a version of an object held by the new holder that the handing owner had seen (see "Planned moves") |
 ///
 /// ```text
 /// $ kubectl get lease -n my-app
@@ -111,6 +113,20 @@ use super::KubernetesSession;
 /// fencing tokens restart and a stale holder's writes could be accepted again by a system that
 /// remembers the old, higher tokens. This is why the Role in
 /// `deploy/rbac.yaml` grants no `delete`.
+///
+/// # Planned moves: one write
+///
+/// [`hand_over`](crate::Lease::hand_over) is one compare-and-swap: the object names the target
+/// as its holder, with the next `leaseTransitions`, and the newest version of an object held by
+/// the target that this session's namespace watch had received. Contenders judge that record
+/// like any other, from when they saw it, so the target must end its tenure no later than one
+/// TTL after the record was *written*, which it can only know from a moment of its own clock
+/// before the write: the send time of its own write of the version the record names (each session
+/// remembers when it sent its two latest writes of each object). A target that has it takes the
+/// object up without a request; one that has not (another session, a restarted process, a
+/// version it no longer remembers, a record shorter than its TTL, or holder metadata to write)
+/// claims it with a compare-and-swap. Either way nobody else can claim it until it expires. The
+/// holder's first renewal removes the annotations; client-go sees a record held by the target.
 ///
 /// # Names
 ///
