@@ -463,11 +463,36 @@ impl Fleet {
 
     /// Every shard's events checked as the chaos harness checks a singleton's (see the module
     /// docs); panics with the violations, per shard.
+    ///
+    /// One exception, for a frozen node: SIGSTOP can land in the middle of a worker's poll,
+    /// after the watcher that stops it at its deadline ran and before its timer's step; on
+    /// SIGCONT that poll runs to its end first, and the step, whose guard now refuses, logs a
+    /// `tick` (it does not act). One such refused tick per worker of the frozen node after the
+    /// resume, followed by its stop, is not counted as the worker running on (seen once in CI:
+    /// shard 18's worker had started 50 ms before the freeze; its refused tick came 4.7 ms
+    /// after the SIGCONT, its stop 0.5 ms later). A second one, or any `act`, still is.
     fn assert_exclusive(&mut self, pauses: &[Pause]) {
         self.poll();
         let mut failures = String::new();
         let mut by_shard: BTreeMap<usize, Vec<NodeEvent>> = BTreeMap::new();
+        let mut excused: BTreeSet<(usize, u64)> = BTreeSet::new();
         for e in &self.events {
+            let finishing_its_poll = e.kind == EventKind::Tick
+                && pauses
+                    .iter()
+                    .any(|p| p.owner == e.owner && e.t_ns > p.resumed_ns)
+                && self.events.iter().any(|s| {
+                    s.kind == EventKind::Stop
+                        && s.owner == e.owner
+                        && s.shard == e.shard
+                        && s.token == e.token
+                        && s.t_ns >= e.t_ns
+                })
+                && excused.insert((e.shard, e.token));
+            if finishing_its_poll {
+                println!("excused: {e:?} (the frozen node's worker finished the poll SIGSTOP interrupted)");
+                continue;
+            }
             let events = by_shard.entry(e.shard).or_default();
             if e.kind == EventKind::Act {
                 // An `act` line is its tick too.
