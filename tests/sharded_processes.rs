@@ -610,10 +610,16 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
     let before = fleet.holders();
     let leaving: BTreeSet<usize> = (0..SHARDS).filter(|s| before[s] == "node-2").collect();
 
+    // The store's revision before the signal: the lease etcd, or the API server's own etcd.
     let from_revision = match &fleet.backend.etcd_prefix {
-        Some(_) => Some(etcd_revision().await),
-        None => None,
+        Some(_) => etcd_revision(&common::etcd::endpoint()).await,
+        None => etcd_revision(&kube_etcd_endpoint()).await,
     };
+    let tokens_before: BTreeMap<usize, u64> = fleet
+        .running
+        .iter()
+        .map(|(&shard, (_, token))| (shard, *token))
+        .collect();
     let term = fleet.terminate("node-2").await;
     let settled = fleet.settle("after the SIGTERM", SETTLE_WITHIN).await;
     let after = fleet.holders();
@@ -664,8 +670,8 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
     // On etcd, a move is one write: the leaver puts each of its shard keys in the new holder's
     // name on the new holder's etcd lease, and the new holder writes nothing (no delete, no claim),
     // as the store's own history shows.
-    if let (Some(prefix), Some(from)) = (&fleet.backend.etcd_prefix, from_revision) {
-        let writes = etcd_writes(prefix, from).await;
+    if let Some(prefix) = &fleet.backend.etcd_prefix {
+        let writes = etcd_writes(prefix, from_revision).await;
         for &shard in &leaving {
             let key = format!("{prefix}{}-{shard}", fleet.backend.group);
             let new_holder = &after[&shard];
@@ -677,14 +683,99 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
             );
         }
     }
+    // On Kubernetes too, as the API server's own storage shows: the first write of each moved
+    // shard's object after the signal is node-2's handover, naming the new holder, and the new
+    // holder's worker runs under that handover's token (node-2's + 1): it took the object up
+    // without a claim of its own, which would have raised the token once more.
+    if fleet.backend.etcd_prefix.is_none() {
+        let namespace = &common::k8s::env().namespace;
+        let keys: BTreeMap<String, usize> = leaving
+            .iter()
+            .map(|&shard| {
+                let lease = format!("{}-{shard}", fleet.backend.group);
+                let object = actix_coordination::kubernetes_object_name(&lease);
+                (format!("/registry/leases/{namespace}/{object}"), shard)
+            })
+            .collect();
+        let first = first_writes(&kube_etcd_endpoint(), &keys, from_revision).await;
+        for (key, &shard) in &keys {
+            let new_holder = &after[&shard];
+            let value = &first[key];
+            assert!(
+                value.contains("handed-over-by") && value.contains(new_holder.as_str()),
+                "shard {shard}: the first write after the SIGTERM is not the handover to {new_holder}: {value:?}"
+            );
+            let started = starts
+                .iter()
+                .find(|s| s.0 == shard)
+                .map(|s| s.2)
+                .expect("the shard started elsewhere");
+            assert_eq!(
+                started,
+                tokens_before[&shard] + 1,
+                "shard {shard}: {new_holder} runs under the handover's token, not a claim's"
+            );
+        }
+    }
     fleet.assert_exclusive(&[]);
 }
 
-/// The store's current revision (the test etcd).
-async fn etcd_revision() -> i64 {
-    let mut admin = common::etcd::admin_client(&common::etcd::endpoint()).await;
+/// The etcd of the test cluster's API server.
+fn kube_etcd_endpoint() -> String {
+    std::env::var("ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT")
+        .expect("ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT (scripts/test-cluster.sh up)")
+}
+
+/// The current revision of the etcd at `endpoint`.
+async fn etcd_revision(endpoint: &str) -> i64 {
+    let mut admin = common::etcd::admin_client(endpoint).await;
     let got = admin.get("/", None).await.unwrap();
     got.header().unwrap().revision()
+}
+
+/// The first value written to each of `keys` after revision `from` in the etcd at `endpoint`
+/// (read as lossy UTF-8: the API server stores objects as protobuf, whose strings are plain),
+/// waiting at most 10 s for the last of them.
+async fn first_writes(
+    endpoint: &str,
+    keys: &BTreeMap<String, usize>,
+    from: i64,
+) -> BTreeMap<String, String> {
+    let mut admin = common::etcd::admin_client(endpoint).await;
+    let prefix = keys
+        .keys()
+        .next()
+        .expect("keys")
+        .rsplit_once('/')
+        .unwrap()
+        .0;
+    let mut stream = admin
+        .watch(
+            format!("{prefix}/"),
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(from + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut first: BTreeMap<String, String> = BTreeMap::new();
+    while first.len() < keys.len() {
+        let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("etcd delivers the history within 10 s")
+            .unwrap()
+            .expect("the watch stays open");
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if keys.contains_key(&key) && !first.contains_key(&key) {
+                first.insert(key, String::from_utf8_lossy(kv.value()).into_owned());
+            }
+        }
+    }
+    first
 }
 
 /// Every write to a key under `prefix` after revision `from`, up to now, by key: (a put?, value).

@@ -34,7 +34,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of, newer, older};
+use super::record::{duration_of, handed_after, holder_of, newer, older};
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
 use crate::lease::FencingToken;
@@ -48,6 +48,10 @@ struct Seen {
     /// When this process first received `version`.
     first_seen: Instant,
     record: GroupRecord,
+    /// Whether the holder wrote this version itself (a claim, a renewal), not another owner's
+    /// handover to it: only such a version can date a handover to the holder (see the
+    /// `handover` module).
+    by_holder: bool,
 }
 
 impl Seen {
@@ -76,6 +80,7 @@ impl Seen {
             first_seen,
             record: GroupRecord::new(holder, token, expires_at)
                 .with_metadata(super::record::metadata_of(lease).map(str::to_owned)),
+            by_holder: handed_after(lease).is_none(),
         })
     }
 }
@@ -196,15 +201,16 @@ impl Index {
             .map(|seen| seen.first_seen)
     }
 
-    /// The newest version of an object held by `holder` (`(object, resourceVersion)`), while
-    /// the index is current: what a handover to `holder` names (see the `handover` module).
+    /// The newest version of an object held by `holder` that `holder` wrote itself (not a
+    /// handover to it) (`(object, resourceVersion)`), while the index is current: what a
+    /// handover to `holder` names (see the `handover` module).
     pub(super) fn latest_held_by(&self, holder: &str) -> Option<(String, String)> {
         if !self.synced {
             return None;
         }
         self.objects
             .iter()
-            .filter(|(_, seen)| seen.record.holder.as_deref() == Some(holder))
+            .filter(|(_, seen)| seen.by_holder && seen.record.holder.as_deref() == Some(holder))
             .filter_map(|(object, seen)| Some((object, seen.version.as_deref()?)))
             .reduce(|a, b| if newer(b.1, a.1) { b } else { a })
             .map(|(object, version)| (object.clone(), version.to_owned()))
@@ -459,6 +465,36 @@ mod tests {
         listed(&mut index, &[]);
         assert!(group.borrow_and_update().records().is_empty());
         assert!(group.borrow().is_synced());
+    }
+
+    #[tokio::test]
+    async fn a_handover_names_the_newest_version_the_target_wrote_itself() {
+        let mut index = Index::default();
+        assert_eq!(index.latest_held_by("b"), None, "not listed yet");
+        listed(
+            &mut index,
+            &[
+                ("g-0", object(None, "5", Some("b"), 1)),
+                ("g-1", object(None, "7", Some("b"), 1)),
+                ("g-2", object(None, "9", Some("a"), 1)),
+            ],
+        );
+        assert_eq!(index.latest_held_by("b"), Some(("g-1".into(), "7".into())));
+        // A record another owner handed over to b is not b's write: it cannot date a handover.
+        let handed = crate::kubernetes::record::handed(
+            object(None, "11", Some("a"), 1),
+            "a",
+            "b",
+            ("g-1", "7"),
+            std::time::Duration::from_secs(15),
+        )
+        .unwrap();
+        index.apply("g-2", &handed, Instant::now());
+        assert_eq!(index.latest_held_by("b"), Some(("g-1".into(), "7".into())));
+        // b's renewal of it is.
+        index.apply("g-2", &object(None, "12", Some("b"), 2), Instant::now());
+        assert_eq!(index.latest_held_by("b"), Some(("g-2".into(), "12".into())));
+        assert_eq!(index.latest_held_by("c"), None);
     }
 
     #[tokio::test]
