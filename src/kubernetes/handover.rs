@@ -231,12 +231,14 @@ mod tests {
 
     #[test]
     fn a_handed_record_names_its_target_and_the_version_seen() {
-        let mut lease = LeaseObject::default();
-        lease.spec = Some(LeaseSpec {
-            holder_identity: Some("a".into()),
-            lease_transitions: Some(4),
-            ..LeaseSpec::default()
-        });
+        let lease = LeaseObject {
+            spec: Some(LeaseSpec {
+                holder_identity: Some("a".into()),
+                lease_transitions: Some(4),
+                ..LeaseSpec::default()
+            }),
+            ..LeaseObject::default()
+        };
         let handed = handed(lease, "a", "b", ("m-b", "17"), Duration::from_secs(15)).unwrap();
         assert_eq!(holder_of(&handed), Some("b"));
         assert_eq!(transitions_of(&handed), 5);
