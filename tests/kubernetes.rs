@@ -18,9 +18,9 @@ use actix::Actor;
 use actix_coordination::{
     is_valid_kubernetes_object_name as is_valid_object_name, kubernetes_object_name as object_name,
     AcquireAttempt, BackendError, ClusterSingletonManager, CoordinationConfig, GroupError,
-    KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession, KubernetesSettings,
-    Lease, LeaseBackend, LeaseError, LeaseProvider, LeaseSettings, LostReason, ReleaseOutcome,
-    RenewOutcome, Shutdown, SingletonSettings, SingletonState,
+    GroupWatch, KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession,
+    KubernetesSettings, Lease, LeaseBackend, LeaseError, LeaseProvider, LeaseSettings, LostReason,
+    ReleaseOutcome, RenewOutcome, Shutdown, SingletonSettings, SingletonState,
     KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
     KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
@@ -2116,6 +2116,63 @@ async fn the_namespace_watch_is_current_again_soon_after_the_servers_return() {
     );
 }
 
+/// The retry delay of the issue-24 contenders below: a minute, so that a wait that ends on a
+/// change is unmistakable.
+const RETRY_DELAY: Duration = Duration::from_secs(60);
+
+/// Lease `base` (made unique) held by `a` (TTL two retry delays, renewing every `renewal` if
+/// given), while `b`, of a session of its own whose namespace watch a group watch keeps running
+/// (as a sharded node's does) without subscribing `b`'s lease to its object, has read it held
+/// with one attempt.
+struct HeldByA {
+    _fixture: KubeFixture,
+    name: String,
+    a: KubernetesLease,
+    b: KubernetesLease,
+    b_settings: LeaseSettings,
+    group: GroupWatch,
+    within: Duration,
+}
+
+async fn held_by_a_read_by_b(base: &str, renewal: Option<Duration>) -> HeldByA {
+    let fixture = KubeFixture::new().await;
+    let name = unique(base);
+    // a's claim lasts longer than the retry delay: b is not woken by its expiry either.
+    let mut a_settings = LeaseSettings::builder(&name, "a").ttl(RETRY_DELAY * 2);
+    if let Some(renewal) = renewal {
+        a_settings = a_settings.renewal_interval(renewal);
+    }
+    let a = fixture.lease(a_settings.build().unwrap()).await;
+    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
+    let b_settings = settings(&name, "b")
+        .to_builder()
+        .acquire_retry_delay(RETRY_DELAY)
+        .build()
+        .unwrap();
+    let b = session.lease(b_settings.clone());
+    let mut group = b.watch_group(&name).expect("a group watch");
+    let within = Duration::from_secs(30);
+    assert!(a.acquire().await.unwrap());
+    common::contract::group_until(&mut group, within, "b's session sees a", |s, now| {
+        s.live_holder(&name, now) == Some("a")
+    })
+    .await;
+    let attempt = b.backend().try_acquire(&b_settings).await.unwrap();
+    assert!(
+        matches!(attempt, AcquireAttempt::HeldByOther { .. }),
+        "{attempt:?}"
+    );
+    HeldByA {
+        _fixture: fixture,
+        name,
+        a,
+        b,
+        b_settings,
+        group,
+        within,
+    }
+}
+
 /// Issue 24: a contender whose lease instance never waited before (no subscription to its object
 /// yet) reads the object held; the holder releases, and the contender's session's namespace watch
 /// sees the release, before the contender starts waiting. Nothing delivers that release to the
@@ -2125,37 +2182,16 @@ async fn the_namespace_watch_is_current_again_soon_after_the_servers_return() {
 /// is a minute here (and the holder's TTL two), so that a wait for either is unmistakable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_seen_by_the_watch_before_the_contender_waits_wakes_it() {
-    const RETRY_DELAY: Duration = Duration::from_secs(60);
-    let f = KubeFixture::new().await;
-    let name = unique("missed-release");
-    // a's claim lasts longer than the retry delay: b is not woken by its expiry either.
-    let a_settings = LeaseSettings::builder(&name, "a")
-        .ttl(RETRY_DELAY * 2)
-        .build()
-        .unwrap();
-    let a = f.lease(a_settings).await;
-    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
-    let b_settings = settings(&name, "b")
-        .to_builder()
-        .acquire_retry_delay(RETRY_DELAY)
-        .build()
-        .unwrap();
-    let b = session.lease(b_settings.clone());
-    // Keeps b's session's namespace watch running (as a sharded node's group watch does),
-    // without subscribing b's lease to its object.
-    let mut group = b.watch_group(&name).expect("a group watch");
-    let within = Duration::from_secs(30);
-    assert!(a.acquire().await.unwrap());
-    common::contract::group_until(&mut group, within, "b's session sees a", |s, now| {
-        s.live_holder(&name, now) == Some("a")
-    })
-    .await;
+    let HeldByA {
+        _fixture,
+        name,
+        a,
+        b,
+        b_settings,
+        mut group,
+        within,
+    } = held_by_a_read_by_b("missed-release", None).await;
     let backend = b.backend();
-    let attempt = backend.try_acquire(&b_settings).await.unwrap();
-    assert!(
-        matches!(attempt, AcquireAttempt::HeldByOther { .. }),
-        "{attempt:?}"
-    );
     assert!(a.release().await.unwrap());
     common::contract::group_until(
         &mut group,
@@ -2186,35 +2222,16 @@ async fn a_release_seen_by_the_watch_before_the_contender_waits_wakes_it() {
 /// release wakes it, and it claims without reading again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contenders_read_is_current_once_its_wait_subscribes() {
-    const RETRY_DELAY: Duration = Duration::from_secs(60);
-    let f = KubeFixture::new().await;
-    let name = unique("read-current");
-    let a_settings = LeaseSettings::builder(&name, "a")
-        .ttl(RETRY_DELAY * 2)
-        .renewal_interval(RETRY_DELAY)
-        .build()
-        .unwrap();
-    let a = f.lease(a_settings).await;
-    let session = KubernetesSession::new(settings_at(&env().url)).unwrap();
-    let b_settings = settings(&name, "b")
-        .to_builder()
-        .acquire_retry_delay(RETRY_DELAY)
-        .build()
-        .unwrap();
-    let b = session.lease(b_settings.clone());
-    let mut group = b.watch_group(&name).expect("a group watch");
-    let within = Duration::from_secs(30);
-    assert!(a.acquire().await.unwrap());
-    common::contract::group_until(&mut group, within, "b's session sees a", |s, now| {
-        s.live_holder(&name, now) == Some("a")
-    })
-    .await;
+    let HeldByA {
+        _fixture,
+        name,
+        a,
+        b,
+        b_settings,
+        within,
+        ..
+    } = held_by_a_read_by_b("read-current", Some(RETRY_DELAY)).await;
     let backend = b.backend();
-    let attempt = backend.try_acquire(&b_settings).await.unwrap();
-    assert!(
-        matches!(attempt, AcquireAttempt::HeldByOther { .. }),
-        "{attempt:?}"
-    );
     assert_eq!(backend.current_version(), None, "no watch of its own yet");
     let read = backend.stats();
     let waited = async {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_coordination::{
-    GroupWatch, KubernetesLease, KubernetesSession, Lease, LeaseSettings,
+    GroupWatch, KubernetesLease, KubernetesSession, KubernetesStats, Lease, LeaseSettings,
     KUBERNETES_HANDED_OVER_AFTER_ANNOTATION, KUBERNETES_HANDED_OVER_BY_ANNOTATION,
 };
 use common::k8s::{client, env, settings_at, unique};
@@ -86,6 +86,8 @@ struct Pair {
     session_a: KubernetesSession,
     session_b: KubernetesSession,
     member_b: KubernetesLease,
+    /// Keeps `a`'s session's namespace watch, and what it has seen, running: bind it for the
+    /// whole test (a handover to a target the watch has not seen is a plain release).
     _group: GroupWatch,
 }
 
@@ -121,6 +123,32 @@ async fn pair(group: &str) -> Pair {
     }
 }
 
+/// `b` waits for lease `a` holds (until it has seen `a` hold it), then `a` hands it over to `b`
+/// with one write, and `b` acquires it from its watch: `b`'s stats before the handover.
+async fn hand_over_to_waiting(a: &KubernetesLease, b: &Arc<KubernetesLease>) -> KubernetesStats {
+    let b_wait = tokio::spawn({
+        let b = Arc::clone(b);
+        async move { b.acquire_within(Duration::from_secs(30)).await }
+    });
+    eventually(Duration::from_secs(10), "b found the object held", || {
+        b.observed_holder().as_deref() == Some(a.owner())
+    })
+    .await;
+    let b_before = b.backend().stats();
+    assert!(
+        a.hand_over(b.owner()).await.unwrap(),
+        "a held it: handed over"
+    );
+    assert!(!a.check_alive());
+    assert_eq!(a.backend().stats().handed_over, 1, "a wrote a handover");
+    let got = timeout(Duration::from_secs(20), b_wait)
+        .await
+        .expect("b gets the object from its watch, not after its retry delay")
+        .unwrap();
+    assert!(got.unwrap(), "b holds the lease");
+    b_before
+}
+
 /// The object moves to the waiting contender in the holder's one compare-and-swap: the contender
 /// holds it without a request of its own, with the next fencing token, while a third contender
 /// sees it held by the target; the target's first renewal removes the handover's annotations, and
@@ -134,6 +162,7 @@ async fn a_handover_moves_the_object_to_the_waiting_contender_in_one_write() {
         session_a,
         session_b,
         member_b,
+        _group,
         ..
     } = pair(&group).await;
     let name = format!("{group}0");
@@ -143,26 +172,7 @@ async fn a_handover_moves_the_object_to_the_waiting_contender_in_one_write() {
     assert!(a.acquire().await.unwrap());
     let a_token = a.fencing_token().unwrap();
 
-    let b_wait = tokio::spawn({
-        let b = Arc::clone(&b);
-        async move { b.acquire_within(Duration::from_secs(30)).await }
-    });
-    eventually(Duration::from_secs(10), "b found the object held", || {
-        b.observed_holder().as_deref() == Some(a_owner.as_str())
-    })
-    .await;
-    let b_before = b.backend().stats();
-    assert!(
-        a.hand_over(&b_owner).await.unwrap(),
-        "a held it: handed over"
-    );
-    assert!(!a.check_alive());
-    assert_eq!(a.backend().stats().handed_over, 1, "a wrote a handover");
-    let got = timeout(Duration::from_secs(20), b_wait)
-        .await
-        .expect("b takes the object up from its watch, not after its retry delay")
-        .unwrap();
-    assert!(got.unwrap(), "b holds the lease");
+    let b_before = hand_over_to_waiting(&a, &b).await;
     let b_after = b.backend().stats();
     assert_eq!(b_after.taken_up, 1, "b took the object up");
     assert_eq!(
@@ -223,6 +233,7 @@ async fn a_target_that_cannot_prove_the_handover_claims_it() {
         a: a_owner,
         b: b_owner,
         session_a,
+        _group,
         ..
     } = pair(&group).await;
     let name = format!("{group}0");
@@ -230,22 +241,7 @@ async fn a_target_that_cannot_prove_the_handover_claims_it() {
     let b = Arc::new(session().lease(settings(&name, &b_owner)));
     assert!(a.acquire().await.unwrap());
     let a_token = a.fencing_token().unwrap();
-    let b_wait = tokio::spawn({
-        let b = Arc::clone(&b);
-        async move { b.acquire_within(Duration::from_secs(30)).await }
-    });
-    eventually(Duration::from_secs(10), "b found the object held", || {
-        b.observed_holder().as_deref() == Some(a_owner.as_str())
-    })
-    .await;
-    let b_before = b.backend().stats();
-    assert!(a.hand_over(&b_owner).await.unwrap());
-    assert_eq!(a.backend().stats().handed_over, 1);
-    let got = timeout(Duration::from_secs(20), b_wait)
-        .await
-        .expect("b claims it from its watch")
-        .unwrap();
-    assert!(got.unwrap());
+    let b_before = hand_over_to_waiting(&a, &b).await;
     let b_after = b.backend().stats();
     assert_eq!(b_after.taken_up, 0, "nothing to take up without a proof");
     assert_eq!(b_after.updates, b_before.updates + 1, "one claim");
@@ -271,6 +267,7 @@ async fn a_handover_to_an_unknown_target_is_a_plain_release() {
     let Pair {
         a: a_owner,
         session_a,
+        _group,
         ..
     } = pair(&group).await;
     let name = format!("{group}0");
