@@ -734,14 +734,12 @@ async fn etcd_revision(endpoint: &str) -> i64 {
 }
 
 /// The first value written to each of `keys` after revision `from` in the etcd at `endpoint`
-/// (read as lossy UTF-8: the API server stores objects as protobuf, whose strings are plain),
-/// waiting at most 10 s for the last of them.
+/// (read as lossy UTF-8: the API server stores objects as protobuf, whose strings are plain).
 async fn first_writes(
     endpoint: &str,
     keys: &BTreeMap<String, usize>,
     from: i64,
 ) -> BTreeMap<String, String> {
-    let mut admin = common::etcd::admin_client(endpoint).await;
     let prefix = keys
         .keys()
         .next()
@@ -749,41 +747,45 @@ async fn first_writes(
         .rsplit_once('/')
         .unwrap()
         .0;
-    let mut stream = admin
-        .watch(
-            format!("{prefix}/"),
-            Some(
-                etcd_client::WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(from + 1),
-            ),
-        )
-        .await
-        .unwrap();
     let mut first: BTreeMap<String, String> = BTreeMap::new();
-    while first.len() < keys.len() {
-        let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
-            .await
-            .expect("etcd delivers the history within 10 s")
-            .unwrap()
-            .expect("the watch stays open");
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if keys.contains_key(&key) && !first.contains_key(&key) {
-                first.insert(key, String::from_utf8_lossy(kv.value()).into_owned());
-            }
+    history(endpoint, &format!("{prefix}/"), from, |key, _, value| {
+        if keys.contains_key(&key) && !first.contains_key(&key) {
+            first.insert(key, value);
         }
-    }
+        first.len() == keys.len()
+    })
+    .await;
     first
 }
 
 /// Every write to a key under `prefix` after revision `from`, up to now, by key: (a put?, value).
 /// "Now" is a marker key this writes under the prefix: the history is read until its event.
 async fn etcd_writes(prefix: &str, from: i64) -> BTreeMap<String, Vec<(bool, String)>> {
-    let mut admin = common::etcd::admin_client(&common::etcd::endpoint()).await;
+    let endpoint = common::etcd::endpoint();
     let marker = format!("{prefix}~history-read-up-to-here");
+    let mut admin = common::etcd::admin_client(&endpoint).await;
     admin.put(marker.as_str(), "", None).await.unwrap();
+    let mut writes: BTreeMap<String, Vec<(bool, String)>> = BTreeMap::new();
+    history(&endpoint, prefix, from, |key, put, value| {
+        if key == marker {
+            return true;
+        }
+        writes.entry(key).or_default().push((put, value));
+        false
+    })
+    .await;
+    writes
+}
+
+/// Hands every write to a key under `prefix` after revision `from`, in order, to `done` (key, a
+/// put?, value as lossy UTF-8) until it returns `true`; each next event within 10 s.
+async fn history(
+    endpoint: &str,
+    prefix: &str,
+    from: i64,
+    mut done: impl FnMut(String, bool, String) -> bool,
+) {
+    let mut admin = common::etcd::admin_client(endpoint).await;
     let mut stream = admin
         .watch(
             prefix,
@@ -795,7 +797,6 @@ async fn etcd_writes(prefix: &str, from: i64) -> BTreeMap<String, Vec<(bool, Str
         )
         .await
         .unwrap();
-    let mut writes: BTreeMap<String, Vec<(bool, String)>> = BTreeMap::new();
     loop {
         let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
             .await
@@ -805,13 +806,10 @@ async fn etcd_writes(prefix: &str, from: i64) -> BTreeMap<String, Vec<(bool, Str
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if key == marker {
-                return writes;
+            let put = event.event_type() == etcd_client::EventType::Put;
+            if done(key, put, String::from_utf8_lossy(kv.value()).into_owned()) {
+                return;
             }
-            writes.entry(key).or_default().push((
-                event.event_type() == etcd_client::EventType::Put,
-                String::from_utf8_lossy(kv.value()).into_owned(),
-            ));
         }
     }
 }
