@@ -561,6 +561,7 @@ impl KubernetesBackend {
         };
         let (mut next, mut handing) = release((*tenure.lease).clone(), with_spec)?;
         let started = Instant::now();
+        tracing::debug!(object = %self.object, handing, "sending the release");
         let mut pauses = RELEASE_RETRY;
         let mut conflicts = 0;
         loop {
