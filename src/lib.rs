@@ -144,6 +144,7 @@ pub use actors::{
 pub use actors::{
     GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
     ShardRegion, ShardedError, ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS,
+    DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};

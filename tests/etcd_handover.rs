@@ -14,25 +14,13 @@ use actix_coordination::{
     EtcdBackend, EtcdSession, GroupWatch, Lease, LeaseSettings, ManagedLease,
 };
 use common::etcd::{admin_client, endpoint, etcd_settings, unique_prefix};
+use common::{event_driven_settings, eventually};
 use tokio::time::{sleep, timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(10);
 
 fn settings(name: &str, owner: &str) -> LeaseSettings {
-    LeaseSettings::builder(name, owner)
-        .ttl(TTL)
-        .acquire_retry_delay(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-/// Polls `condition` every 10 ms until it holds; panics with `what` after `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let give_up = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < give_up, "{what} (waited {within:?})");
-        sleep(Duration::from_millis(10)).await;
-    }
+    event_driven_settings(name, owner, TTL)
 }
 
 /// The key's value and etcd lease, as etcd has it.

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use actix_coordination::{EtcdLease, EtcdSession, GroupSnapshot, GroupWatch, Lease, LeaseSettings};
 use common::etcd::{etcd_settings, keep_alives_received, unique_prefix, EtcdProcess};
+use common::eventually;
 use futures_util::future::join_all;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -28,15 +29,6 @@ const TTL: Duration = Duration::from_secs(3);
 const WINDOW_RENEWALS: u64 = 20;
 /// The most keep-alives per renewal interval etcd may receive (README, "etcd").
 const MOST_PER_INTERVAL: f64 = 1.2;
-
-/// Polls `condition` every 20 ms until it holds; panics with `what` after `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let give_up = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < give_up, "{what} (waited {within:?})");
-        sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Keeps the current runtime's worker threads busy: `threads` tasks that each block their worker
 /// for 30 ms at a time, yielding in between, until dropped. Reports the worst lateness of a 10 ms

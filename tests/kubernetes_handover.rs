@@ -16,6 +16,7 @@ use actix_coordination::{
     KUBERNETES_HANDED_OVER_AFTER_ANNOTATION, KUBERNETES_HANDED_OVER_BY_ANNOTATION,
 };
 use common::k8s::{client, env, settings_at, unique};
+use common::{event_driven_settings, eventually};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::Api;
 use tokio::time::{sleep, timeout, Instant};
@@ -23,11 +24,7 @@ use tokio::time::{sleep, timeout, Instant};
 const TTL: Duration = Duration::from_secs(15);
 
 fn settings(name: &str, owner: &str) -> LeaseSettings {
-    LeaseSettings::builder(name, owner)
-        .ttl(TTL)
-        .acquire_retry_delay(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    event_driven_settings(name, owner, TTL)
 }
 
 /// A contender that tries once.
@@ -65,15 +62,6 @@ fn annotation<'a>(lease: &'a LeaseObject, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
-}
-
-/// Polls `condition` every 10 ms until it holds; panics with `what` after `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let give_up = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < give_up, "{what} (waited {within:?})");
-        sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Two sessions, of owners `a` and `b` (`<group>a` and `<group>b`: every test has owners of its

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use actix_coordination::{
     FencingToken, GetGroupView, GetShards, InMemoryFault, InMemoryLease, InMemoryStore, Lease,
     LeaseSettings, ShardInfo, ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
-    DEFAULT_MAX_HANDOVERS,
+    DEFAULT_SHUTDOWN_HANDOVERS,
 };
 use common::run_paused;
 use tokio::time::{sleep, Instant};
@@ -412,12 +412,12 @@ fn a_lone_node_whose_claims_are_answered_late_runs_its_shards_at_once() {
     });
 }
 
-/// A node shutting down hands its shards over `max_handovers` (4) at a time: with every call of
-/// the leaving node taking 50 ms, its workers stop in batches of at most 4 per 50 ms (not all 21
-/// at once, each waiting behind every other's release), the workers not yet handed over run on
+/// A node shutting down hands its shards over `shutdown_handovers` (1) at a time: with every call
+/// of the leaving node taking 50 ms, its workers stop one per 50 ms (not all 21 at once, each
+/// waiting behind or beside every other's release), the workers not yet handed over run on
 /// meanwhile, and each shard is down for about one release, not for the whole shutdown.
 #[test]
-fn a_node_shutting_down_hands_over_max_handovers_shards_at_a_time() {
+fn a_node_shutting_down_hands_over_one_shard_at_a_time() {
     run_paused(async {
         let store = InMemoryStore::new();
         let log = Log::default();
@@ -448,12 +448,12 @@ fn a_node_shutting_down_hands_over_max_handovers_shards_at_a_time() {
                 .filter(|(other, _)| *other >= *at && *other < *at + call)
                 .count();
             assert!(
-                batch <= DEFAULT_MAX_HANDOVERS,
+                batch <= DEFAULT_SHUTDOWN_HANDOVERS,
                 "{batch} workers stopped within one release of each other: {stops:?}"
             );
         }
         // The shutdown took a release per batch; each shard was down for about one release.
-        assert!(done - signalled >= call * (leaving / DEFAULT_MAX_HANDOVERS) as u32);
+        assert!(done - signalled >= call * (leaving / DEFAULT_SHUTDOWN_HANDOVERS) as u32);
         for (stopped, shard) in &stops {
             let started = entries
                 .iter()
@@ -570,6 +570,19 @@ fn invalid_groups_fail_at_construction() {
         assert_eq!(
             err.to_string(),
             "invalid `max-handovers`: must be at least 1"
+        );
+        let err = ShardedWorkers::new("g", ["0"], lease("a"), worker)
+            .unwrap()
+            .settings(ShardedSettings {
+                shutdown_handovers: 0,
+                ..ShardedSettings::default()
+            })
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::NoShutdownHandovers), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "invalid `shutdown-handovers`: must be at least 1"
         );
     });
 }

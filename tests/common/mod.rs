@@ -239,3 +239,34 @@ pub fn assert_backoff_up_to(
         "stays at the cap: {gaps:?}"
     );
 }
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `within` (real time).
+pub async fn eventually(
+    within: std::time::Duration,
+    what: &str,
+    mut condition: impl FnMut() -> bool,
+) {
+    let give_up = std::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{what} (waited {within:?})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Settings of `owner` for `name` with this `ttl` whose waits for a held lease end only by a
+/// watch event, never by the retry delay (60 s): a test that sees the lease change hand saw the
+/// event do it.
+pub fn event_driven_settings(
+    name: &str,
+    owner: &str,
+    ttl: std::time::Duration,
+) -> actix_coordination::LeaseSettings {
+    actix_coordination::LeaseSettings::builder(name, owner)
+        .ttl(ttl)
+        .acquire_retry_delay(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
