@@ -15,7 +15,7 @@ use actix_coordination::{
 };
 use common::etcd::{admin_client, endpoint, etcd_settings, unique_prefix};
 use common::{event_driven_settings, eventually};
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(10);
 

@@ -19,7 +19,7 @@ use common::k8s::{client, env, settings_at, unique};
 use common::{event_driven_settings, eventually};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::Api;
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(15);
 
