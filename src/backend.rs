@@ -211,6 +211,25 @@ pub trait LeaseBackend: Send + Sync + 'static {
         self.release(settings, tenure)
     }
 
+    /// Gives `tenure` up for good ([`Lease::retire`](crate::Lease::retire)): releases it and
+    /// removes the record where the store keeps one after a release. Where the record cannot be
+    /// removed, a plain release. The default is [`release`](Self::release).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    fn retire(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send {
+        self.release(settings, tenure)
+    }
+
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
     /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
     /// tenure ends. The default never resolves: losses are then found by renewals only.

@@ -383,6 +383,36 @@ pub trait Lease: Send + Sync + 'static {
         }
     }
 
+    /// Gives the lease up for good: a [`release`](Lease::release) that also removes the lease's
+    /// record where the backend keeps one after a release, for a lease whose name will not be
+    /// claimed again, such as a node's membership or candidacy under an identity that the next
+    /// rollout replaces (a Deployment's pod name).
+    ///
+    /// * Kubernetes: the object is deleted, with a precondition on the tenure's
+    ///   `resourceVersion` (a compare-and-swap, one request instead of the release's `PUT`).
+    ///   Where it cannot be (the account may not `delete` leases, a write raced it), the lease is
+    ///   released as by `release` and the object stays; a missing permission is logged once per
+    ///   lease, naming the RBAC rule.
+    /// * etcd: a release already deletes the key, so this is `release`.
+    /// * In memory, and the default: `release`.
+    ///
+    /// A new claim of the name starts a new record, with fencing tokens counted afresh: retire
+    /// only leases whose tokens fence nothing outside the process (the crate's member and
+    /// candidacy leases).
+    ///
+    /// Resolves like [`release`](Lease::release).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Lease::release): a record that could not be removed is not an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`release`](Lease::release).
+    fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.release()
+    }
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;

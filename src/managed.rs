@@ -577,6 +577,8 @@ enum Giving {
     Prefer(String),
     /// A release that makes this owner the holder where the backend can (`hand_over`).
     HandOver(String),
+    /// A release that removes the record where the backend can (`retire`).
+    Retire,
 }
 
 /// An `acquire` call in flight: if the caller's future is dropped before the answer, the call is
@@ -779,6 +781,13 @@ impl<B: LeaseBackend> Shared<B> {
                 )
                 .await
             }
+            Giving::Retire => {
+                timeout(
+                    settings.operation_timeout(),
+                    self.backend.retire(settings, tenure),
+                )
+                .await
+            }
         };
         let outcome = flatten(outcome, Operation::Release, settings).inspect_err(|_| {
             metrics::release(&self.label, "error");
@@ -799,6 +808,9 @@ impl<B: LeaseBackend> Shared<B> {
                     }
                     Giving::HandOver(target) => {
                         tracing::info!(lease = %settings.name(), owner = %settings.owner(), %target, "lease released, handed over")
+                    }
+                    Giving::Retire => {
+                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released for good")
                     }
                 }
                 Ok(true)
@@ -1020,6 +1032,11 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
 
     fn release(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         self.release_inner(Giving::Release)
+            .instrument(self.span("lease_release"))
+    }
+
+    fn retire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
+        self.release_inner(Giving::Retire)
             .instrument(self.span("lease_release"))
     }
 

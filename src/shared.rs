@@ -22,6 +22,7 @@ trait DynLease: Send + Sync + 'static {
     fn release(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
     fn hand_over<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
+    fn retire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -47,6 +48,9 @@ impl<L: Lease> DynLease for L {
     }
     fn hand_over<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>> {
         Box::pin(Lease::hand_over(self, target))
+    }
+    fn retire(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
+        Box::pin(Lease::retire(self))
     }
     fn records_preference(&self) -> bool {
         Lease::records_preference(self)
@@ -141,6 +145,9 @@ impl Lease for SharedLease {
         let (lease, target) = (Arc::clone(&self.0), target.to_owned());
         async move { lease.hand_over(&target).await }
     }
+    fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.0.retire()
+    }
     fn records_preference(&self) -> bool {
         self.0.records_preference()
     }
@@ -179,6 +186,9 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn hand_over(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).hand_over(target)
+    }
+    fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).retire()
     }
     fn records_preference(&self) -> bool {
         (**self).records_preference()

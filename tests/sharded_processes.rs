@@ -716,6 +716,27 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
                 "shard {shard}: {new_holder} runs under the handover's token, not a claim's"
             );
         }
+        // node-2 gave its member lease up for good: its object is gone (`Lease::retire`), while
+        // the shards' objects stay (their tokens fence the workers).
+        let env = common::k8s::env();
+        let admin: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(common::k8s::client(&env.url, &env.admin_token), namespace);
+        let member = actix_coordination::kubernetes_object_name(&format!(
+            "{}-member-node-2",
+            fleet.backend.group
+        ));
+        let found = admin.get_opt(&member).await.expect("admin get");
+        assert!(
+            found.is_none(),
+            "node-2's member object {member} was deleted: {found:?}"
+        );
+        for &shard in &leaving {
+            let object = actix_coordination::kubernetes_object_name(&format!(
+                "{}-{shard}",
+                fleet.backend.group
+            ));
+            assert!(admin.get_opt(&object).await.expect("admin get").is_some());
+        }
     }
     fleet.assert_exclusive(&[]);
 }

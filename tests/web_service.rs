@@ -544,6 +544,23 @@ async fn two_instances_on_kubernetes_have_one_leader_and_sigterm_moves_it() {
         &[("POD_NAMESPACE", env.namespace.as_str())],
     )
     .await;
+    // node-a, shut down by SIGTERM, gave its candidacy and its member lease up for good
+    // (`Lease::retire`): their objects are gone; the singleton's and the shards' stay.
+    let admin: kube::Api<k8s_openapi::api::coordination::v1::Lease> = kube::Api::namespaced(
+        common::k8s::client(&env.url, &env.admin_token),
+        &env.namespace,
+    );
+    for gone in [
+        format!("{lease}-candidate-node-a"),
+        format!("{lease}-shards-member-node-a"),
+    ] {
+        let found = admin.get_opt(&gone).await.expect("admin get");
+        assert!(found.is_none(), "{gone} was deleted: {found:?}");
+    }
+    for kept in [lease.clone(), format!("{lease}-shards-0")] {
+        let found = admin.get_opt(&kept).await.expect("admin get");
+        assert!(found.is_some(), "{kept} stays");
+    }
 }
 
 /// How long the leader's release is slowed: every request it sends reaches the store this much

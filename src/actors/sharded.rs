@@ -667,6 +667,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             self.member = Some(
                 ClusterSingletonManager::from_arc(Arc::clone(&self.member_lease), |_, _| Member)
                     .settings(self.shard_settings())
+                    .retire_on_shutdown()
                     .start(),
             );
         }

@@ -360,6 +360,9 @@ where
     /// Who the next plain release hands the lease over to ([`Lease::hand_over`]), if anyone:
     /// set by the sharded workers, whose placement knows the next holder.
     hand_to: Option<String>,
+    /// Whether the release at shutdown gives the lease up for good ([`Lease::retire`]): a
+    /// member or candidacy lease, whose name this node's identity will not claim again.
+    retire_on_shutdown: bool,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -426,6 +429,7 @@ where
             policy: Default::default(),
             deferring: false,
             hand_to: None,
+            retire_on_shutdown: false,
             release_result: None,
             competition: None,
             instances: 0,
@@ -433,6 +437,13 @@ where
             restarts: VecDeque::new(),
             restart_count: 0,
         }
+    }
+
+    /// Gives the lease up for good at shutdown ([`Lease::retire`]) instead of releasing it: for
+    /// the member and candidacy leases, which nothing else claims.
+    pub(crate) fn retire_on_shutdown(mut self) -> Self {
+        self.retire_on_shutdown = true;
+        self
     }
 
     /// Replaces the settings, as they are: prefer [`try_settings`](Self::try_settings), which
@@ -683,11 +694,13 @@ where
             (AfterStop::Transfer { .. }, _) | (_, Some(_)) => None,
             _ => self.hand_to.clone(),
         };
+        let retire = self.retire_on_shutdown && matches!(then, AfterStop::Shutdown);
         ctx.spawn(
             wrap_future::<_, Self>(async move {
                 match (to, hand_to) {
                     (Some(to), _) => lease.release_to(&to).await,
                     (None, Some(target)) => lease.hand_over(&target).await,
+                    (None, None) if retire => lease.retire().await,
                     (None, None) => lease.release().await,
                 }
             })

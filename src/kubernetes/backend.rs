@@ -1,7 +1,7 @@
 //! [`KubernetesBackend`]: the [`LeaseBackend`] of one lease, its requests and its
 //! compare-and-swap rounds (the semantics are documented on [`KubernetesLease`](super::KubernetesLease)).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -62,12 +62,14 @@ pub struct KubernetesStats {
     /// Tenures taken up without a write: records handed over to this owner (see
     /// [`HANDED_OVER_AFTER_ANNOTATION`](super::HANDED_OVER_AFTER_ANNOTATION)).
     pub taken_up: u64,
+    /// `delete` requests: objects of leases given up for good ([`Lease::retire`](crate::Lease::retire)).
+    pub deletes: u64,
 }
 
 impl KubernetesStats {
     /// Every request but watches: what a lease costs per operation.
     pub fn requests(&self) -> u64 {
-        self.gets + self.creates + self.updates
+        self.gets + self.creates + self.updates + self.deletes
     }
 }
 
@@ -79,6 +81,7 @@ pub(super) struct Counters {
     conflicts: AtomicU64,
     pub(super) handed_over: AtomicU64,
     pub(super) taken_up: AtomicU64,
+    pub(super) deletes: AtomicU64,
 }
 
 pub(super) enum ClientSource {
@@ -100,6 +103,8 @@ pub struct KubernetesBackend {
     pub(super) hub: Arc<WatchHub>,
     /// The namespace watch subscription, made at first use and again when its watch ended.
     pub(super) subscription: Mutex<Option<Arc<Subscription>>>,
+    /// Whether the API server refused to delete the object (RBAC): `retire` then releases.
+    pub(super) delete_forbidden: AtomicBool,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -200,6 +205,7 @@ impl KubernetesBackend {
             object: object_name(name),
             state: Mutex::new(State::default()),
             counters: Counters::default(),
+            delete_forbidden: AtomicBool::new(false),
         }
     }
 
@@ -222,6 +228,7 @@ impl KubernetesBackend {
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
             handed_over: self.counters.handed_over.load(Ordering::Relaxed),
             taken_up: self.counters.taken_up.load(Ordering::Relaxed),
+            deletes: self.counters.deletes.load(Ordering::Relaxed),
         }
     }
 
@@ -663,6 +670,23 @@ impl LeaseBackend for KubernetesBackend {
         tenure: KubernetesTenure,
     ) -> Result<ReleaseOutcome, KubernetesError> {
         Box::pin(self.release_inner(settings, tenure, Giving::Release)).await
+    }
+
+    /// Deletes the object, with a precondition on the tenure's `resourceVersion` (one request);
+    /// a plain release where the API server refuses the delete (see the `retire` module).
+    async fn retire(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(async move {
+            let version = tenure.lease.metadata.resource_version.clone();
+            if let Some(outcome) = self.delete_retired(version).await? {
+                return Ok(outcome);
+            }
+            self.release_inner(settings, tenure, Giving::Release).await
+        })
+        .await
     }
 
     /// The preferred holder goes in the annotations `actix-coordination/preferred-holder` and

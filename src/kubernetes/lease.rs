@@ -109,10 +109,14 @@ use super::KubernetesSession;
 /// `leaseTransitions`); a newer tenure, even one of the same owner identity started by another
 /// instance, is left alone and the release resolves `false`.
 ///
-/// **Never delete lease objects**: a deleted object is created anew with `leaseTransitions: 1`, so
-/// fencing tokens restart and a stale holder's writes could be accepted again by a system that
-/// remembers the old, higher tokens. This is why the Role in
-/// `deploy/rbac.yaml` grants no `delete`.
+/// **Never delete the object of a lease whose tokens fence anything**: a deleted object is
+/// created anew with `leaseTransitions: 1`, so fencing tokens restart and a stale holder's writes
+/// could be accepted again by a system that remembers the old, higher tokens. The crate deletes an
+/// object only when asked to give a lease up for good ([`retire`](crate::Lease::retire)): the
+/// member lease of a sharded node and the candidacy lease of a singleton manager, at shutdown,
+/// whose tokens fence nothing and whose names (the node's identity) may never be claimed again.
+/// The Role in `deploy/rbac.yaml` grants `delete` for that; without it those objects stay,
+/// released.
 ///
 /// # Planned moves: one write
 ///

@@ -27,6 +27,7 @@ mod name;
 mod observed;
 mod provider;
 mod record;
+mod retire;
 mod session;
 mod settings;
 mod watch;

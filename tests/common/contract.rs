@@ -369,6 +369,31 @@ pub async fn release_lets_the_next_owner_in<F: Fixture>(f: &F) {
     assert!(b.release().await.unwrap());
 }
 
+/// `retire` gives the lease up like a release (where the backend removes the record, the next
+/// owner's claim starts a new one): `check_alive` stops at once, no `on_lost`, the next owner,
+/// waiting, gets in at once, and this owner can hold the name again later.
+pub async fn retire_lets_the_next_owner_in<F: Fixture>(f: &F) {
+    let name = f.unique_name("retire");
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| b.acquire_retries(0)).await;
+    let mut probe = LostProbe::new(&a);
+    assert!(a.acquire().await.unwrap());
+    assert!(!b.acquire().await.unwrap());
+    assert!(a.retire().await.unwrap());
+    assert!(!a.check_alive());
+    assert_eq!(a.fencing_token(), None);
+    let asked = Instant::now();
+    assert!(
+        b.acquire_within(f.slack()).await.unwrap(),
+        "free right after the retire"
+    );
+    assert!(asked.elapsed() < f.settings(&name, "b").ttl());
+    probe.none(f.slack()).await;
+    assert!(b.release().await.unwrap());
+    assert!(a.acquire().await.unwrap(), "the name can be held again");
+    assert!(a.release().await.unwrap());
+}
+
 /// A holder dropped without release (a crash) blocks others until its TTL, and not a moment less.
 pub async fn dropped_holder_blocks_others_until_ttl<F: Fixture>(f: &F) {
     let name = f.unique_name("crash");

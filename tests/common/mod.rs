@@ -73,6 +73,7 @@ macro_rules! contract_suite {
             reentrant_acquire_keeps_one_tenure
             release_when_not_held_is_a_noop
             release_lets_the_next_owner_in
+            retire_lets_the_next_owner_in
             dropped_holder_blocks_others_until_ttl
             paused_holder_loses_at_its_deadline
             partitioned_holder_is_told_before_the_contender_wins

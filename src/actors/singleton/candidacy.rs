@@ -202,7 +202,8 @@ where
                 .settings(SingletonSettings {
                     max_error_backoff,
                     ..SingletonSettings::default()
-                });
+                })
+                .retire_on_shutdown();
         if !hold {
             holder = holder.not_eligible();
         }
