@@ -15,10 +15,9 @@ use actix_coordination::{
     GroupWatch, KubernetesLease, KubernetesSession, KubernetesStats, Lease, LeaseSettings,
     KUBERNETES_HANDED_OVER_AFTER_ANNOTATION, KUBERNETES_HANDED_OVER_BY_ANNOTATION,
 };
-use common::k8s::{client, env, settings_at, unique};
+use common::k8s::{admin_object, env, holder_of, settings_at, unique};
 use common::{event_driven_settings, eventually};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
-use kube::Api;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(15);
@@ -42,17 +41,9 @@ fn session() -> KubernetesSession {
 
 /// The object of lease `name`, as the API server has it now.
 async fn object(name: &str) -> LeaseObject {
-    let admin: Api<LeaseObject> =
-        Api::namespaced(client(&env().url, &env().admin_token), &env().namespace);
-    admin.get(name).await.expect("admin get")
-}
-
-fn holder(lease: &LeaseObject) -> Option<&str> {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
+    admin_object(&env().namespace, name)
+        .await
+        .expect("the object exists")
 }
 
 fn annotation<'a>(lease: &'a LeaseObject, key: &str) -> Option<&'a str> {
@@ -172,7 +163,7 @@ async fn a_handover_moves_the_object_to_the_waiting_contender_in_one_write() {
     assert_eq!(b_token.value(), a_token.value() + 1, "the next token");
 
     let handed = object(&name).await;
-    assert_eq!(holder(&handed), Some(b_owner.as_str()));
+    assert_eq!(holder_of(&handed), Some(b_owner.as_str()));
     assert_eq!(
         annotation(&handed, KUBERNETES_HANDED_OVER_BY_ANNOTATION),
         Some(a_owner.as_str())
@@ -196,7 +187,7 @@ async fn a_handover_moves_the_object_to_the_waiting_contender_in_one_write() {
     .await;
     assert!(b.check_alive());
     let renewed = object(&name).await;
-    assert_eq!(holder(&renewed), Some(b_owner.as_str()));
+    assert_eq!(holder_of(&renewed), Some(b_owner.as_str()));
     assert_eq!(
         annotation(&renewed, KUBERNETES_HANDED_OVER_BY_ANNOTATION),
         None
@@ -207,7 +198,7 @@ async fn a_handover_moves_the_object_to_the_waiting_contender_in_one_write() {
     );
     assert_eq!(b.fencing_token(), Some(b_token));
     assert!(b.release().await.unwrap());
-    assert_eq!(holder(&object(&name).await), None);
+    assert_eq!(holder_of(&object(&name).await), None);
 }
 
 /// A target whose session did not write the version the handover names (here: its lease lives in
@@ -239,7 +230,7 @@ async fn a_target_that_cannot_prove_the_handover_claims_it() {
         "a new tenure after the handover's"
     );
     let claimed = object(&name).await;
-    assert_eq!(holder(&claimed), Some(b_owner.as_str()));
+    assert_eq!(holder_of(&claimed), Some(b_owner.as_str()));
     assert_eq!(
         annotation(&claimed, KUBERNETES_HANDED_OVER_BY_ANNOTATION),
         None
@@ -264,7 +255,7 @@ async fn a_handover_to_an_unknown_target_is_a_plain_release() {
     assert!(a.hand_over("nobody").await.unwrap());
     assert_eq!(a.backend().stats().handed_over, 0, "a released plainly");
     let released = object(&name).await;
-    assert_eq!(holder(&released), None);
+    assert_eq!(holder_of(&released), None);
     assert_eq!(
         annotation(&released, KUBERNETES_HANDED_OVER_BY_ANNOTATION),
         None

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use actix_coordination::{KubernetesSession, KubernetesSettings, Lease, LeaseSettings};
 use common::event_driven_settings;
-use common::k8s::{client, env, settings_at, unique};
-use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use common::k8s::{admin_object, client, env, holder_of, settings_at, unique};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -22,21 +21,6 @@ const TTL: Duration = Duration::from_secs(15);
 
 fn settings(name: &str, owner: &str) -> LeaseSettings {
     event_driven_settings(name, owner, TTL)
-}
-
-/// The object `name` in `namespace`, as the API server has it now (admin's read).
-async fn object_in(namespace: &str, name: &str) -> Option<LeaseObject> {
-    let admin: Api<LeaseObject> =
-        Api::namespaced(client(&env().url, &env().admin_token), namespace);
-    admin.get_opt(name).await.expect("admin get")
-}
-
-fn holder(lease: &LeaseObject) -> Option<&str> {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
 }
 
 /// A held lease retired: its object is gone after one `delete` (no `update`), the tenure ended,
@@ -54,14 +38,16 @@ async fn a_retired_lease_s_object_is_deleted_in_one_request() {
     assert_eq!(after.deletes - before.deletes, 1, "one delete");
     assert_eq!(after.updates, before.updates, "and no release write");
     assert!(
-        object_in(&env().namespace, &name).await.is_none(),
+        admin_object(&env().namespace, &name).await.is_none(),
         "the object is gone"
     );
     // Another owner claims the name: a new object, created.
     let other = session.lease(settings(&name, "b"));
     assert!(other.acquire().await.unwrap());
-    let object = object_in(&env().namespace, &name).await.expect("created");
-    assert_eq!(holder(&object), Some("b"));
+    let object = admin_object(&env().namespace, &name)
+        .await
+        .expect("created");
+    assert_eq!(holder_of(&object), Some("b"));
     assert!(other.release().await.unwrap());
 }
 
@@ -179,16 +165,16 @@ async fn without_delete_permission_a_retired_lease_is_released_and_its_object_st
     }
     assert!(lease.retire().await.unwrap(), "given up");
     assert!(!lease.check_alive());
-    let object = object_in(&scope.namespace, &name)
+    let object = admin_object(&scope.namespace, &name)
         .await
         .expect("the object stays");
-    assert_eq!(holder(&object), None, "released");
+    assert_eq!(holder_of(&object), None, "released");
     let stats = lease.backend().stats();
     assert_eq!(stats.deletes, 1, "the delete was tried once");
     // Held again and retired again: no second delete (the refusal is remembered), released.
     assert!(lease.acquire().await.unwrap());
     assert!(lease.retire().await.unwrap());
     assert_eq!(lease.backend().stats().deletes, 1, "not tried again");
-    let object = object_in(&scope.namespace, &name).await.expect("stays");
-    assert_eq!(holder(&object), None, "released again");
+    let object = admin_object(&scope.namespace, &name).await.expect("stays");
+    assert_eq!(holder_of(&object), None, "released again");
 }

@@ -313,3 +313,23 @@ pub async fn acquire_all_and_watch(leases: &[KubernetesLease]) {
     .await
     .expect("every lease watches its namespace");
 }
+
+/// Object `name` of `namespace` as the API server has it now (the admin's read); `None` when
+/// there is none.
+pub async fn admin_object(
+    namespace: &str,
+    name: &str,
+) -> Option<k8s_openapi::api::coordination::v1::Lease> {
+    let admin: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client(&env().url, &env().admin_token), namespace);
+    admin.get_opt(name).await.expect("admin get")
+}
+
+/// The holder an object names (`None` for none or an empty one).
+pub fn holder_of(lease: &k8s_openapi::api::coordination::v1::Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
