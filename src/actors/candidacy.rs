@@ -132,7 +132,9 @@ pub type RankCandidates = dyn Fn(&Candidate, &Candidate) -> Ordering + Send + Sy
 /// group watch of the prefix `L-candidate-` (no request per candidate per interval). A candidate
 /// is live while its candidacy lease is held and its claim has not expired as the reader observed
 /// it; a node that crashes drops out at its candidacy's expiry; a node that shuts down, or is made
-/// ineligible, *withdraws* first (it releases its candidacy lease before anything else). A node
+/// ineligible, *withdraws* first (it releases its candidacy lease before anything else; at
+/// shutdown for good, [`Lease::retire`](crate::Lease::retire): on Kubernetes its object is
+/// deleted, so that identities that change on every rollout leave no objects behind). A node
 /// publishes its candidacy once its watch of `L` has listed it (at most one TTL after its
 /// start): a candidate is ready when it would notice a release to it at once.
 ///

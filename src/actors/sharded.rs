@@ -234,7 +234,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///   its targets and compete as soon as the others count it); the live members are the holders of the member leases whose claims have not
 ///   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
 ///   per member per interval). A node that crashes drops out when its member lease expires; a node
-///   shutting down releases its member lease first.
+///   shutting down gives its member lease up first, for good ([`Lease::retire`]: on Kubernetes
+///   its object is deleted, so that identities that change on every rollout leave no objects
+///   behind).
 /// * **Placement without a coordinator.** Every node computes the same targets from the same
 ///   view with [`place`](crate::place) (rendezvous hashing with ±1 quotas that keeps what members
 ///   hold). A node competes for its target shards (it takes one as soon as it is free: the lease's
@@ -253,7 +255,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///
 /// # Shutdown
 ///
-/// [`Shutdown`] releases the member lease first (the others re-target this node's shards and
+/// [`Shutdown`] retires the member lease first (the others re-target this node's shards and
 /// start waiting for them), then shuts the shards down [`ShardedSettings::shutdown_handovers`]
 /// (one) at a time: each one's worker stops, then its lease is handed to the node that targets
 /// it, which takes it up at once; the workers of the shards not yet handed over run on under
@@ -938,7 +940,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
     }
 }
 
-/// Releases the member lease first, then shuts the shards down `shutdown_handovers` at a time
+/// Retires the member lease first, then shuts the shards down `shutdown_handovers` at a time
 /// (each one's worker stops, then its lease is handed over or released); answers `Ok(true)` when everything was released, else the first error
 /// (`Ok(false)` when a lease was held by another owner), and stops.
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
