@@ -684,7 +684,8 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
         }
     }
     // On Kubernetes too, as the API server's own storage shows: the first write of each moved
-    // shard's object after the signal is node-2's handover, naming the new holder, and the new
+    // shard's object after the signal that names the new holder is node-2's handover (node-2's
+    // own renewals of the shards still waiting for their turn may come before it), and the new
     // holder's worker runs under that handover's token (node-2's + 1): it took the object up
     // without a claim of its own, which would have raised the token once more.
     if fleet.backend.etcd_prefix.is_none() {
@@ -697,7 +698,11 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
                 (format!("/registry/leases/{namespace}/{object}"), shard)
             })
             .collect();
-        let first = first_writes(&kube_etcd_endpoint(), &keys, from_revision).await;
+        let naming: BTreeMap<String, String> = keys
+            .iter()
+            .map(|(key, shard)| (key.clone(), after[shard].clone()))
+            .collect();
+        let first = first_writes(&kube_etcd_endpoint(), &naming, from_revision).await;
         for (key, &shard) in &keys {
             let new_holder = &after[&shard];
             let value = &first[key];
@@ -755,10 +760,11 @@ async fn etcd_revision(endpoint: &str) -> i64 {
 }
 
 /// The first value written to each of `keys` after revision `from` in the etcd at `endpoint`
-/// (read as lossy UTF-8: the API server stores objects as protobuf, whose strings are plain).
+/// that contains the key's string in `keys` (read as lossy UTF-8: the API server stores objects
+/// as protobuf, whose strings are plain).
 async fn first_writes(
     endpoint: &str,
-    keys: &BTreeMap<String, usize>,
+    keys: &BTreeMap<String, String>,
     from: i64,
 ) -> BTreeMap<String, String> {
     let prefix = keys
@@ -770,7 +776,10 @@ async fn first_writes(
         .0;
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     history(endpoint, &format!("{prefix}/"), from, |key, _, value| {
-        if keys.contains_key(&key) && !first.contains_key(&key) {
+        let naming = keys
+            .get(&key)
+            .is_some_and(|name| value.contains(name.as_str()));
+        if naming && !first.contains_key(&key) {
             first.insert(key, value);
         }
         first.len() == keys.len()
