@@ -53,8 +53,9 @@ pub struct KubernetesStats {
     pub creates: u64,
     /// `update` requests (claims, renewals, releases).
     pub updates: u64,
-    /// `create` and `update` requests the API server refused with `409 Conflict` (someone else
-    /// wrote first: a lost compare-and-swap race); counted in `creates` and `updates` too.
+    /// `create`, `update` and `delete` requests the API server refused with `409 Conflict`
+    /// (someone else wrote first: a lost compare-and-swap race); counted in `creates`, `updates`
+    /// and `deletes` too.
     pub conflicts: u64,
     /// Tenures given up with a handover to a named target ([`Lease::hand_over`](crate::Lease::hand_over)),
     /// in one update (counted in `updates` too).
