@@ -1096,6 +1096,75 @@ async fn a_claim_whose_answer_is_lost_is_removed() {
     assert!(contender.release().await.unwrap());
 }
 
+/// Issue 36, item 9: the claim of a lease whose operation timeout is shorter than a round trip
+/// to etcd lands but its answer is lost, while another lease of the same session keeps the
+/// session's etcd lease alive; its release times out too, and the lease is dropped. The claim is
+/// still removed and another owner gets the lease within two TTLs (the removal bounded each
+/// attempt by that tiny operation timeout: none ever completed, and the key blocked the lease for
+/// good). The proxy delays every answer to n1 by 300 ms, longer than the victim's 50 ms and
+/// shorter than the other lease's 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_of_a_dropped_lease_with_a_tiny_operation_timeout_is_removed() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("tiny-timeout-claim");
+    let proxy = FaultProxy::start(common::etcd::socket_addr(&endpoint)).await;
+    let n1 = EtcdSession::new(etcd_settings(&format!("http://{}", proxy.addr()), &prefix));
+    let n2 = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let mut admin = admin_client(&endpoint).await;
+    let ttl = claim_settings("x", "x").ttl();
+    let other = n1.lease(claim_settings("other", "n1"));
+    assert!(other.acquire().await.unwrap());
+    let victim = n1.lease(
+        LeaseSettings::builder("victim", "n1")
+            .ttl(ttl)
+            .renewal_interval(Duration::from_secs(2))
+            .operation_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap(),
+    );
+    let key = format!("{prefix}victim");
+
+    proxy.set_mode(ProxyMode::SlowAnswers(Duration::from_millis(300)));
+    // Until a claim lands (an attempt may time out before its claim is even sent).
+    let give_up = Instant::now() + ttl;
+    loop {
+        let error = victim
+            .acquire()
+            .await
+            .expect_err("no answer comes within the operation timeout");
+        assert!(
+            matches!(error, actix_coordination::LeaseError::Timeout { .. }),
+            "{error}"
+        );
+        if value_of(&mut admin, &key).await.as_deref() == Some("n1") {
+            break;
+        }
+        assert!(Instant::now() < give_up, "no claim landed within {ttl:?}");
+        sleep(Duration::from_millis(50)).await;
+    }
+    let released = victim.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(actix_coordination::LeaseError::Timeout { .. })
+        ),
+        "the release times out too: {released:?}"
+    );
+    drop(victim);
+
+    // The other lease keeps the etcd lease the claim is attached to alive: etcd never expires
+    // the key, the session's clean-up must delete it.
+    let contender = n2.lease(claim_settings("victim", "n2"));
+    acquire_within(&contender, ttl * 2).await;
+    assert!(
+        other.check_alive(),
+        "the other lease of n1 was not disturbed (its etcd lease lived on)"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    assert!(contender.release().await.unwrap());
+    assert!(other.release().await.unwrap());
+}
+
 /// `release()` after an acquire whose answer was lost removes the claim before it answers
 /// `Ok(true)` (it used to answer `Ok(true)` as a no-op and leave the key blocking others).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,7 +85,9 @@ pub(super) enum Removed {
 /// The clean-up of a claim nobody will release: a dropped tenure, or a claim whose answer never
 /// arrived. It runs on the session's runtime, holds no session handle, and ends when its
 /// compare-and-swap delete succeeds or its compare fails, or when the etcd lease the key is
-/// attached to is gone (the key went with it).
+/// attached to is gone (the key went with it). Its first attempt is bounded by the lease's
+/// operation timeout, each one after a timeout by twice the previous bound (up to a quarter of
+/// the TTL, never below the operation timeout).
 pub(super) struct Removal {
     pub(super) claims: Arc<Claims>,
     pub(super) target: Target,
@@ -104,11 +106,12 @@ impl Removal {
         sleep_until(self.not_before).await;
         let mut final_check = final_check;
         let mut backoff = REMOVAL_BACKOFF_START;
+        let mut bound = self.operation_timeout;
         loop {
             if self.grant.state().lost.is_some() {
                 break;
             }
-            match timeout(self.operation_timeout, self.attempt(&client)).await {
+            match timeout(bound, self.attempt(&client)).await {
                 Ok(Ok(Removed::Deleted)) => break,
                 Ok(Ok(Removed::NotThere)) => match final_check.take() {
                     Some(at) => {
@@ -126,7 +129,17 @@ impl Removal {
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "removing a claim failed; retrying");
                 }
-                Err(_) => tracing::debug!("removing a claim timed out; retrying"),
+                Err(_) => {
+                    tracing::debug!(timeout = ?bound, "removing a claim timed out; retrying with a longer bound");
+                    // The lease's operation timeout may be shorter than a round trip to etcd (the
+                    // very reason a claim's answer came too late): every attempt bounded by it
+                    // would be cut short, and the key, kept alive by the session's other leases,
+                    // would block the lease for good (issue 36, item 9). Nobody waits on this
+                    // clean-up, so each attempt that timed out doubles the bound, up to a quarter
+                    // of the TTL (an attempt holds `claim_lock`, which the lease's own claims
+                    // wait for); the compare-and-swap makes a slow delete as safe as a fast one.
+                    bound = (bound * 2).min(self.ttl / 4).max(self.operation_timeout);
+                }
             }
             self.claims.removals_failed.fetch_add(1, Ordering::Relaxed);
             sleep(backoff).await;
