@@ -9,7 +9,7 @@
 //!
 //! The configuration file is a `CoordinationConfig` (see the README); `--config-key` picks the
 //! lease configuration of every lease of the group (default `sharded`), `--group` the group name
-//! (default `example-shards`: leases `example-shards-0` … and `example-shards-member-<owner>`),
+//! (default `example-shards`: leases `example-shards.0` … and `example-shards.member.<owner>`),
 //! `--shards` how many shards (default 64). `--owner` defaults to `$POD_NAME`, then to the host
 //! name and process id.
 //!
@@ -266,7 +266,7 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
     // backoff would miss a graceful handover.
     let ttl = provider
         .get_lease(
-            &format!("{}-member-{}", args.group, args.owner),
+            &actix_coordination::member_lease_name(&args.group, &args.owner),
             &args.config_key,
             &args.owner,
         )?

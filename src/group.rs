@@ -157,7 +157,7 @@ impl GroupSnapshot {
 /// A running watch of a group of lease records.
 ///
 /// A *group* is every lease whose name starts with a prefix (for example `ingest-`: the shard
-/// leases `ingest-0` … `ingest-63` and the member leases `ingest-member-<node>`). actix has no
+/// leases `ingest.0` … `ingest.63` and the member leases `ingest.member.<node>`). actix has no
 /// remoting and no cluster membership, so the lease store is the one thing the nodes of a fleet
 /// share; a [`GroupWatch`] turns it into membership ("which nodes hold their member lease") and
 /// into a picture of the group ("which node holds which shard"), for

@@ -128,6 +128,11 @@ pub use web::{
 };
 
 pub use actors::{
+    member_lease_name, shard_lease_name, GetGroupView, GetHostedShards, GetShards, GroupView,
+    HandOffShard, RunningShard, ShardInfo, ShardRegion, ShardedError, ShardedSettings,
+    ShardedWorkers, DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
+};
+pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
     GateState, GetFencingToken, GetGateState, GetLeader, GetSingleton, GetStatus, GetTenure,
     HostShard, LeaderInfo, LeaseActor, Queued, RegisterRegion, Release, Responder, SetEligible,
@@ -140,11 +145,6 @@ pub use actors::{
     CandidacyError, Candidate, HandoverPolicy, RankCandidates,
     ADDRESS_ENV as CANDIDATE_ADDRESS_ENV, POD_TEMPLATE_HASH_ENV as CANDIDATE_POD_TEMPLATE_HASH_ENV,
     REVISION_ENV as CANDIDATE_REVISION_ENV,
-};
-pub use actors::{
-    GetGroupView, GetHostedShards, GetShards, GroupView, HandOffShard, RunningShard, ShardInfo,
-    ShardRegion, ShardedError, ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS,
-    DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};

@@ -465,14 +465,25 @@ impl LeaseBackend for InMemoryBackend {
                         expires_at: record.expires_at,
                     },
                     // Handed over to this owner: taken up as it is, valid from the handover
-                    // (the store's clock is everyone's).
+                    // (the store's clock is everyone's). The handover wrote the record for the
+                    // *giver's* TTL; the tenure lasts this owner's, counted from the handover:
+                    // when that is longer, the take-up extends the record to it, so that the
+                    // tenure never outlives the record (a contender would take the lease while
+                    // this owner still passed `check_alive`).
                     Some(_) if record.handed_at.is_some() && settings.metadata().is_none() => {
                         let handed_at = record.handed_at.take();
+                        let until = handed_at.map(|at| at + ttl);
+                        let extend = until.is_some_and(|u| record.expires_at.is_none_or(|e| e < u));
+                        if extend {
+                            record.expires_at = until;
+                        }
+                        let token = record.token;
+                        if extend {
+                            state.publish(name);
+                        }
                         AcquireAttempt::Acquired {
-                            tenure: InMemoryTenure {
-                                token: record.token,
-                            },
-                            token: FencingToken::new(record.token),
+                            tenure: InMemoryTenure { token },
+                            token: FencingToken::new(token),
                             valid_from: handed_at,
                         }
                     }

@@ -263,3 +263,53 @@ async fn a_handover_to_an_unknown_target_is_a_plain_release() {
     let c = session().lease(once(&name, &format!("{group}c")));
     assert!(c.acquire().await.unwrap(), "free for anyone");
 }
+
+/// A target whose every object expired as the holder's session judges it (a node that crashed or
+/// froze) gets a plain release too: a handover in its name would leave the lease unrun for a TTL
+/// (issue 36, item 4). `b` holds its member lease with a 3 s TTL, then stops renewing; once `a`'s
+/// group watch finds it expired, `a`'s handover to `b` is a plain release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_to_a_target_whose_objects_expired_is_a_plain_release() {
+    let group = format!("{}-", unique("hand-expired"));
+    let (a_owner, b_owner) = (format!("{group}a"), format!("{group}b"));
+    let session_a = session();
+    let session_b = session();
+    let member = format!("{group}member-b");
+    let short = Duration::from_secs(3);
+    let member_b = session_b.lease(event_driven_settings(&member, &b_owner, short));
+    assert!(member_b.acquire().await.unwrap());
+    let watch = session_a
+        .lease(settings(&format!("{group}watch"), &a_owner))
+        .watch_group(&group)
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "a's group watch shows b's member lease",
+        || {
+            watch
+                .snapshot()
+                .get(&member)
+                .is_some_and(|r| r.holder.as_deref() == Some(b_owner.as_str()))
+        },
+    )
+    .await;
+    // b stops renewing (a crash: no release), and a's watch sees its claim expire.
+    drop(member_b);
+    drop(session_b);
+    eventually(short * 3, "b's member lease expires in a's view", || {
+        watch
+            .snapshot()
+            .live_holder(&member, tokio::time::Instant::now())
+            .is_none()
+    })
+    .await;
+    let name = format!("{group}0");
+    let a = session_a.lease(settings(&name, &a_owner));
+    assert!(a.acquire().await.unwrap());
+    assert!(a.hand_over(&b_owner).await.unwrap());
+    assert_eq!(a.backend().stats().handed_over, 0, "a released plainly");
+    let released = object(&name).await;
+    assert_eq!(holder_of(&released), None, "nothing names b");
+    let c = session().lease(once(&name, &format!("{group}c")));
+    assert!(c.acquire().await.unwrap(), "free for anyone");
+}

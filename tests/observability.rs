@@ -1049,7 +1049,7 @@ async fn sharded_metrics_count_holdings_moves_and_handovers() {
     );
     wait_until(Duration::from_secs(10), || {
         before.value("actix_coordination_shards_held", &label) == 4.0
-            && store.holder(&format!("{group}-0")).as_deref() == Some("b")
+            && store.holder(&format!("{group}.0")).as_deref() == Some("b")
     })
     .await;
     assert_eq!(

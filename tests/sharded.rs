@@ -101,7 +101,7 @@ fn start_in(store: &InMemoryStore, group: &str, shards: usize, node: &str, log: 
 /// Who holds each shard in the store.
 fn holders(store: &InMemoryStore) -> BTreeMap<String, String> {
     (0..SHARDS)
-        .filter_map(|i| Some((i.to_string(), store.holder(&format!("{GROUP}-{i}"))?)))
+        .filter_map(|i| Some((i.to_string(), store.holder(&format!("{GROUP}.{i}"))?)))
         .collect()
 }
 
@@ -346,7 +346,7 @@ fn a_shard_handed_to_a_node_that_does_not_target_it_goes_on_to_its_target() {
         let store = InMemoryStore::new();
         let log = Log::default();
         // An outsider holds shard 0 before the nodes start.
-        let outsider = store.lease(settings(&format!("{GROUP}-0"), "outsider"));
+        let outsider = store.lease(settings(&format!("{GROUP}.0"), "outsider"));
         assert!(outsider.acquire().await.unwrap());
         let nodes = [
             start_in(&store, GROUP, 8, "node-a", &log),
@@ -509,7 +509,9 @@ fn a_frozen_node_s_shards_move_after_its_leases_expire_and_it_never_overlaps() {
         )
         .await;
         assert_exactly_once(&log);
-        // Healed, it rejoins and gets its share back.
+        // Healed, it rejoins and gets its share back: exactly its quota, taken from the others,
+        // and nothing else moves (which shards it gets is the placement's, not a memory of the
+        // ones it had: see the README).
         store.heal("node-3");
         until(Duration::from_secs(60), "node-3 rejoins", || {
             let held = holders(&store);
@@ -518,6 +520,17 @@ fn a_frozen_node_s_shards_move_after_its_leases_expire_and_it_never_overlaps() {
             held.len() == SHARDS && c == vec![21, 21, 22] && running(&log) == held
         })
         .await;
+        let back = holders(&store);
+        let moved: Vec<&String> = back
+            .keys()
+            .filter(|shard| back[*shard] != after[*shard])
+            .collect();
+        assert_eq!(
+            moved.len(),
+            counts(&back)["node-3"],
+            "only node-3's quota moved: {moved:?}"
+        );
+        assert!(moved.iter().all(|shard| back[*shard] == "node-3"));
         assert_exactly_once(&log);
     });
 }
@@ -535,11 +548,17 @@ fn invalid_groups_fail_at_construction() {
             .err()
             .unwrap();
         assert!(matches!(err, ShardedError::EmptyGroup), "{err}");
+        // A `.` separates a group's name from its leases' names: `a.b` could share names with a
+        // group `a` (its shard `b.0` and `a.b`'s shard `0` would be one lease).
+        let err = ShardedWorkers::new("a.b", ["0"], lease("a"), worker)
+            .err()
+            .unwrap();
+        assert!(matches!(err, ShardedError::InvalidGroup { .. }), "{err}");
         let err = ShardedWorkers::new("g", Vec::<String>::new(), lease("a"), worker)
             .err()
             .unwrap();
         assert!(matches!(err, ShardedError::NoShards { .. }), "{err}");
-        for bad in [vec!["0", "0"], vec!["member-1"], vec![""]] {
+        for bad in [vec!["0", "0"], vec!["member.1"], vec![""]] {
             let err = ShardedWorkers::new("g", bad.clone(), lease("a"), worker)
                 .err()
                 .unwrap();
@@ -634,7 +653,7 @@ fn the_provider_builds_a_group_from_configuration() {
             || {
                 let held: Vec<Option<String>> = ["a", "b", "c", "d"]
                     .iter()
-                    .map(|s| store.holder(&format!("{GROUP}-{s}")))
+                    .map(|s| store.holder(&format!("{GROUP}.{s}")))
                     .collect();
                 held.iter().all(Option::is_some)
                     && held
@@ -646,7 +665,7 @@ fn the_provider_builds_a_group_from_configuration() {
         )
         .await;
         let settings = provider
-            .get_lease(&format!("{GROUP}-a"), "ingest", "node-1")
+            .get_lease(&format!("{GROUP}.a"), "ingest", "node-1")
             .unwrap();
         assert_eq!(actix_coordination::Lease::settings(&settings).ttl(), TTL);
         assert_eq!(one.send(GetShards).await.unwrap().len(), 2);
@@ -745,7 +764,7 @@ fn random_schedules_keep_every_shard_exactly_once_and_settle_balanced() {
             let deadline = Instant::now() + TTL * 3;
             loop {
                 let held: BTreeMap<String, String> = (0..SHARDS)
-                    .filter_map(|i| Some((i.to_string(), store.holder(&format!("model-{i}"))?)))
+                    .filter_map(|i| Some((i.to_string(), store.holder(&format!("model.{i}"))?)))
                     .collect();
                 let c = counts(&held);
                 let balanced = held.len() == SHARDS
@@ -789,4 +808,51 @@ fn settled_nodes_send_nothing_for_shards_they_do_not_hold() {
             "{renewals} renewals"
         );
     });
+}
+
+/// The cases every backend runs (`tests/common/sharded_cases.rs`), on the in-memory store under
+/// the paused clock; `tests/sharded_servers.rs` runs them on the real etcd and kube-apiserver.
+mod every_backend {
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use actix_coordination::{InMemoryStore, LeaseSettings, SharedLease};
+
+    use crate::common::run_paused;
+    use crate::common::sharded_cases::{self, Fleet};
+
+    struct InMemoryFleet(InMemoryStore);
+
+    impl Fleet for InMemoryFleet {
+        fn node(&self, _: &str) -> Rc<dyn Fn(LeaseSettings) -> SharedLease> {
+            let store = self.0.clone();
+            Rc::new(move |settings| SharedLease::new(store.lease(settings)))
+        }
+
+        fn ttl(&self) -> Duration {
+            super::TTL
+        }
+
+        fn unique(&self, base: &str) -> String {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            format!("{base}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+        }
+    }
+
+    macro_rules! cases {
+        ($($case:ident)*) => {$(
+            #[test]
+            fn $case() {
+                run_paused(sharded_cases::$case(&InMemoryFleet(InMemoryStore::new())));
+            }
+        )*};
+    }
+
+    cases!(
+        a_leaving_node_hands_nothing_to_a_node_that_left_meanwhile
+        a_lease_named_like_a_member_makes_no_member
+        groups_whose_names_extend_each_other_share_no_lease
+        a_shard_handed_to_a_leaving_node_is_passed_on
+    );
 }

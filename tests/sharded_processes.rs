@@ -673,7 +673,7 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
     if let Some(prefix) = &fleet.backend.etcd_prefix {
         let writes = etcd_writes(prefix, from_revision).await;
         for &shard in &leaving {
-            let key = format!("{prefix}{}-{shard}", fleet.backend.group);
+            let key = format!("{prefix}{}.{shard}", fleet.backend.group);
             let new_holder = &after[&shard];
             let expected = vec![(true, format!("{new_holder}\0\0handed-over-by\0node-2"))];
             assert_eq!(
@@ -693,7 +693,7 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
         let keys: BTreeMap<String, usize> = leaving
             .iter()
             .map(|&shard| {
-                let lease = format!("{}-{shard}", fleet.backend.group);
+                let lease = format!("{}.{shard}", fleet.backend.group);
                 let object = actix_coordination::kubernetes_object_name(&lease);
                 (format!("/registry/leases/{namespace}/{object}"), shard)
             })
@@ -727,7 +727,7 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
         let admin: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
             kube::Api::namespaced(common::k8s::client(&env.url, &env.admin_token), namespace);
         let member = actix_coordination::kubernetes_object_name(&format!(
-            "{}-member-node-2",
+            "{}.member.node-2",
             fleet.backend.group
         ));
         let found = admin.get_opt(&member).await.expect("admin get");
@@ -737,7 +737,7 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
         );
         for &shard in &leaving {
             let object = actix_coordination::kubernetes_object_name(&format!(
-                "{}-{shard}",
+                "{}.{shard}",
                 fleet.backend.group
             ));
             assert!(admin.get_opt(&object).await.expect("admin get").is_some());

@@ -552,12 +552,12 @@ async fn two_instances_on_kubernetes_have_one_leader_and_sigterm_moves_it() {
     );
     for gone in [
         format!("{lease}-candidate-node-a"),
-        format!("{lease}-shards-member-node-a"),
+        format!("{lease}-shards.member.node-a"),
     ] {
         let found = admin.get_opt(&gone).await.expect("admin get");
         assert!(found.is_none(), "{gone} was deleted: {found:?}");
     }
-    for kept in [lease.clone(), format!("{lease}-shards-0")] {
+    for kept in [lease.clone(), format!("{lease}-shards.0")] {
         let found = admin.get_opt(&kept).await.expect("admin get");
         assert!(found.is_some(), "{kept} stays");
     }

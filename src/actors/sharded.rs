@@ -1,22 +1,22 @@
 //! [`ShardedWorkers`]: N numbered workers across a fleet, each exactly once, spread evenly over the live nodes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
 
 use super::member::Member;
 use super::singleton::{
-    ClusterSingletonManager, HandOverTo, SetEligible, Shutdown, SingletonInfo, SingletonSettings,
+    ClusterSingletonManager, HandOverTo, HandoverTarget, SetEligible, Shutdown, SingletonInfo,
+    SingletonSettings,
 };
-use crate::group::{GroupError, GroupSnapshot, GroupWatch};
+use crate::group::{GroupError, GroupRecord, GroupSnapshot, GroupWatch};
 use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
-use crate::placement::place;
+use crate::placement::Placer;
 use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
 
@@ -26,6 +26,42 @@ pub const DEFAULT_MAX_HANDOVERS: usize = 4;
 /// The default of [`ShardedSettings::shutdown_handovers`].
 pub const DEFAULT_SHUTDOWN_HANDOVERS: usize = 1;
 
+/// What separates a group's name from the rest of its leases' names: a group name never contains
+/// it, so that two groups' lease names never collide.
+const GROUP_SEPARATOR: char = '.';
+
+/// What follows the separator in a member lease's name (a shard id never starts with it).
+const MEMBER_INFIX: &str = "member.";
+
+/// The lease name of shard `shard` of group `group`: `<group>.<shard>`.
+///
+/// A group's lease names (its shards' and its members') all start with `<group>.`, and a group
+/// name never contains a `.`, so the leases of two groups never share a name: a group's name is
+/// everything before the first `.` of each of its lease names.
+pub fn shard_lease_name(group: &str, shard: &str) -> String {
+    format!("{group}{GROUP_SEPARATOR}{shard}")
+}
+
+/// The lease name of the member lease of node `owner` in group `group`:
+/// `<group>.member.<owner>` (a shard id never starts with `member.`). See [`shard_lease_name`].
+pub fn member_lease_name(group: &str, owner: &str) -> String {
+    format!("{group}{GROUP_SEPARATOR}{MEMBER_INFIX}{owner}")
+}
+
+/// The live member a record of the member prefix `prefix` shows at `now`: a member lease is
+/// named after its holder (`<prefix><owner>`, held by `<owner>`), so a record whose live holder
+/// is not the name's suffix (a lease someone else named so, held by a node of its own) is no
+/// member.
+fn live_member<'a>(
+    prefix: &str,
+    name: &'a str,
+    record: &'a GroupRecord,
+    now: Instant,
+) -> Option<&'a str> {
+    let owner = name.strip_prefix(prefix)?;
+    (record.live_holder(now)? == owner).then_some(owner)
+}
+
 /// What a shard's worker learns when it is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardInfo {
@@ -33,7 +69,7 @@ pub struct ShardInfo {
     pub group: String,
     /// The shard id.
     pub shard: String,
-    /// The shard's lease name (`<group>-<shard>`).
+    /// The shard's lease name (`<group>.<shard>`, [`shard_lease_name`]).
     pub lease_name: String,
     /// This node's owner identity.
     pub owner: String,
@@ -85,13 +121,20 @@ pub enum ShardedError {
     /// The group name is empty.
     #[error("the group name must not be empty")]
     EmptyGroup,
+    /// The group name contains a `.`, which separates a group's name from the rest of its lease
+    /// names (so that two groups' leases never share a name).
+    #[error("invalid group name {group:?}: it must not contain a `.`")]
+    InvalidGroup {
+        /// The group.
+        group: String,
+    },
     /// There are no shards.
     #[error("group {group:?} has no shards")]
     NoShards {
         /// The group.
         group: String,
     },
-    /// A shard id is empty, repeated, or starts with `member-` (the member leases' names).
+    /// A shard id is empty, repeated, or starts with `member.` (the member leases' names).
     #[error("invalid shard id {shard:?} in group {group:?}: {reason}")]
     InvalidShard {
         /// The group.
@@ -193,7 +236,7 @@ type LeaseFor<L> = Box<dyn Fn(&str) -> Result<L, ShardedError>>;
 
 struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     id: String,
-    /// The lease name, `<group>-<id>`.
+    /// The lease name, `<group>.<id>`.
     name: String,
     /// The shard's lease and manager exist only while this node needs them: from when it first
     /// targets the shard until it neither targets nor holds it (they are then shut down and
@@ -223,17 +266,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///
 /// # The model
 ///
-/// * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g-s`. A node runs
+/// * **A lease per shard.** Shard `s` of group `g` is guarded by its own lease `g.s`
+///   ([`shard_lease_name`]). A node runs
 ///   the worker of a shard only under that lease's tenure, with every rule of
 ///   [`ClusterSingletonManager`] (each shard *is* one, inside): the worker gets the tenure's guard
 ///   and fencing token, is stopped before the deadline, bounded by `stop_timeout`, restarted
 ///   within a budget, and the lease is released only after the worker has stopped. Exclusivity is
 ///   the lease's, whatever the nodes believe about each other.
-/// * **Membership through the store.** Each node holds a member lease `g-member-<node>` for as
-///   long as it runs, taken once its group watch has listed the group (so that it can compute
-///   its targets and compete as soon as the others count it); the live members are the holders of the member leases whose claims have not
-///   expired, seen from one [`GroupWatch`] of the whole group (one list and one watch, no request
-///   per member per interval). A node that crashes drops out when its member lease expires; a node
+/// * **Membership through the store.** Each node holds a member lease `g.member.<node>`
+///   ([`member_lease_name`]) for as long as it runs, taken once its group watch has listed the
+///   group (so that it can compute its targets and compete as soon as the others count it); the
+///   live members are the holders of the member leases whose claims have not expired, each
+///   holding the one named after it, seen from one [`GroupWatch`] of the whole group (one list
+///   and one watch, no request per member per interval). A node that crashes drops out when its member lease expires; a node
 ///   shutting down gives its member lease up first, for good ([`Lease::retire`]: on Kubernetes
 ///   its object is deleted, so that identities that change on every rollout leave no objects
 ///   behind).
@@ -252,6 +297,14 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 /// * **Disagreement costs balance, never exclusivity.** While a membership change propagates, two
 ///   nodes may both target a shard for a moment (the lease lets one in) or neither (the shard
 ///   waits until the views agree).
+///
+/// # Names
+///
+/// A group's leases are `<group>.<shard>` and `<group>.member.<owner>`. A group name never
+/// contains a `.` and a shard id never starts with `member.` (both refused at construction), so
+/// no two leases of one group, nor of two groups, share a name: one group's
+/// [`retire`](Lease::retire) of a member lease can never delete an object another group uses.
+/// Keep other leases out of a group's names (`<group>.*`).
 ///
 /// # Shutdown
 ///
@@ -306,12 +359,36 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     watch: GroupWatch,
     handing_over: HashMap<usize, Instant>,
     wake: Option<SpawnHandle>,
+    /// A reconcile planned after a shard's lease could not be built, and the pause before the
+    /// next such one.
+    retry: Option<SpawnHandle>,
+    retry_backoff: Option<Duration>,
     shutting_down: bool,
+    /// The shutdown's progress (see [`Shutdown`]'s handler).
+    leaving: Leaving,
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
     /// The last placement: its members, holders and targets.
     placed: Option<Placement>,
+    /// The placement's memory (the ideal assignment of the last members).
+    placer: Placer,
+}
+
+/// A shutdown in progress: the shards still to hand over, the handovers in flight, the result so
+/// far, and who waits for the end.
+#[derive(Default)]
+struct Leaving {
+    turns: VecDeque<usize>,
+    in_flight: usize,
+    result: Option<Result<bool, LeaseError>>,
+    done: Vec<tokio::sync::oneshot::Sender<Result<bool, LeaseError>>>,
+    /// The members other than this node, and the targets placed for them (computed again only
+    /// when the members change: each handover moves a shard to its target, which changes no
+    /// target).
+    placed: Option<(Vec<String>, Vec<Option<usize>>)>,
+    /// Whether the shards handed to this node while it left were passed on.
+    swept: bool,
 }
 
 /// Members, holders per shard, and the target (an index into the members) per shard.
@@ -334,7 +411,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
 
     /// The workers of `group` with these shard ids on this node. `lease_for(name)` builds this
     /// node's lease named `name` (every lease with the same owner identity: the node's), for the
-    /// member lease `<group>-member-<owner>` and each shard's `<group>-<shard>`; `factory` builds
+    /// member lease `<group>.member.<owner>` and each shard's `<group>.<shard>`; `factory` builds
     /// the worker of a shard whenever this node starts one.
     ///
     /// Every lease is built once here, to check its name and owner, and the shards' are dropped
@@ -371,6 +448,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if group.is_empty() {
             return Err(ShardedError::EmptyGroup);
         }
+        if group.contains(GROUP_SEPARATOR) {
+            return Err(ShardedError::InvalidGroup { group });
+        }
         if ids.is_empty() {
             return Err(ShardedError::NoShards { group });
         }
@@ -378,8 +458,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         for id in &ids {
             let reason = if id.is_empty() {
                 Some("empty")
-            } else if id.starts_with("member-") {
-                Some("`member-` starts the names of the member leases")
+            } else if id.starts_with(MEMBER_INFIX) {
+                Some("`member.` starts the names of the member leases")
             } else if !seen.insert(id.as_str()) {
                 Some("repeated")
             } else {
@@ -397,7 +477,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let mut node: Option<String> = None;
         let mut shards = Vec::with_capacity(ids.len());
         for id in ids {
-            let name = format!("{group}-{id}");
+            let name = shard_lease_name(&group, &id);
             let lease = lease_for(&name)?;
             let expected = node.get_or_insert_with(|| lease.owner().to_owned());
             check_lease(&name, &lease, expected)?;
@@ -413,13 +493,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             });
         }
         let node = node.expect("at least one shard");
-        let member_prefix = format!("{group}-member-");
-        let member_name = format!("{member_prefix}{node}");
+        let member_prefix = member_lease_name(&group, "");
+        let member_name = member_lease_name(&group, &node);
         let member_lease = lease_for(&member_name)?;
         check_lease(&member_name, &member_lease, &node)?;
         let member_lease = Arc::new(member_lease);
         let watch = member_lease
-            .watch_group(&format!("{group}-"))
+            .watch_group(&format!("{group}{GROUP_SEPARATOR}"))
             .map_err(|source| ShardedError::Watch {
                 group: group.clone(),
                 source,
@@ -440,16 +520,22 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             watch,
             handing_over: HashMap::new(),
             wake: None,
+            retry: None,
+            retry_backoff: None,
             shutting_down: false,
+            leaving: Leaving::default(),
             label,
             held_reported: 0,
             placed: None,
+            placer: Placer::default(),
         })
     }
 
     /// Starts the manager of shard `index` (building its lease), eligible: the node targets it.
-    /// A lease that cannot be built (a provider's backend failing) is logged, and the shard left
-    /// to the next reconcile.
+    /// A lease that cannot be built (a provider's backend failing) is logged, and the shard tried
+    /// again after a backoff (from the shard settings' `retry_delay`, 1 s by default, doubling up
+    /// to their `max_error_backoff`), not only at the group's next change: a quiet group (etcd
+    /// sends nothing while nobody writes) would leave it unrun for good.
     fn start_manager(&mut self, index: usize, ctx: &mut Context<Self>) {
         let shard = &self.shards[index];
         let lease = match &shard.lease {
@@ -457,10 +543,28 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             None => match (self.lease_for)(&shard.name)
                 .and_then(|lease| check_lease(&shard.name, &lease, &self.node).map(|()| lease))
             {
-                Ok(lease) => Arc::new(lease),
+                Ok(lease) => {
+                    self.retry_backoff = None;
+                    Arc::new(lease)
+                }
                 Err(error) => {
-                    tracing::warn!(group = %self.group, shard = %shard.id, error = &error as &dyn std::error::Error, "cannot build the shard's lease: not competing for it yet");
+                    let pause = self.retry_backoff.unwrap_or_else(|| {
+                        self.settings
+                            .shard
+                            .retry_delay
+                            .unwrap_or(Duration::from_secs(1))
+                            .max(Duration::from_millis(100))
+                    });
+                    tracing::warn!(group = %self.group, shard = %shard.id, error = &error as &dyn std::error::Error, retry_in = ?pause, "cannot build the shard's lease: not competing for it yet");
                     self.shards[index].eligible = false;
+                    self.retry_backoff =
+                        Some((pause * 2).min(self.settings.shard.max_error_backoff.max(pause)));
+                    if self.retry.is_none() {
+                        self.retry = Some(ctx.run_later(pause, |act, ctx| {
+                            act.retry = None;
+                            act.reconcile(ctx);
+                        }));
+                    }
                     return;
                 }
             },
@@ -545,10 +649,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         snapshot: &GroupSnapshot,
         now: Instant,
     ) -> (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>) {
-        let mut members: BTreeSet<String> = snapshot
-            .with_prefix(&self.member_prefix)
-            .filter_map(|(_, record)| record.live_holder(now).map(str::to_owned))
-            .collect();
+        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
         // This node's own membership is what its member lease says now (the view may lag).
         if self.member_lease.check_alive() {
             members.insert(self.node.clone());
@@ -584,8 +685,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect()
     }
 
+    /// The live members other than this node in `snapshot` at `now`, sorted (see
+    /// [`live_member`]).
+    fn other_members(&self, snapshot: &GroupSnapshot, now: Instant) -> Vec<String> {
+        snapshot
+            .with_prefix(&self.member_prefix)
+            .filter_map(|(name, record)| live_member(&self.member_prefix, name, record, now))
+            .filter(|member| *member != self.node)
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The target of every shard (an index into `members`) for these members and holders.
-    fn place(&self, members: &[String], holders: &[Option<String>]) -> Vec<Option<usize>> {
+    fn place(&mut self, members: &[String], holders: &[Option<String>]) -> Vec<Option<usize>> {
         let by_id: HashMap<&str, &str> = self
             .shards
             .iter()
@@ -593,27 +705,40 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .filter_map(|(shard, holder)| Some((shard.id.as_str(), holder.as_deref()?)))
             .collect();
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
-        place(&ids, members, |id| by_id.get(id).copied())
+        self.placer
+            .place(&ids, members, |id| by_id.get(id).copied())
     }
 
-    /// Where every shard goes once this node has left: the targets the other members compute
-    /// when they see its member lease gone (its shards still held in its name).
-    fn targets_after_leaving(&self) -> Vec<Option<String>> {
+    /// Whom this node hands shard `index` over to as it leaves: the target the other members
+    /// compute once they see its member lease gone (its shards still held in its name), from the
+    /// group as the watch shows it *now* (a member that left since the shutdown began is no
+    /// target), with the check that it is still a member right before the write.
+    fn target_on_leaving(&mut self, index: usize) -> Option<HandoverTarget> {
         let snapshot = self.watch.snapshot();
         let now = Instant::now();
-        let members: Vec<String> = snapshot
-            .with_prefix(&self.member_prefix)
-            .filter_map(|(_, record)| record.live_holder(now))
-            .filter(|member| *member != self.node)
-            .map(str::to_owned)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let holders = self.holders(&snapshot, now);
-        self.place(&members, &holders)
-            .into_iter()
-            .map(|target| target.map(|t| members[t].clone()))
-            .collect()
+        let members = self.other_members(&snapshot, now);
+        let fresh = self
+            .leaving
+            .placed
+            .as_ref()
+            .is_some_and(|(placed_for, _)| *placed_for == members);
+        if !fresh {
+            let holders = self.holders(&snapshot, now);
+            let targets = self.place(&members, &holders);
+            self.leaving.placed = Some((members, targets));
+        }
+        let (members, targets) = self.leaving.placed.as_ref()?;
+        let owner = &members[targets[index]?];
+        Some(self.handover_target(owner))
+    }
+
+    /// `owner` as a handover target: it counts while its member record is live in its name.
+    fn handover_target(&self, owner: &str) -> HandoverTarget {
+        HandoverTarget::member(
+            owner,
+            self.watch.clone(),
+            format!("{}{owner}", self.member_prefix),
+        )
     }
 
     /// Moves the `shards_held` gauge to `held` for this node.
@@ -677,20 +802,24 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let (members, holders, targets) = self.view(&snapshot, now);
         let mut candidates = Vec::new();
         for (index, target) in targets.iter().enumerate() {
-            let Some(target) = *target else {
-                continue; // no member at all: leave everything as it is
-            };
             let held = self.shards[index].held();
             // A record handed to this node (newer than any tenure it had) that it does not
             // hold: take it up, so that it neither stays held in this node's name nor goes
-            // unrun (the node that handed it over may have placed it differently); if it is
-            // targeted elsewhere, it is then handed over again like any other.
+            // unrun (the node that handed it over may have placed it differently), even while
+            // this node sees no member at all (its own member lease not yet, or no longer,
+            // held); if it is targeted elsewhere, it is then handed over again like any other.
             let shard = &self.shards[index];
             let handed_here = !held
                 && snapshot.get(&shard.name).is_some_and(|record| {
                     record.live_holder(now) == Some(self.node.as_str())
                         && record.token > shard.last_token
                 });
+            let Some(target) = *target else {
+                if handed_here {
+                    self.set_eligible(index, true, ctx);
+                }
+                continue; // no member at all: leave everything else as it is
+            };
             if members[target] == self.node || handed_here {
                 self.handing_over.remove(&index);
                 self.set_eligible(index, true, ctx);
@@ -753,7 +882,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let target = targets[index].map(|t| members[t].clone());
             tracing::info!(group = %self.group, shard = %self.shards[index].id, ?target, "handing the shard over");
             if let Some(manager) = &self.shards[index].manager {
-                manager.do_send(HandOverTo(target.clone()));
+                manager.do_send(HandOverTo(
+                    target.as_deref().map(|t| self.handover_target(t)),
+                ));
             }
             self.set_eligible(index, false, ctx);
             self.handing_over.insert(index, now);
@@ -792,7 +923,7 @@ impl<A: Actor<Context = Context<A>>> ShardedWorkers<A, crate::shared::SharedLeas
         let maker = provider
             .maker(config_key, owner)
             .map_err(|source| ShardedError::Provider {
-                lease: format!("{group}-member-{owner}"),
+                lease: member_lease_name(&group, owner),
                 source,
             })?;
         Self::build(
@@ -941,59 +1072,167 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
 }
 
 /// Retires the member lease first, then shuts the shards down `shutdown_handovers` at a time
-/// (each one's worker stops, then its lease is handed over or released); answers `Ok(true)` when everything was released, else the first error
-/// (`Ok(false)` when a lease was held by another owner), and stops.
+/// (each one's worker stops, then its lease is handed over or released), each to the node that
+/// targets it when its turn comes; then passes on any shard handed to this node meanwhile.
+/// Answers `Ok(true)` when everything was released, else the first error (`Ok(false)` when a
+/// lease was held by another owner), and stops. A second `Shutdown` waits for the same end.
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
     type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
 
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.leaving.done.push(done);
+        let answer = actix::fut::wrap_future(answer).map(
+            |answer: Result<_, _>, _act: &mut Self, ctx: &mut Context<Self>| {
+                ctx.stop();
+                answer.unwrap_or(Ok(true))
+            },
+        );
+        if self.shutting_down {
+            return Box::pin(answer);
+        }
         self.shutting_down = true;
         let held = self.shards.iter().filter(|s| s.held()).count();
         metrics::shard_moved(&self.label, "shutdown", held as u64);
         self.report_held(0);
-        let member = self.member.clone();
-        // Each shard goes straight to the node that targets it once this one has left: one write
-        // per shard where the backend can ([`Lease::hand_over`]).
-        let targets = self.targets_after_leaving();
-        let managers: Vec<_> = self
-            .shards
-            .iter()
-            .zip(targets)
-            .filter_map(|(s, target)| {
-                let manager = s.manager.clone()?;
-                manager.do_send(HandOverTo(target));
-                Some(manager)
-            })
+        self.leaving.turns = (0..self.shards.len())
+            .filter(|&index| self.shards[index].manager.is_some())
             .collect();
-        let group = self.group.clone();
-        let limit = self.settings.shutdown_handovers;
-        let work = async move {
-            let mut result = Ok(true);
-            if let Some(member) = member {
-                result = member.send(Shutdown).await.unwrap_or(Ok(true));
+        let member = self.member.clone();
+        let member_left = async move {
+            match member {
+                Some(member) => member.send(Shutdown).await.unwrap_or(Ok(true)),
+                None => Ok(true),
             }
-            // At most `shutdown_handovers` shards at a time: the others' workers run on under
-            // their tenures until their turn, so that each shard is down for its own handover,
-            // not behind (or beside) every other shard's.
-            let answers: Vec<_> = stream::iter(managers.iter().map(|m| m.send(Shutdown)))
-                .buffer_unordered(limit)
-                .collect()
-                .await;
-            for answer in answers {
-                let answer = answer.unwrap_or(Ok(true));
-                result = match (result, answer) {
-                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-                    (Ok(a), Ok(b)) => Ok(a && b),
-                };
-            }
-            tracing::info!(%group, released = ?result, "sharded workers shut down");
-            result
         };
-        Box::pin(actix::fut::wrap_future(work).map(
-            |result, _act: &mut Self, ctx: &mut Context<Self>| {
-                ctx.stop();
-                result
+        Box::pin(actix::fut::wrap_future(member_left).then(
+            |result, act: &mut Self, ctx: &mut Context<Self>| {
+                act.leaving.add(result);
+                act.take_turns(ctx);
+                answer
             },
         ))
+    }
+}
+
+impl Leaving {
+    /// Adds one release's answer to the result: the first error, else whether all released.
+    fn add(&mut self, answer: Result<bool, LeaseError>) {
+        self.result = Some(match (self.result.take().unwrap_or(Ok(true)), answer) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(a), Ok(b)) => Ok(a && b),
+        });
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
+    /// The shutdown's next turns: at most `shutdown_handovers` shards at a time, so that the
+    /// others' workers run on under their tenures until their turn and each shard is down for
+    /// its own handover, not behind (or beside) every other shard's. Each shard's target is the
+    /// one of the group as it is when its turn comes (a node that left meanwhile is no target).
+    fn take_turns(&mut self, ctx: &mut Context<Self>) {
+        while self.leaving.in_flight < self.settings.shutdown_handovers {
+            let Some(index) = self.leaving.turns.pop_front() else {
+                break;
+            };
+            let Some(manager) = self.shards[index].manager.clone() else {
+                continue;
+            };
+            // Only a shard this node holds is handed over (the manager of one it was still
+            // waiting for just stops competing).
+            let target = if self.shards[index].held() {
+                self.target_on_leaving(index)
+            } else {
+                None
+            };
+            manager.do_send(HandOverTo(target));
+            self.leaving.in_flight += 1;
+            ctx.spawn(actix::fut::wrap_future(manager.send(Shutdown)).map(
+                |answer, act: &mut Self, ctx: &mut Context<Self>| {
+                    act.leaving.in_flight -= 1;
+                    act.leaving.add(answer.unwrap_or(Ok(true)));
+                    act.take_turns(ctx);
+                },
+            ));
+        }
+        if self.leaving.in_flight > 0 || !self.leaving.turns.is_empty() {
+            return;
+        }
+        if !self.leaving.swept {
+            self.leaving.swept = true;
+            if self.pass_on_handed(ctx) {
+                return;
+            }
+        }
+        let result = self.leaving.result.take().unwrap_or(Ok(true));
+        tracing::info!(group = %self.group, released = ?result, "sharded workers shut down");
+        for done in self.leaving.done.drain(..) {
+            let _ = done.send(result.clone());
+        }
+    }
+
+    /// Passes on the shards handed to this node while it was leaving (by a node that had not yet
+    /// seen it go): each is taken up and handed to its target, or released, so that none stays
+    /// in this node's name with nothing running it (on etcd, for as long as this process's
+    /// session lives). Answers whether there was any (the turns go on when they are passed on).
+    fn pass_on_handed(&mut self, ctx: &mut Context<Self>) -> bool {
+        let snapshot = self.watch.snapshot();
+        let now = Instant::now();
+        let handed: Vec<usize> = (0..self.shards.len())
+            .filter(|&index| {
+                let shard = &self.shards[index];
+                !shard.held()
+                    && snapshot.get(&shard.name).is_some_and(|record| {
+                        record.live_holder(now) == Some(self.node.as_str())
+                            && record.token > shard.last_token
+                    })
+            })
+            .collect();
+        let mut jobs = Vec::with_capacity(handed.len());
+        for index in handed {
+            let name = self.shards[index].name.clone();
+            let lease = match &self.shards[index].lease {
+                Some(lease) => Arc::clone(lease),
+                None => match (self.lease_for)(&name) {
+                    Ok(lease) => Arc::new(lease),
+                    Err(error) => {
+                        tracing::warn!(group = %self.group, lease = %name, error = &error as &dyn std::error::Error, "cannot build the lease of a shard handed to this node as it left: it stays in this node's name until it expires");
+                        continue;
+                    }
+                },
+            };
+            let target = self.target_on_leaving(index);
+            jobs.push((name, lease, target));
+        }
+        if jobs.is_empty() {
+            return false;
+        }
+        let group = self.group.clone();
+        self.leaving.in_flight += 1;
+        let work = async move {
+            let mut result = Leaving::default();
+            for (name, lease, target) in jobs {
+                let answer = match lease.acquire().await {
+                    Ok(true) => match target.filter(HandoverTarget::counts) {
+                        Some(target) => lease.hand_over(target.owner()).await,
+                        None => lease.release().await,
+                    },
+                    // Not (or no longer) in this node's name.
+                    Ok(false) => Ok(true),
+                    Err(error) => Err(error),
+                };
+                tracing::info!(%group, lease = %name, ?answer, "passed on a shard handed to this node as it left");
+                result.add(answer);
+            }
+            result.result.unwrap_or(Ok(true))
+        };
+        ctx.spawn(actix::fut::wrap_future(work).map(
+            |answer, act: &mut Self, ctx: &mut Context<Self>| {
+                act.leaving.in_flight -= 1;
+                act.leaving.add(answer);
+                act.take_turns(ctx);
+            },
+        ));
+        true
     }
 }

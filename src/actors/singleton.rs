@@ -26,7 +26,7 @@ use crate::tenure::{TenureEnd, TenureGuard};
 mod candidacy;
 mod handlers;
 
-pub(crate) use handlers::HandOverTo;
+pub(crate) use handlers::{HandOverTo, HandoverTarget};
 
 pub use super::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
@@ -359,7 +359,7 @@ where
     deferring: bool,
     /// Who the next plain release hands the lease over to ([`Lease::hand_over`]), if anyone:
     /// set by the sharded workers, whose placement knows the next holder.
-    hand_to: Option<String>,
+    hand_to: Option<handlers::HandoverTarget>,
     /// Whether the release at shutdown gives the lease up for good ([`Lease::retire`]): a
     /// member or candidacy lease, whose name this node's identity will not claim again.
     retire_on_shutdown: bool,
@@ -692,7 +692,13 @@ where
         // A plain release goes to the next holder the sharded placement named, if any.
         let hand_to = match (&then, &to) {
             (AfterStop::Transfer { .. }, _) | (_, Some(_)) => None,
-            _ => self.hand_to.clone(),
+            _ => self.hand_to.as_ref().and_then(|target| {
+                let counts = target.counts();
+                if !counts {
+                    tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), target = %target.owner(), "the handover target left: releasing plainly");
+                }
+                counts.then(|| target.owner().to_owned())
+            }),
         };
         let retire = self.retire_on_shutdown && matches!(then, AfterStop::Shutdown);
         ctx.spawn(

@@ -203,14 +203,17 @@ impl Index {
 
     /// The newest version of an object held by `holder` that `holder` wrote itself (not a
     /// handover to it) (`(object, resourceVersion)`), while the index is current: what a
-    /// handover to `holder` names (see the `handover` module).
-    pub(super) fn latest_held_by(&self, holder: &str) -> Option<(String, String)> {
+    /// handover to `holder` names (see the `handover` module). Only objects `holder` still holds
+    /// at `now` as this process judges it count: a holder whose every object has expired has
+    /// most likely stopped, and a handover to it would leave the lease unrun for a TTL (the
+    /// caller releases plainly instead).
+    pub(super) fn latest_held_by(&self, holder: &str, now: Instant) -> Option<(String, String)> {
         if !self.synced {
             return None;
         }
         self.objects
             .iter()
-            .filter(|(_, seen)| seen.by_holder && seen.record.holder.as_deref() == Some(holder))
+            .filter(|(_, seen)| seen.by_holder && seen.record.live_holder(now) == Some(holder))
             .filter_map(|(object, seen)| Some((object, seen.version.as_deref()?)))
             .reduce(|a, b| if newer(b.1, a.1) { b } else { a })
             .map(|(object, version)| (object.clone(), version.to_owned()))
@@ -467,10 +470,43 @@ mod tests {
         assert!(group.borrow().is_synced());
     }
 
+    /// A target whose every object expired as this process judges it (most likely stopped) is
+    /// named by no version: the handover is then a plain release, not a write in the name of a
+    /// node that left (issue 36, item 4).
+    #[tokio::test]
+    async fn a_handover_names_no_version_of_a_target_whose_objects_all_expired() {
+        let mut index = Index::default();
+        listed(
+            &mut index,
+            &[
+                ("g-0", object(None, "5", Some("b"), 1)),
+                ("g-1", object(None, "7", Some("b"), 1)),
+            ],
+        );
+        let now = Instant::now();
+        assert_eq!(
+            index.latest_held_by("b", now),
+            Some(("g-1".into(), "7".into()))
+        );
+        // 3 s (the objects' duration) after this process first received them: expired.
+        let later = now + std::time::Duration::from_secs(4);
+        assert_eq!(index.latest_held_by("b", later), None);
+        // b renews one of them: that one names b again.
+        index.apply("g-0", &object(None, "9", Some("b"), 1), later);
+        assert_eq!(
+            index.latest_held_by("b", later),
+            Some(("g-0".into(), "9".into()))
+        );
+    }
+
     #[tokio::test]
     async fn a_handover_names_the_newest_version_the_target_wrote_itself() {
         let mut index = Index::default();
-        assert_eq!(index.latest_held_by("b"), None, "not listed yet");
+        assert_eq!(
+            index.latest_held_by("b", Instant::now()),
+            None,
+            "not listed yet"
+        );
         listed(
             &mut index,
             &[
@@ -479,7 +515,10 @@ mod tests {
                 ("g-2", object(None, "9", Some("a"), 1)),
             ],
         );
-        assert_eq!(index.latest_held_by("b"), Some(("g-1".into(), "7".into())));
+        assert_eq!(
+            index.latest_held_by("b", Instant::now()),
+            Some(("g-1".into(), "7".into()))
+        );
         // A record another owner handed over to b is not b's write: it cannot date a handover.
         let handed = crate::kubernetes::record::handed(
             object(None, "11", Some("a"), 1),
@@ -490,11 +529,17 @@ mod tests {
         )
         .unwrap();
         index.apply("g-2", &handed, Instant::now());
-        assert_eq!(index.latest_held_by("b"), Some(("g-1".into(), "7".into())));
+        assert_eq!(
+            index.latest_held_by("b", Instant::now()),
+            Some(("g-1".into(), "7".into()))
+        );
         // b's renewal of it is.
         index.apply("g-2", &object(None, "12", Some("b"), 2), Instant::now());
-        assert_eq!(index.latest_held_by("b"), Some(("g-2".into(), "12".into())));
-        assert_eq!(index.latest_held_by("c"), None);
+        assert_eq!(
+            index.latest_held_by("b", Instant::now()),
+            Some(("g-2".into(), "12".into()))
+        );
+        assert_eq!(index.latest_held_by("c", Instant::now()), None);
     }
 
     #[tokio::test]

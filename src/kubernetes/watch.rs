@@ -220,7 +220,7 @@ impl WatchHub {
         if watch.ended() {
             return None;
         }
-        let latest = lock(&watch.state.index).latest_held_by(holder);
+        let latest = lock(&watch.state.index).latest_held_by(holder, Instant::now());
         latest
     }
 

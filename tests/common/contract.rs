@@ -903,3 +903,49 @@ pub async fn hand_over_gives_the_lease_to_the_waiting_target<F: Fixture>(f: &F) 
         "with nothing held, a release"
     );
 }
+
+/// A handover between owners with different TTLs (a rollout that changes the TTL, or one lease
+/// name built with two settings): the target's tenure never outlives the record. The giver's
+/// handover writes the record for the giver's TTL; a target with a ten times longer TTL, and a
+/// first renewal only after the giver's TTL has passed, still holds it past that instant (the
+/// backend extended the record, claimed it for its own TTL, or bound it to its own lease), and no
+/// third owner takes the lease while the target passes `check_alive`.
+pub async fn a_handover_to_a_longer_ttl_never_outlives_the_record<F: Fixture>(f: &F) {
+    let name = f.unique_name("hand-over-ttls");
+    let short = f.settings(&name, "a").ttl();
+    let a = lease(f, &name, "a").await;
+    let b = lease_with(f, &name, "b", |b| {
+        b.ttl(short * 10)
+            .renewal_interval(short * 3)
+            .acquire_retries(0)
+    })
+    .await;
+    let c = lease_with(f, &name, "c", |b| b.acquire_retries(0)).await;
+    assert!(a.acquire().await.unwrap());
+    assert!(a.hand_over("b").await.unwrap(), "a held the lease");
+    assert!(
+        b.acquire_within(f.slack()).await.unwrap(),
+        "the target holds the lease after the handover"
+    );
+    // Past the giver's TTL (twice over), before the target's first renewal: the target is alive
+    // all along, and the third owner never gets in.
+    let until = Instant::now() + short * 2;
+    while Instant::now() < until {
+        let got = c.acquire_within(Duration::ZERO).await.unwrap();
+        let b_alive = b.check_alive();
+        assert!(
+            !got || !b_alive,
+            "c acquired the lease while b still passed check_alive (b's deadline {:?} from now)",
+            b.deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()))
+        );
+        assert!(
+            !got,
+            "c acquired the lease {:?} after the handover; b's tenure ended before its own TTL",
+            short * 2 - until.saturating_duration_since(Instant::now())
+        );
+        assert!(b_alive, "b lost its tenure before its deadline");
+        sleep(short / 10).await;
+    }
+    assert!(b.release().await.unwrap());
+}

@@ -20,6 +20,7 @@ pub mod logs;
 pub mod netns;
 pub mod proxy;
 pub mod shard_check;
+pub mod sharded_cases;
 
 /// The example `name`, built with every feature (cheap when up to date) and copied once per test
 /// process to `target/examples-bin/<pid>/`: the target directory may be shared with other
@@ -86,6 +87,7 @@ macro_rules! contract_suite {
             a_preference_nobody_takes_up_lapses_after_one_ttl
             group_watch_shows_the_holders_metadata
             hand_over_gives_the_lease_to_the_waiting_target
+            a_handover_to_a_longer_ttl_never_outlives_the_record
         );
     };
     (@cases [$fixture:expr] [$attr:meta] $($case:ident)*) => {

@@ -188,12 +188,51 @@ where
     }
 }
 
-/// Internal: the next plain release of the lease hands it over to this owner
+/// Internal: the next plain release of the lease hands it over to this target
 /// ([`Lease::hand_over`]), or releases it plainly (`None`). Sent by the sharded workers before
 /// they make a shard's manager ineligible or shut it down.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub(crate) struct HandOverTo(pub(crate) Option<String>);
+pub(crate) struct HandOverTo(pub(crate) Option<HandoverTarget>);
+
+/// Whom a release hands the lease to, and how to tell, right before the write, that it still
+/// counts: a sharded node names the node its placement targets, which may leave between the
+/// placement and the release (a worker can take up to its stop timeout to stop). A handover to a
+/// node that left would keep the shard in its name, unrun, for a TTL (and on etcd for as long as
+/// that node's session lives): such a release is a plain one.
+#[derive(Debug, Clone)]
+pub(crate) struct HandoverTarget {
+    owner: String,
+    /// The group watch, and the target's member record in it: the target counts while that
+    /// record is live in its name.
+    member: Option<(crate::group::GroupWatch, String)>,
+}
+
+impl HandoverTarget {
+    /// `owner`, which counts while `watch` shows its member record `record` live in its name.
+    pub(crate) fn member(
+        owner: impl Into<String>,
+        watch: crate::group::GroupWatch,
+        record: impl Into<String>,
+    ) -> Self {
+        Self {
+            owner: owner.into(),
+            member: Some((watch, record.into())),
+        }
+    }
+
+    /// The target's owner identity.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Whether the target still counts now (see the type's docs).
+    pub(crate) fn counts(&self) -> bool {
+        self.member.as_ref().is_none_or(|(watch, record)| {
+            watch.snapshot().live_holder(record, Instant::now()) == Some(self.owner.as_str())
+        })
+    }
+}
 
 impl<A, L> Handler<HandOverTo> for ClusterSingletonManager<A, L>
 where
@@ -203,6 +242,6 @@ where
     type Result = ();
 
     fn handle(&mut self, HandOverTo(target): HandOverTo, _: &mut Self::Context) {
-        self.hand_to = target.filter(|target| target != self.lease.owner());
+        self.hand_to = target.filter(|target| target.owner() != self.lease.owner());
     }
 }
