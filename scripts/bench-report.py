@@ -123,8 +123,10 @@ def table(header, rows, align=None):
 
 
 def sources(records, labels=None):
-    """One line per distinct (command, commit, date) of the records behind a table."""
+    """One line per distinct (command, commit, date) of the records behind a table, with the
+    machine's load average (1 minute) when they were measured."""
     groups = {}
+    loads = {}
     for r in records:
         if r is None:
             continue
@@ -136,9 +138,16 @@ def sources(records, labels=None):
         groups.setdefault(g, [])
         if label not in groups[g]:
             groups[g].append(label)
+        # The machine's load when it was measured: the 1-minute load average of each record.
+        if r.get("load"):
+            loads.setdefault(g, set()).add(float(str(r["load"]).split()[0]))
     lines = []
-    for (command, commit, date, source), names in groups.items():
+    for g, names in groups.items():
+        command, commit, date, source = g
         line = f"`{command}` at commit `{commit}`, {date} ({', '.join(names)})"
+        if g in loads:
+            low, high = min(loads[g]), max(loads[g])
+            line += f", load {low:.1f}" if low == high else f", load {low:.1f}–{high:.1f}"
         if source:
             line += f"; {source}"
         lines.append(f"- {line}")
