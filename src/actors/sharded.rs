@@ -1,6 +1,6 @@
 //! [`ShardedWorkers`]: N numbered workers across a fleet, each exactly once, spread evenly over the live nodes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +19,8 @@ use crate::metrics::{self, LeaseLabel};
 use crate::placement::Placer;
 use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
+
+mod leaving;
 
 /// The default of [`ShardedSettings::max_handovers`].
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
@@ -365,7 +367,7 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     retry_backoff: Option<Duration>,
     shutting_down: bool,
     /// The shutdown's progress (see [`Shutdown`]'s handler).
-    leaving: Leaving,
+    leaving: leaving::Leaving,
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
@@ -373,22 +375,6 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     placed: Option<Placement>,
     /// The placement's memory (the ideal assignment of the last members).
     placer: Placer,
-}
-
-/// A shutdown in progress: the shards still to hand over, the handovers in flight, the result so
-/// far, and who waits for the end.
-#[derive(Default)]
-struct Leaving {
-    turns: VecDeque<usize>,
-    in_flight: usize,
-    result: Option<Result<bool, LeaseError>>,
-    done: Vec<tokio::sync::oneshot::Sender<Result<bool, LeaseError>>>,
-    /// The members other than this node, and the targets placed for them (computed again only
-    /// when the members change: each handover moves a shard to its target, which changes no
-    /// target).
-    placed: Option<(Vec<String>, Vec<Option<usize>>)>,
-    /// Whether the shards handed to this node while it left were passed on.
-    swept: bool,
 }
 
 /// Members, holders per shard, and the target (an index into the members) per shard.
@@ -523,7 +509,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             retry: None,
             retry_backoff: None,
             shutting_down: false,
-            leaving: Leaving::default(),
+            leaving: leaving::Leaving::default(),
             label,
             held_reported: 0,
             placed: None,
@@ -707,29 +693,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
         self.placer
             .place(&ids, members, |id| by_id.get(id).copied())
-    }
-
-    /// Whom this node hands shard `index` over to as it leaves: the target the other members
-    /// compute once they see its member lease gone (its shards still held in its name), from the
-    /// group as the watch shows it *now* (a member that left since the shutdown began is no
-    /// target), with the check that it is still a member right before the write.
-    fn target_on_leaving(&mut self, index: usize) -> Option<HandoverTarget> {
-        let snapshot = self.watch.snapshot();
-        let now = Instant::now();
-        let members = self.other_members(&snapshot, now);
-        let fresh = self
-            .leaving
-            .placed
-            .as_ref()
-            .is_some_and(|(placed_for, _)| *placed_for == members);
-        if !fresh {
-            let holders = self.holders(&snapshot, now);
-            let targets = self.place(&members, &holders);
-            self.leaving.placed = Some((members, targets));
-        }
-        let (members, targets) = self.leaving.placed.as_ref()?;
-        let owner = &members[targets[index]?];
-        Some(self.handover_target(owner))
     }
 
     /// `owner` as a handover target: it counts while its member record is live in its name.
@@ -1068,171 +1031,5 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
                 .collect(),
             members,
         }
-    }
-}
-
-/// Retires the member lease first, then shuts the shards down `shutdown_handovers` at a time
-/// (each one's worker stops, then its lease is handed over or released), each to the node that
-/// targets it when its turn comes; then passes on any shard handed to this node meanwhile.
-/// Answers `Ok(true)` when everything was released, else the first error (`Ok(false)` when a
-/// lease was held by another owner), and stops. A second `Shutdown` waits for the same end.
-impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
-    type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
-
-    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
-        let (done, answer) = tokio::sync::oneshot::channel();
-        self.leaving.done.push(done);
-        let answer = actix::fut::wrap_future(answer).map(
-            |answer: Result<_, _>, _act: &mut Self, ctx: &mut Context<Self>| {
-                ctx.stop();
-                answer.unwrap_or(Ok(true))
-            },
-        );
-        if self.shutting_down {
-            return Box::pin(answer);
-        }
-        self.shutting_down = true;
-        let held = self.shards.iter().filter(|s| s.held()).count();
-        metrics::shard_moved(&self.label, "shutdown", held as u64);
-        self.report_held(0);
-        self.leaving.turns = (0..self.shards.len())
-            .filter(|&index| self.shards[index].manager.is_some())
-            .collect();
-        let member = self.member.clone();
-        let member_left = async move {
-            match member {
-                Some(member) => member.send(Shutdown).await.unwrap_or(Ok(true)),
-                None => Ok(true),
-            }
-        };
-        Box::pin(actix::fut::wrap_future(member_left).then(
-            |result, act: &mut Self, ctx: &mut Context<Self>| {
-                act.leaving.add(result);
-                act.take_turns(ctx);
-                answer
-            },
-        ))
-    }
-}
-
-impl Leaving {
-    /// Adds one release's answer to the result: the first error, else whether all released.
-    fn add(&mut self, answer: Result<bool, LeaseError>) {
-        self.result = Some(match (self.result.take().unwrap_or(Ok(true)), answer) {
-            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-            (Ok(a), Ok(b)) => Ok(a && b),
-        });
-    }
-}
-
-impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
-    /// The shutdown's next turns: at most `shutdown_handovers` shards at a time, so that the
-    /// others' workers run on under their tenures until their turn and each shard is down for
-    /// its own handover, not behind (or beside) every other shard's. Each shard's target is the
-    /// one of the group as it is when its turn comes (a node that left meanwhile is no target).
-    fn take_turns(&mut self, ctx: &mut Context<Self>) {
-        while self.leaving.in_flight < self.settings.shutdown_handovers {
-            let Some(index) = self.leaving.turns.pop_front() else {
-                break;
-            };
-            let Some(manager) = self.shards[index].manager.clone() else {
-                continue;
-            };
-            // Only a shard this node holds is handed over (the manager of one it was still
-            // waiting for just stops competing).
-            let target = if self.shards[index].held() {
-                self.target_on_leaving(index)
-            } else {
-                None
-            };
-            manager.do_send(HandOverTo(target));
-            self.leaving.in_flight += 1;
-            ctx.spawn(actix::fut::wrap_future(manager.send(Shutdown)).map(
-                |answer, act: &mut Self, ctx: &mut Context<Self>| {
-                    act.leaving.in_flight -= 1;
-                    act.leaving.add(answer.unwrap_or(Ok(true)));
-                    act.take_turns(ctx);
-                },
-            ));
-        }
-        if self.leaving.in_flight > 0 || !self.leaving.turns.is_empty() {
-            return;
-        }
-        if !self.leaving.swept {
-            self.leaving.swept = true;
-            if self.pass_on_handed(ctx) {
-                return;
-            }
-        }
-        let result = self.leaving.result.take().unwrap_or(Ok(true));
-        tracing::info!(group = %self.group, released = ?result, "sharded workers shut down");
-        for done in self.leaving.done.drain(..) {
-            let _ = done.send(result.clone());
-        }
-    }
-
-    /// Passes on the shards handed to this node while it was leaving (by a node that had not yet
-    /// seen it go): each is taken up and handed to its target, or released, so that none stays
-    /// in this node's name with nothing running it (on etcd, for as long as this process's
-    /// session lives). Answers whether there was any (the turns go on when they are passed on).
-    fn pass_on_handed(&mut self, ctx: &mut Context<Self>) -> bool {
-        let snapshot = self.watch.snapshot();
-        let now = Instant::now();
-        let handed: Vec<usize> = (0..self.shards.len())
-            .filter(|&index| {
-                let shard = &self.shards[index];
-                !shard.held()
-                    && snapshot.get(&shard.name).is_some_and(|record| {
-                        record.live_holder(now) == Some(self.node.as_str())
-                            && record.token > shard.last_token
-                    })
-            })
-            .collect();
-        let mut jobs = Vec::with_capacity(handed.len());
-        for index in handed {
-            let name = self.shards[index].name.clone();
-            let lease = match &self.shards[index].lease {
-                Some(lease) => Arc::clone(lease),
-                None => match (self.lease_for)(&name) {
-                    Ok(lease) => Arc::new(lease),
-                    Err(error) => {
-                        tracing::warn!(group = %self.group, lease = %name, error = &error as &dyn std::error::Error, "cannot build the lease of a shard handed to this node as it left: it stays in this node's name until it expires");
-                        continue;
-                    }
-                },
-            };
-            let target = self.target_on_leaving(index);
-            jobs.push((name, lease, target));
-        }
-        if jobs.is_empty() {
-            return false;
-        }
-        let group = self.group.clone();
-        self.leaving.in_flight += 1;
-        let work = async move {
-            let mut result = Leaving::default();
-            for (name, lease, target) in jobs {
-                let answer = match lease.acquire().await {
-                    Ok(true) => match target.filter(HandoverTarget::counts) {
-                        Some(target) => lease.hand_over(target.owner()).await,
-                        None => lease.release().await,
-                    },
-                    // Not (or no longer) in this node's name.
-                    Ok(false) => Ok(true),
-                    Err(error) => Err(error),
-                };
-                tracing::info!(%group, lease = %name, ?answer, "passed on a shard handed to this node as it left");
-                result.add(answer);
-            }
-            result.result.unwrap_or(Ok(true))
-        };
-        ctx.spawn(actix::fut::wrap_future(work).map(
-            |answer, act: &mut Self, ctx: &mut Context<Self>| {
-                act.leaving.in_flight -= 1;
-                act.leaving.add(answer);
-                act.take_turns(ctx);
-            },
-        ));
-        true
     }
 }
