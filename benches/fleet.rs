@@ -409,9 +409,9 @@ fn config(server: &Server, dir: &Path, prefix: &str) -> String {
     }
 }
 
-/// Deletes the lease objects whose names start with `prefix` (what a Kubernetes run leaves:
-/// the library never deletes a lease object), so that the next run's namespace watches do not
-/// list them.
+/// Deletes the lease objects whose names start with `prefix` (what a Kubernetes run leaves: the
+/// library deletes only retired member and candidacy objects, never a shard's or a singleton's),
+/// so that the next run's namespace watches do not list them.
 fn delete_kubernetes_leases(dir: &Path, prefix: &str) {
     let url = env_var("ACTIX_COORD_TEST_K8S_URL");
     let namespace = env_var("ACTIX_COORD_TEST_K8S_NAMESPACE");

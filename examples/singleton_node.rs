@@ -286,7 +286,7 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         max_error_backoff,
         ..Default::default()
     });
-    let env = Candidate::from_env();
+    let env = Candidate::from_env()?;
     let revision = args.revision.clone().or(env.revision);
     let address = args.address.clone().or(env.address);
     if revision.is_some() || address.is_some() {

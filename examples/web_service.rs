@@ -59,10 +59,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    describe_metrics, AdminRoutes, Candidate, ClusterSingletonManager, CoordinationConfig,
-    GetGroupView, GetShards, GracefulShutdown, HealthCheck, LeaderOnly, Lease, LeaseProvider,
-    ShardInfo, ShardedWorkers, SharedLease, SingletonInfo, SingletonSettings, IN_MEMORY_BACKEND,
-    METRICS,
+    describe_metrics, AdminRoutes, CandidacyError, Candidate, ClusterSingletonManager,
+    CoordinationConfig, GetGroupView, GetShards, GracefulShutdown, HealthCheck, LeaderOnly, Lease,
+    LeaseProvider, ShardInfo, ShardedWorkers, SharedLease, SingletonInfo, SingletonSettings,
+    IN_MEMORY_BACKEND, METRICS,
 };
 use actix_web::{web, App, HttpResponse, HttpServer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -234,9 +234,10 @@ async fn shards(workers: web::Data<Option<Shards>>) -> HttpResponse {
     }))
 }
 
-/// This replica's candidacy: its revision and the address other replicas redirect to.
-fn candidate(args: &Args) -> Candidate {
-    let mut candidate = Candidate::from_env();
+/// This replica's candidacy: its revision and the address other replicas redirect to (an invalid
+/// `$ACTIX_COORDINATION_ADDRESS` or `--advertise` is refused at startup).
+fn candidate(args: &Args) -> Result<Candidate, CandidacyError> {
+    let mut candidate = Candidate::from_env()?;
     if let Some(revision) = &args.revision {
         candidate.revision = Some(revision.clone());
     }
@@ -246,7 +247,8 @@ fn candidate(args: &Args) -> Candidate {
         .clone()
         .or(candidate.address)
         .or_else(|| Some(default()));
-    candidate
+    candidate.validate()?;
+    Ok(candidate)
 }
 
 /// `POST /leader-only/run-now` (behind [`LeaderOnly`]: only the leader gets here): the job's
@@ -344,7 +346,7 @@ async fn serve(
         ..Default::default()
     })
     .health(&health)
-    .candidacy(candidate(&args), |settings| {
+    .candidacy(candidate(&args)?, |settings| {
         provider.lease_with_settings(&args.config_key, settings)
     })?
     .start();

@@ -147,6 +147,8 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
     let deployment = accepted.iter().find(|o| o["kind"] == "Deployment").unwrap();
     let spec = &deployment["spec"];
     assert_eq!(spec["replicas"], 3);
+    // The rollout the handover policy needs, as the API server stored it.
+    assert_the_rollout_surges(deployment);
     let pod = &spec["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "actix-coordination");
     let container = &pod["containers"][0];
@@ -226,6 +228,85 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
     assert_eq!(
         rules[0]["verbs"],
         json!(["get", "list", "watch", "create", "update", "delete"])
+    );
+}
+
+/// The rollout the handover policy promises one leadership change for: a replica of the new
+/// revision is started, and is ready, before any old replica stops (maxSurge ≥ 1, maxUnavailable
+/// 0), so the leader, when its turn comes, has a new-revision candidate to hand over to. With
+/// maxSurge 0 / maxUnavailable 1 an old replica stops first, and when it leads, leadership goes to
+/// another old replica, then again to the new revision: two changes.
+fn assert_the_rollout_surges(deployment: &Value) {
+    let strategy = &deployment["spec"]["strategy"];
+    assert_eq!(strategy["type"], "RollingUpdate", "{strategy}");
+    let rolling = &strategy["rollingUpdate"];
+    assert!(
+        rolling["maxSurge"].as_u64().is_some_and(|n| n >= 1),
+        "maxSurge must be at least 1 (a new candidate before an old replica stops): {strategy}"
+    );
+    assert_eq!(
+        rolling["maxUnavailable"], 0,
+        "maxUnavailable must be 0 (no old replica stops first): {strategy}"
+    );
+    assert!(
+        deployment["spec"]["minReadySeconds"]
+            .as_u64()
+            .is_some_and(|s| s >= 1),
+        "minReadySeconds gives the new candidate time to be seen: {}",
+        deployment["spec"]
+    );
+}
+
+/// The manifests as written promise what the crate does: a rollout that surges (see
+/// [`assert_the_rollout_surges`]), and words about `delete` that match the Role (it grants
+/// `delete` because member and candidacy leases are retired at shutdown): neither `rbac.yaml` nor
+/// the README says the backend never deletes a Lease or that the Role has no `delete`.
+#[test]
+fn the_manifests_roll_with_a_surge_and_say_why_the_role_may_delete() {
+    let documents = manifests();
+    assert_the_rollout_surges(find(
+        &documents,
+        "Deployment",
+        "actix-coordination-web-service",
+    ));
+    let role = find(&documents, "Role", "actix-coordination-lease");
+    assert!(
+        role["rules"][0]["verbs"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("delete")),
+        "{role}"
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rbac = std::fs::read_to_string(root.join("deploy/rbac.yaml")).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    // Words as read: comment markers and line breaks left out.
+    let flat = |text: &str| {
+        text.lines()
+            .map(|line| line.trim_start().trim_start_matches('#'))
+            .flat_map(str::split_whitespace)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (rbac_flat, readme_flat) = (flat(&rbac), flat(&readme));
+    for (file, text) in [
+        ("deploy/rbac.yaml", &rbac_flat),
+        ("README.md", &readme_flat),
+    ] {
+        let lower = text.to_lowercase();
+        for claim in [
+            "never deletes a lease",
+            "no delete",
+            "no `delete`",
+            "maxsurge: 0",
+            "`maxsurge: 0`",
+        ] {
+            assert!(!lower.contains(claim), "{file} still says {claim:?}");
+        }
+    }
+    assert!(
+        rbac_flat.contains("retire"),
+        "rbac.yaml says why the Role grants delete"
     );
 }
 

@@ -62,7 +62,8 @@ fn node(
     let candidate = Candidate::new()
         .revision(revision)
         .started_ms(started_ms)
-        .address(format!("http://{owner}:8080"));
+        .address(format!("http://{owner}:8080"))
+        .unwrap();
     let store = store.clone();
     ClusterSingletonManager::new(lease, move |info: &SingletonInfo, _| Probe {
         owner: info.owner.clone(),

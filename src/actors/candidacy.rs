@@ -36,7 +36,12 @@ pub struct Candidate {
     /// ever used to order revisions, never to judge a lease).
     pub started_ms: u64,
     /// Where other nodes reach this one (for example `http://10.1.2.3:8080`), to route
-    /// leader-only work to the leader ([`LeaderInfo::address`](crate::LeaderInfo::address)).
+    /// leader-only work to the leader ([`LeaderInfo::address`](crate::LeaderInfo::address)): an
+    /// absolute `http` or `https` URL with a host and an optional port, nothing else (see
+    /// [`Candidate::address`]). Set through [`address`](Self::address) or
+    /// [`from_env`](Self::from_env), it is checked at once; set directly, it is checked by
+    /// [`validate`](Self::validate) and by
+    /// [`ClusterSingletonManager::candidacy`](crate::ClusterSingletonManager::candidacy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
 }
@@ -68,12 +73,33 @@ impl Candidate {
     ///       fieldRef:
     ///         fieldPath: metadata.labels['pod-template-hash']
     /// ```
-    pub fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    ///
+    /// # Errors
+    ///
+    /// [`CandidacyError::InvalidAddressVariable`] when `ACTIX_COORDINATION_ADDRESS` is set to
+    /// something [`address`](Self::address) refuses. The value is never trimmed: one with a
+    /// trailing newline (what a YAML block scalar `|` gives) is refused with a message saying so,
+    /// rather than guessed at.
+    pub fn from_env() -> Result<Self, CandidacyError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with the variables `var` gives.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, CandidacyError> {
+        let var = |name: &str| var(name).filter(|v| !v.is_empty());
         let mut candidate = Self::new();
         candidate.revision = var(REVISION_ENV).or_else(|| var(POD_TEMPLATE_HASH_ENV));
-        candidate.address = var(ADDRESS_ENV);
-        candidate
+        if let Some(address) = var(ADDRESS_ENV) {
+            if let Err(source) = Origin::parse(&address) {
+                return Err(CandidacyError::InvalidAddressVariable {
+                    variable: ADDRESS_ENV,
+                    address,
+                    source,
+                });
+            }
+            candidate.address = Some(address);
+        }
+        Ok(candidate)
     }
 
     /// With this revision.
@@ -82,10 +108,47 @@ impl Candidate {
         self
     }
 
-    /// With this advertised address.
-    pub fn address(mut self, address: impl Into<String>) -> Self {
-        self.address = Some(address.into());
-        self
+    /// With this advertised address: where the other nodes send leader-only requests while this
+    /// node leads ([`LeaderOnly`](crate::LeaderOnly) redirects them to the address's scheme, host
+    /// and port, with each request's own path and query).
+    ///
+    /// It must be an absolute `http` or `https` URL with a host (a DNS name, an IPv4 address or
+    /// a bracketed IPv6 address) and an optional port, and nothing else: no path but an empty one
+    /// or `/`, no query, no fragment, no user information, no whitespace, control or non-ASCII
+    /// character anywhere (nothing is trimmed). For example `http://10.1.2.3:8080` or
+    /// `https://node-1.example.com`.
+    ///
+    /// # Errors
+    ///
+    /// [`CandidacyError::InvalidAddress`] naming the address and what is wrong with it
+    /// ([`AddressError`]).
+    pub fn address(mut self, address: impl Into<String>) -> Result<Self, CandidacyError> {
+        let address = address.into();
+        if let Err(source) = Origin::parse(&address) {
+            return Err(CandidacyError::InvalidAddress { address, source });
+        }
+        self.address = Some(address);
+        Ok(self)
+    }
+
+    /// Checks the advertised address, if any (see [`address`](Self::address)): for a candidate
+    /// whose `address` field was set directly.
+    ///
+    /// # Errors
+    ///
+    /// [`CandidacyError::InvalidAddress`] when the address is not one
+    /// [`address`](Self::address) accepts.
+    pub fn validate(&self) -> Result<(), CandidacyError> {
+        match &self.address {
+            Some(address) => match Origin::parse(address) {
+                Ok(_) => Ok(()),
+                Err(source) => Err(CandidacyError::InvalidAddress {
+                    address: address.clone(),
+                    source,
+                }),
+            },
+            None => Ok(()),
+        }
     }
 
     /// With this start time (milliseconds since the Unix epoch).
@@ -112,6 +175,250 @@ impl Default for Candidate {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Why an advertised address was refused (see [`Candidate::address`]); positions are byte
+/// offsets into the address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddressError {
+    /// The address is empty.
+    #[error("the address is empty")]
+    Empty,
+    /// The address ends with a line break: what a YAML block scalar (`|`) gives. Nothing is
+    /// trimmed; write the value as a plain scalar, or with `|-`.
+    #[error(
+        "the address ends with a newline (a YAML block scalar `|` adds one: use a plain scalar or `|-`)"
+    )]
+    TrailingNewline,
+    /// The address has whitespace, a control character or a non-ASCII character.
+    #[error(
+        "the address has {character:?} at byte {at}: only visible ASCII characters are allowed"
+    )]
+    Character {
+        /// Where.
+        at: usize,
+        /// The character.
+        character: char,
+    },
+    /// The address does not start with a scheme and `://`: it is not an absolute URL.
+    #[error("the address is not an absolute URL: it must start with `http://` or `https://`")]
+    NotAbsolute,
+    /// The scheme is neither `http` nor `https`.
+    #[error("the scheme {scheme:?} is neither `http` nor `https`")]
+    Scheme {
+        /// The scheme.
+        scheme: String,
+    },
+    /// The address has user information (`user:password@`).
+    #[error("the address has user information (`…@`)")]
+    UserInfo,
+    /// The address has no host.
+    #[error("the address has no host")]
+    NoHost,
+    /// The host is neither a DNS name, an IPv4 address nor a bracketed IPv6 address.
+    #[error(
+        "the host {host:?} is neither a DNS name, an IPv4 address nor a bracketed IPv6 address"
+    )]
+    Host {
+        /// The host.
+        host: String,
+    },
+    /// The port is not a number from 1 to 65535.
+    #[error("the port {port:?} is not a number from 1 to 65535")]
+    Port {
+        /// The port, as written.
+        port: String,
+    },
+    /// The address has a path other than `/` (redirects keep each request's own path).
+    #[error("the address has the path {path:?}: only a host and a port, redirects keep the request's own path")]
+    Path {
+        /// The path.
+        path: String,
+    },
+    /// The address has a query.
+    #[error("the address has a query")]
+    Query,
+    /// The address has a fragment.
+    #[error("the address has a fragment")]
+    Fragment,
+}
+
+/// An advertised address that passed [`Origin::parse`]: the scheme, the host (in lower case) and
+/// the port as written. `Display` writes `scheme://host[:port]`, without a trailing `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    scheme: &'static str,
+    host: String,
+    port: Option<u16>,
+}
+
+impl Origin {
+    /// Parses an advertised address: an absolute `http` or `https` URL with a host and an
+    /// optional port, nothing else (see [`Candidate::address`]).
+    pub(crate) fn parse(address: &str) -> Result<Self, AddressError> {
+        if address.is_empty() {
+            return Err(AddressError::Empty);
+        }
+        if address.ends_with('\n') {
+            return Err(AddressError::TrailingNewline);
+        }
+        if let Some((at, character)) = address.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
+            return Err(AddressError::Character { at, character });
+        }
+        let (scheme, rest) = address.split_once("://").ok_or(AddressError::NotAbsolute)?;
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "http" => "http",
+            "https" => "https",
+            _ if scheme.is_empty() || scheme.contains(['/', '?', '#']) => {
+                return Err(AddressError::NotAbsolute)
+            }
+            _ => {
+                return Err(AddressError::Scheme {
+                    scheme: scheme.to_owned(),
+                })
+            }
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        if authority.contains('@') {
+            return Err(AddressError::UserInfo);
+        }
+        let (host, port) = split_authority(authority)?;
+        let (path, tail) = tail.split_at(tail.find(['?', '#']).unwrap_or(tail.len()));
+        if !path.is_empty() && path != "/" {
+            return Err(AddressError::Path {
+                path: path.to_owned(),
+            });
+        }
+        if tail.starts_with('?') {
+            return Err(AddressError::Query);
+        }
+        if tail.starts_with('#') {
+            return Err(AddressError::Fragment);
+        }
+        Ok(Self { scheme, host, port })
+    }
+
+    /// The port, the scheme's default when none is written.
+    fn effective_port(&self) -> u16 {
+        self.port
+            .unwrap_or(if self.scheme == "https" { 443 } else { 80 })
+    }
+
+    /// Whether both name the same place: the same scheme, host and port (a default port written
+    /// or not).
+    pub(crate) fn same_place(&self, other: &Origin) -> bool {
+        self.scheme == other.scheme
+            && self.host == other.host
+            && self.effective_port() == other.effective_port()
+    }
+
+    /// Whether `authority` (a request's `host[:port]`, reached with `scheme`) is this origin's
+    /// host and port; `false` for anything that does not parse.
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) fn is_authority(&self, authority: &str, scheme: &str) -> bool {
+        let Ok((host, port)) = split_authority(authority) else {
+            return false;
+        };
+        let default = if scheme.eq_ignore_ascii_case("https") {
+            443
+        } else {
+            80
+        };
+        host == self.host && port.unwrap_or(default) == self.effective_port()
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        match self.port {
+            Some(port) => write!(f, ":{port}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether two advertised addresses name the same place (both valid, see [`Origin::same_place`]).
+pub(crate) fn same_address(a: &str, b: &str) -> bool {
+    match (Origin::parse(a), Origin::parse(b)) {
+        (Ok(a), Ok(b)) => a.same_place(&b),
+        _ => false,
+    }
+}
+
+/// Splits `host[:port]` (no user information), checking both; the host in lower case.
+fn split_authority(authority: &str) -> Result<(String, Option<u16>), AddressError> {
+    if authority.is_empty() {
+        return Err(AddressError::NoHost);
+    }
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let (literal, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| AddressError::Host {
+                host: authority.to_owned(),
+            })?;
+        if literal.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(AddressError::Host {
+                host: format!("[{literal}]"),
+            });
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':').ok_or_else(|| AddressError::Host {
+                host: authority.to_owned(),
+            })?),
+        };
+        (format!("[{}]", literal.to_ascii_lowercase()), port)
+    } else {
+        let (host, port) = match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        };
+        if host.is_empty() {
+            return Err(AddressError::NoHost);
+        }
+        let labels: Vec<&str> = host.split('.').collect();
+        let dns_name = labels.iter().all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+        let numeric = labels
+            .iter()
+            .all(|label| !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit()));
+        let valid = host.len() <= 253
+            && dns_name
+            && (!numeric || host.parse::<std::net::Ipv4Addr>().is_ok());
+        if !valid {
+            return Err(AddressError::Host {
+                host: host.to_owned(),
+            });
+        }
+        (host.to_ascii_lowercase(), port)
+    };
+    let port = match port {
+        None => None,
+        Some(written) => {
+            let valid = !written.is_empty()
+                && written.len() <= 5
+                && written.bytes().all(|b| b.is_ascii_digit());
+            match written.parse::<u16>() {
+                Ok(port) if valid && port != 0 => Some(port),
+                _ => {
+                    return Err(AddressError::Port {
+                        port: written.to_owned(),
+                    })
+                }
+            }
+        }
+    };
+    Ok((host, port))
 }
 
 /// A user's ranking of two candidates: `Greater` when the first should lead rather than the
@@ -310,6 +617,28 @@ pub enum CandidacyError {
         /// The owner of the lease built.
         got_owner: String,
     },
+    /// The candidate's advertised address is not an absolute `http` or `https` URL with a host
+    /// and an optional port, and nothing else (see [`Candidate::address`]).
+    #[error("invalid advertised address {address:?}")]
+    InvalidAddress {
+        /// The address, as given.
+        address: String,
+        /// What is wrong with it.
+        #[source]
+        source: AddressError,
+    },
+    /// The environment variable [`Candidate::from_env`] reads the address from holds an invalid
+    /// address (see [`Candidate::address`]).
+    #[error("invalid advertised address {address:?} in environment variable {variable}")]
+    InvalidAddressVariable {
+        /// The variable ([`ADDRESS_ENV`]).
+        variable: &'static str,
+        /// Its value, as read.
+        address: String,
+        /// What is wrong with it.
+        #[source]
+        source: AddressError,
+    },
     /// The backend cannot watch the candidates (candidacy needs a group watch).
     #[error("cannot watch the candidates of lease {lease:?}")]
     Watch {
@@ -333,7 +662,9 @@ mod tests {
 
     #[test]
     fn metadata_round_trips_without_the_owner() {
-        let c = candidate("n1", "v2", 42).address("http://10.0.0.1:8080");
+        let c = candidate("n1", "v2", 42)
+            .address("http://10.0.0.1:8080")
+            .unwrap();
         let metadata = c.to_metadata();
         assert!(!metadata.contains("n1"), "{metadata}");
         assert_eq!(Candidate::from_metadata("n1", &metadata), Some(c));
@@ -383,5 +714,209 @@ mod tests {
             Some("c".to_owned())
         );
         assert_eq!(policy.better_than(&candidate("d", "v", 0), &others), None);
+    }
+
+    /// The address a candidate advertises is checked when it gets one: absolute `http` or
+    /// `https`, a host, an optional port, nothing else; each refusal says why.
+    #[test]
+    fn an_advertised_address_is_an_origin_and_nothing_else() {
+        for (address, origin) in [
+            ("http://10.1.2.3:8080", "http://10.1.2.3:8080"),
+            ("http://10.1.2.3:8080/", "http://10.1.2.3:8080"),
+            ("https://Node-1.Example.com", "https://node-1.example.com"),
+            ("HTTP://a_b:1", "http://a_b:1"),
+            ("http://[FD00::1]:8080", "http://[fd00::1]:8080"),
+            ("http://[::1]", "http://[::1]"),
+        ] {
+            let candidate = Candidate::new().address(address).unwrap();
+            assert_eq!(candidate.address.as_deref(), Some(address), "kept as given");
+            assert_eq!(Origin::parse(address).unwrap().to_string(), origin);
+            candidate.validate().unwrap();
+        }
+        use AddressError as E;
+        let host = |h: &str| E::Host { host: h.into() };
+        let port = |p: &str| E::Port { port: p.into() };
+        for (address, why) in [
+            ("", E::Empty),
+            ("http://a:8080\n", E::TrailingNewline),
+            ("http://a:8080\r\n", E::TrailingNewline),
+            (
+                " http://a:8080",
+                E::Character {
+                    at: 0,
+                    character: ' ',
+                },
+            ),
+            (
+                "http://a:8080 ",
+                E::Character {
+                    at: 13,
+                    character: ' ',
+                },
+            ),
+            (
+                "http://a\t:8080",
+                E::Character {
+                    at: 8,
+                    character: '\t',
+                },
+            ),
+            (
+                "http://a:8080\r\nx: 1",
+                E::Character {
+                    at: 13,
+                    character: '\r',
+                },
+            ),
+            (
+                "http://é:8080",
+                E::Character {
+                    at: 7,
+                    character: 'é',
+                },
+            ),
+            ("a:8080", E::NotAbsolute),
+            ("//a:8080", E::NotAbsolute),
+            ("/", E::NotAbsolute),
+            ("://a", E::NotAbsolute),
+            (
+                "ftp://a",
+                E::Scheme {
+                    scheme: "ftp".into(),
+                },
+            ),
+            ("http://user:secret@a:8080", E::UserInfo),
+            ("http://", E::NoHost),
+            ("http:///x", E::NoHost),
+            ("http://:8080", E::NoHost),
+            ("http://a..b", host("a..b")),
+            ("http://-a", host("-a")),
+            ("http://a:1:2", port("1:2")),
+            ("http://999.1.1.1", host("999.1.1.1")),
+            ("http://[fd00::g]", host("[fd00::g]")),
+            ("http://[fd00::1", host("[fd00::1")),
+            ("http://[fd00::1]x", host("[fd00::1]x")),
+            ("http://a:", port("")),
+            ("http://a:0", port("0")),
+            ("http://a:65536", port("65536")),
+            ("http://a:+80", port("+80")),
+            (
+                "http://a:8080/api",
+                E::Path {
+                    path: "/api".into(),
+                },
+            ),
+            ("http://a:8080//", E::Path { path: "//".into() }),
+            ("http://a:8080?x=1", E::Query),
+            ("http://a:8080/?", E::Query),
+            ("http://a:8080#top", E::Fragment),
+        ] {
+            assert_eq!(Origin::parse(address), Err(why.clone()), "{address:?}");
+            match Candidate::new().address(address) {
+                Err(CandidacyError::InvalidAddress {
+                    address: refused,
+                    source,
+                }) => {
+                    assert_eq!((refused.as_str(), &source), (address, &why));
+                }
+                other => panic!("{address:?}: {other:?}"),
+            }
+            let mut candidate = Candidate::new();
+            candidate.address = Some(address.to_owned());
+            assert!(matches!(
+                candidate.validate(),
+                Err(CandidacyError::InvalidAddress { .. })
+            ));
+        }
+        // The message says what to do about a trailing newline.
+        let error = Candidate::new().address("http://a:8080\n").unwrap_err();
+        let source = std::error::Error::source(&error).unwrap().to_string();
+        assert!(
+            source.contains("newline") && source.contains("|-"),
+            "{source}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "invalid advertised address \"http://a:8080\\n\""
+        );
+    }
+
+    /// `from_env` refuses an invalid `ACTIX_COORDINATION_ADDRESS` (naming the variable), trims
+    /// nothing, and leaves an unset or empty one `None`.
+    #[test]
+    fn from_env_refuses_an_invalid_address_and_names_the_variable() {
+        let vars = |address: Option<&'static str>| {
+            move |name: &str| match name {
+                ADDRESS_ENV => address.map(str::to_owned),
+                POD_TEMPLATE_HASH_ENV => Some("abc123".to_owned()),
+                _ => None,
+            }
+        };
+        let ok = Candidate::from_vars(vars(Some("http://10.0.0.1:8080"))).unwrap();
+        assert_eq!(ok.address.as_deref(), Some("http://10.0.0.1:8080"));
+        assert_eq!(ok.revision.as_deref(), Some("abc123"));
+        for unset in [None, Some("")] {
+            assert_eq!(Candidate::from_vars(vars(unset)).unwrap().address, None);
+        }
+        match Candidate::from_vars(vars(Some("http://10.0.0.1:8080\n"))) {
+            Err(
+                error @ CandidacyError::InvalidAddressVariable {
+                    variable: ADDRESS_ENV,
+                    source: AddressError::TrailingNewline,
+                    ..
+                },
+            ) => assert!(error.to_string().contains(ADDRESS_ENV), "{error}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    struct Idle;
+
+    impl actix::Actor for Idle {
+        type Context = actix::Context<Self>;
+    }
+
+    /// A candidacy whose candidate's address was set directly is checked when it is built.
+    #[actix_rt::test]
+    async fn a_candidacy_with_an_invalid_address_is_refused() {
+        use crate::{ClusterSingletonManager, InMemoryStore, LeaseSettings};
+        let store = InMemoryStore::new();
+        let build = |address: &str| {
+            let mut candidate = Candidate::new();
+            candidate.address = Some(address.to_owned());
+            let lease = store.lease(LeaseSettings::new("jobs", "a").unwrap());
+            ClusterSingletonManager::new(lease, |_, _| Idle).candidacy(candidate, |s| {
+                Ok::<_, std::convert::Infallible>(store.lease(s))
+            })
+        };
+        for address in [
+            "http://a:8080\n",
+            "",
+            "http://a:8080/api",
+            "http://a:8080?x=1",
+        ] {
+            match build(address) {
+                Err(CandidacyError::InvalidAddress { address: got, .. }) => {
+                    assert_eq!(got, address)
+                }
+                Err(other) => panic!("{address:?}: {other}"),
+                Ok(_) => panic!("{address:?} accepted"),
+            }
+        }
+        assert!(build("http://a:8080").is_ok());
+    }
+
+    #[test]
+    fn the_same_place_whatever_the_spelling() {
+        assert!(same_address("http://a:80", "HTTP://A/"));
+        assert!(same_address("https://a", "https://a:443"));
+        assert!(!same_address("http://a:443", "https://a:443"));
+        assert!(!same_address("http://a:8080", "http://b:8080"));
+        assert!(!same_address("", ""));
+        let origin = Origin::parse("http://a:8080").unwrap();
+        assert!(origin.is_authority("A:8080", "http"));
+        assert!(!origin.is_authority("a", "http"));
+        assert!(Origin::parse("http://a").unwrap().is_authority("a", "http"));
+        assert!(!origin.is_authority("a:8080@", "http"));
     }
 }

@@ -1,7 +1,7 @@
 //! The actor layer: a lease-holding actor, the cluster singleton manager, the coordinator gate and
 //! the reference shard coordinator, and the one competition helper the managers share.
 
-mod candidacy;
+pub(crate) mod candidacy;
 mod compete;
 mod coordinator;
 mod gate;
@@ -13,8 +13,8 @@ mod singleton;
 mod singleton_messages;
 
 pub use candidacy::{
-    CandidacyError, Candidate, HandoverPolicy, RankCandidates, ADDRESS_ENV, POD_TEMPLATE_HASH_ENV,
-    REVISION_ENV,
+    AddressError, CandidacyError, Candidate, HandoverPolicy, RankCandidates, ADDRESS_ENV,
+    POD_TEMPLATE_HASH_ENV, REVISION_ENV,
 };
 pub use coordinator::{
     AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,

@@ -126,8 +126,10 @@ impl TransferLeadership {
     }
 }
 
-/// Ask a manager who leads: the holder of the singleton's lease, its fencing token, and whether
-/// it is this node, as this node sees them now, without a request to the store.
+/// Ask a manager who leads: the holder of the singleton's lease, its fencing token, whether the
+/// singleton runs here (`here`) and whether the leader named is this node (`this_node`: also
+/// while its singleton starts or stops), as this node sees them now, without a request to the
+/// store (see [`LeaderInfo`]).
 ///
 /// The leader answers from its own tenure. Another node answers from a watch of the lease's
 /// record in the store (its group watch, [`Lease::watch_group`], started by the first
@@ -141,6 +143,12 @@ impl TransferLeadership {
 pub struct GetLeader;
 
 /// The leader of a singleton, as [`GetLeader`] answers it.
+///
+/// `here` and `this_node` tell the three cases apart: the singleton runs on this node (`here`:
+/// serve leader-only work here); the lease names this node but its singleton does not run
+/// (`this_node` without `here`: it is starting, or stopping for a handover or a shutdown, and
+/// there is nowhere else to send the work yet); the lease names another node (neither: route to
+/// its `address`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaderInfo {
@@ -148,16 +156,29 @@ pub struct LeaderInfo {
     pub holder: String,
     /// The fencing token of its tenure, when known.
     pub fencing_token: Option<FencingToken>,
-    /// Whether the leader is this node (its singleton runs here).
+    /// Whether the singleton runs on this node, under a live tenure: leader-only work can be
+    /// served here now. `false` on the node that holds the lease while its singleton starts or
+    /// stops (see [`this_node`](Self::this_node)).
     pub here: bool,
+    /// Whether the leader named is this node: the holder is this node's owner identity, or
+    /// advertises this node's own address (a previous process at this address, under another
+    /// identity, whose claim has not expired yet). `true` whenever `here` is. With `here`
+    /// `false`, nothing serves leader-only work here and redirecting would come back here:
+    /// [`LeaderOnly`](crate::LeaderOnly) answers `503` with `Retry-After`.
+    pub this_node: bool,
     /// The leader's advertised address, from its candidacy
     /// ([`Candidate::address`](crate::Candidate::address)); `None` when this manager has no
-    /// candidacy, or the leader published none.
+    /// candidacy, or the leader published none. As the store holds it: a candidacy written by
+    /// another version or another writer may hold anything (`LeaderOnly` checks it before it
+    /// redirects).
     pub address: Option<String>,
+    /// The singleton's lease name, when the answer comes from a manager (`None` from
+    /// [`LeaderInfo::new`] unless [`with_lease`](Self::with_lease) sets it).
+    pub lease: Option<String>,
 }
 
 impl LeaderInfo {
-    /// A leader (for tests and custom answers).
+    /// A leader (for tests and custom answers), `this_node` when `here`, without a lease name.
     pub fn new(
         holder: impl Into<String>,
         fencing_token: Option<FencingToken>,
@@ -168,8 +189,22 @@ impl LeaderInfo {
             holder: holder.into(),
             fencing_token,
             here,
+            this_node: here,
             address,
+            lease: None,
         }
+    }
+
+    /// With `this_node` (see [`this_node`](Self::this_node); `here` implies it).
+    pub fn with_this_node(mut self, this_node: bool) -> Self {
+        self.this_node = this_node || self.here;
+        self
+    }
+
+    /// With the singleton's lease name.
+    pub fn with_lease(mut self, lease: impl Into<String>) -> Self {
+        self.lease = Some(lease.into());
+        self
     }
 }
 

@@ -306,7 +306,8 @@ pub async fn every_node_finds_the_leader_and_a_transfer_moves_it<F: Fixture>(f: 
         let status = managers[leader].0.send(GetStatus).await.unwrap();
         let token = status.fencing_token.expect("the leader has a token");
         for (node, (manager, owner)) in managers.iter().enumerate() {
-            let expected = LeaderInfo::new(owners[leader], Some(token), node == leader, None);
+            let expected = LeaderInfo::new(owners[leader], Some(token), node == leader, None)
+                .with_lease(name.as_str());
             if !f.watches_groups() {
                 // The fallback knows the holder at best, and no token.
                 let answer = manager.send(GetLeader).await.unwrap();

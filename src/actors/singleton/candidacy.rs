@@ -72,13 +72,15 @@ where
     ///
     /// # Errors
     ///
-    /// [`CandidacyError`] when the candidacy's settings are invalid, `lease_for` fails or builds
+    /// [`CandidacyError`] when the candidate's advertised address is invalid (see
+    /// [`Candidate::address`]), the candidacy's settings are invalid, `lease_for` fails or builds
     /// another lease, or the backend cannot watch groups.
     pub fn candidacy<E: Into<BoxError>>(
         mut self,
         mut candidate: Candidate,
         lease_for: impl FnOnce(LeaseSettings) -> Result<L, E>,
     ) -> Result<Self, CandidacyError> {
+        candidate.validate()?;
         let (name, owner) = (self.lease.name(), self.lease.owner().to_owned());
         let prefix = format!("{name}-candidate-");
         let candidacy_name = format!("{prefix}{owner}");

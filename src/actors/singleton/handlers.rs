@@ -7,12 +7,13 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{AfterStop, ClusterSingletonManager, Phase};
+use crate::actors::candidacy::same_address;
 use crate::actors::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonStatus,
     TransferLeadership,
 };
 use crate::group::GroupError;
-use crate::lease::{Lease, LeaseError};
+use crate::lease::{FencingToken, Lease, LeaseError};
 
 impl<A, L> Handler<Shutdown> for ClusterSingletonManager<A, L>
 where
@@ -87,26 +88,27 @@ where
 {
     type Result = Option<LeaderInfo>;
 
+    /// `here` only while the singleton runs under a live tenure; `this_node` whenever the holder
+    /// is this node (its singleton starting or stopping) or advertises this node's own address
+    /// (see [`LeaderInfo`]).
     fn handle(&mut self, _: GetLeader, _: &mut Self::Context) -> Option<LeaderInfo> {
         let owner = self.lease.owner();
         if let Phase::Running { guard, .. } = &self.phase {
             if guard.check_alive() {
-                return Some(LeaderInfo::new(
-                    owner,
-                    Some(guard.token()),
-                    true,
-                    self.address_of(owner),
-                ));
+                return Some(
+                    LeaderInfo::new(owner, Some(guard.token()), true, self.address_of(owner))
+                        .with_lease(self.lease.name()),
+                );
             }
         }
         if self.leader_watch.is_none() {
             match self.lease.watch_group(self.lease.name()) {
                 Ok(watch) => self.leader_watch = Some(watch),
                 Err(GroupError::Unsupported { .. }) => {
-                    return self.lease.observed_holder().map(|holder| {
-                        let address = self.address_of(&holder);
-                        LeaderInfo::new(holder, None, false, address)
-                    });
+                    return self
+                        .lease
+                        .observed_holder()
+                        .map(|holder| self.not_running_leader(&holder, None));
                 }
                 Err(error) => {
                     tracing::debug!(%error, lease = %self.lease.name(), "cannot watch the lease's record to answer who leads");
@@ -117,12 +119,28 @@ where
         let snapshot = self.leader_watch.as_ref()?.snapshot();
         let record = snapshot.get(self.lease.name())?;
         let holder = record.live_holder(Instant::now())?;
-        Some(LeaderInfo::new(
-            holder,
-            record.token,
-            false,
-            self.address_of(holder),
-        ))
+        Some(self.not_running_leader(holder, record.token))
+    }
+}
+
+impl<A, L> ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    /// `holder` leads (as the store says) and the singleton does not run here: this node when
+    /// `holder` is its owner identity or advertises its own address.
+    fn not_running_leader(&self, holder: &str, token: Option<FencingToken>) -> LeaderInfo {
+        let owner = self.lease.owner();
+        let address = self.address_of(holder);
+        let this_node = holder == owner
+            || match (&address, self.address_of(owner)) {
+                (Some(theirs), Some(mine)) => same_address(theirs, &mine),
+                _ => false,
+            };
+        LeaderInfo::new(holder, token, false, address)
+            .with_this_node(this_node)
+            .with_lease(self.lease.name())
     }
 }
 
