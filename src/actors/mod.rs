@@ -13,8 +13,8 @@ mod singleton;
 mod singleton_messages;
 
 pub use candidacy::{
-    CandidacyError, Candidate, HandoverPolicy, RankCandidates, ADDRESS_ENV, POD_TEMPLATE_HASH_ENV,
-    REVISION_ENV,
+    CandidacyError, CandidacyStatus, Candidate, HandoverPolicy, RankCandidates, ADDRESS_ENV,
+    POD_TEMPLATE_HASH_ENV, REVISION_ENV,
 };
 pub use coordinator::{
     AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,
