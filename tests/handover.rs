@@ -573,3 +573,39 @@ fn readiness_waits_until_the_candidacy_is_published() {
         assert!(shutdown.await.unwrap().is_ok());
     });
 }
+
+/// Issue 39 item 5: when the transfer's target left before the shutdown that overtook the
+/// transfer released the lease, the release does not name it (it would leave the lease unrun for
+/// a TTL), and the transfer answers `Superseded`, not `Ok(true)`.
+#[test]
+fn a_transfer_overtaken_by_a_shutdown_after_its_target_left_answers_superseded() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let policy = HandoverPolicy::NewestRevision;
+        let slow_stop = Behaviour::SlowStop(Duration::from_millis(300));
+        let a = manager(&store, "a", "v1", 1, policy.clone(), &log, slow_stop).start();
+        assert_eq!(wait_for_leader(&log, TTL).await, "a");
+        let _b = node(&store, "b", "v1", 2, policy.clone(), &log);
+        let c = node(&store, "c", "v1", 3, policy.clone(), &log);
+        settle().await;
+        let transfer = a.send(TransferLeadership::to("c"));
+        sleep(Duration::from_millis(10)).await;
+        assert!(c.send(Shutdown).await.unwrap().is_ok()); // c leaves: it withdraws
+        sleep(Duration::from_millis(10)).await;
+        let shutdown = a.send(Shutdown);
+        let (transfer, shutdown) = futures_util::future::join(transfer, shutdown).await;
+        assert!(matches!(shutdown.unwrap(), Ok(true)));
+        let answer = transfer.unwrap();
+        assert!(
+            matches!(
+                answer,
+                Err(actix_coordination::LeaseError::Superseded { .. })
+            ),
+            "{answer:?}"
+        );
+        let took = Instant::now();
+        assert_eq!(wait_for_leader_other_than(&log, "a", TTL).await, "b");
+        assert!(took.elapsed() < Duration::from_millis(100), "b at once");
+    });
+}

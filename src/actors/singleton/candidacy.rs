@@ -80,8 +80,13 @@ where
     /// [`HandoverPolicy`] for what the managers do with it): while the node competes, it holds
     /// its candidacy lease `L-candidate-<owner>`, whose claim carries `candidate` (its owner is
     /// filled in from the lease). `lease_for(settings)` builds that lease from `settings` (the
-    /// singleton lease's own, with the candidacy's name and metadata) on the same store:
-    /// `|s| Ok::<_, Infallible>(store.lease(s))`, `|s| Ok::<_, Infallible>(session.lease(s))`.
+    /// singleton lease's own, with the candidacy's name and metadata) on the same store, owning
+    /// what it uses: `move |s| Ok::<_, Infallible>(store.lease(s))` (with a clone of the store),
+    /// `move |s| provider.lease_with_settings("singleton", s)` (with a clone of the provider). It
+    /// is called here, and once more when the node publishes its candidacy if the node inherits
+    /// an older age for its revision than its own start ([`Candidate::revision_since_ms`]: the
+    /// metadata changes); should that call fail, the node publishes the first lease, with its own
+    /// start (logged as a warning).
     ///
     /// Call it inside the runtime that will run the manager (the candidates' watch starts here).
     /// The policy is [`HandoverPolicy::NewestRevision`] unless [`handover`](Self::handover) says
