@@ -789,7 +789,7 @@ where
         match self.transfer_refusal(to) {
             None => Some(to.clone()),
             Some(reason) => {
-                tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "shutting down: the transfer overtaken by the shutdown cannot happen any more");
+                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "shutting down: the transfer overtaken by the shutdown cannot happen any more");
                 None
             }
         }

@@ -302,7 +302,7 @@ where
         candidacy.pause_generation += 1;
         let generation = candidacy.pause_generation;
         candidacy.paused = Some(generation);
-        tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), ?pause, "withdrawing the candidacy while the singleton cannot run here");
+        tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), ?pause, "withdrawing the candidacy while the singleton cannot run here");
         self.sync_candidacy();
         ctx.run_later(pause, move |act, _| {
             let Some(candidacy) = act.candidacy.as_mut() else {

@@ -74,7 +74,7 @@ where
             return Box::pin(async { Ok(false) });
         }
         if let Some(reason) = self.transfer_refusal(&to) {
-            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "transfer refused");
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "transfer refused");
             let error = LeaseError::InvalidTransferTarget {
                 name: self.lease.name().to_owned(),
                 target: to,
