@@ -25,6 +25,11 @@
 //! to hand leadership to the best other candidate (`TransferLeadership::to_best`; the chaos
 //! harness's `Transfer` fault).
 //!
+//! `--health ADDR` (feature `web`) serves the crate's `AdminRoutes` on ADDR: `/readyz` answers
+//! `200` once the node's candidacy is published (the manager reports to a `HealthCheck`), which
+//! is what `tests/rollout.rs` waits on before it stops the next old replica, as a Deployment
+//! does; `/healthz` and `/leases` too.
+//!
 //! `--unsafe-ignore-guard` makes the node deliberately unsafe, to show that the chaos harness
 //! catches an unsafe singleton: its work runs on a detached task (not the actor's timer) that never
 //! checks the guard, so neither the guard nor the manager, which stops the singleton actor when
@@ -37,8 +42,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_coordination::{
-    Candidate, ClusterSingletonManager, CoordinationConfig, HandoverPolicy, Lease, LeaseProvider,
-    SharedLease, SingletonInfo, SingletonSettings, TransferLeadership,
+    CandidacyStatus, Candidate, ClusterSingletonManager, CoordinationConfig, HandoverPolicy, Lease,
+    LeaseProvider, SingletonInfo, SingletonSettings, TransferLeadership,
 };
 
 #[derive(Clone)]
@@ -161,6 +166,7 @@ struct Args {
     revision: Option<String>,
     address: Option<String>,
     handover: HandoverPolicy,
+    health: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -173,6 +179,7 @@ fn parse_args() -> Result<Args, String> {
     let mut revision = None;
     let mut address = None;
     let mut handover = HandoverPolicy::NewestRevision;
+    let mut health = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -185,6 +192,7 @@ fn parse_args() -> Result<Args, String> {
             "--unsafe-ignore-guard" => unsafe_ignore_guard = true,
             "--revision" => revision = Some(value()?),
             "--address" => address = Some(value()?),
+            "--health" => health = Some(value()?),
             "--handover" => {
                 handover = match value()?.as_str() {
                     "newest-revision" => HandoverPolicy::NewestRevision,
@@ -209,6 +217,7 @@ fn parse_args() -> Result<Args, String> {
         revision,
         address,
         handover,
+        health,
     })
 }
 
@@ -247,7 +256,7 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE] [--revision REV] [--address ADDR] [--handover newest-revision|off] [--unsafe-ignore-guard]"))?;
+    let args = parse_args().map_err(|e| format!("{e}\nusage: singleton_node --config FILE [--config-key KEY] [--lease NAME] [--owner ID] [--events FILE] [--revision REV] [--address ADDR] [--handover newest-revision|off] [--health ADDR] [--unsafe-ignore-guard]"))?;
     let config: CoordinationConfig = toml::from_str(&std::fs::read_to_string(&args.config)?)?;
     let provider = LeaseProvider::new(config);
     let lease = provider.get_lease(&args.lease, &args.config_key, &args.owner)?;
@@ -286,6 +295,11 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         max_error_backoff,
         ..Default::default()
     });
+    let health = actix_coordination::HealthCheck::new();
+    manager = manager.health(&health);
+    if let Some(listen) = &args.health {
+        serve_health(health, listen)?;
+    }
     let env = Candidate::from_env()?;
     let revision = args.revision.clone().or(env.revision);
     let address = args.address.clone().or(env.address);
@@ -294,16 +308,14 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         candidate.revision = revision;
         candidate.address = address;
         println!("[{}] candidate: {candidate:?}", args.owner);
-        let mut kept = None;
+        let (provider, config_key) = (provider.clone(), args.config_key.clone());
         manager = manager
-            .candidacy(candidate, |settings| {
-                let lease = provider.lease_with_settings(&args.config_key, settings)?;
-                kept = Some(lease.clone());
-                Ok::<_, actix_coordination::ProviderError>(lease)
+            .candidacy(candidate, move |settings| {
+                provider.lease_with_settings(&config_key, settings)
             })?
             .handover(args.handover.clone());
-        if let Some(candidacy) = kept {
-            log_candidacy(candidacy, &events, &args.owner);
+        if let Some(status) = manager.candidacy_status() {
+            log_candidacy(status, &events, &args.owner);
         }
     }
     let manager = manager.start();
@@ -322,27 +334,45 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
     Ok(args.owner)
 }
 
-/// With `--events FILE`: a `candidate` line each time the candidacy lease is claimed (the node
-/// is then a ready candidate others can see), polled every 5 ms.
-fn log_candidacy(candidacy: SharedLease, events: &Events, owner: &str) {
+/// `--health ADDR`: the admin routes (`/readyz`, `/healthz`, `/leases`) on ADDR.
+#[cfg(feature = "web")]
+fn serve_health(
+    health: actix_coordination::HealthCheck,
+    listen: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let admin = actix_coordination::AdminRoutes::new(health);
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new().configure(|cfg| admin.register(cfg))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(listen)?
+    .run();
+    actix_rt::spawn(server);
+    Ok(())
+}
+
+#[cfg(not(feature = "web"))]
+fn serve_health(
+    _: actix_coordination::HealthCheck,
+    _: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--health needs the web feature".into())
+}
+
+/// With `--events FILE`: a `candidate` line each time the candidacy is published (the node is
+/// then a ready candidate others can see: `ClusterSingletonManager::candidacy_status`).
+fn log_candidacy(mut status: CandidacyStatus, events: &Events, owner: &str) {
     if events.0.is_none() {
         return;
     }
     let (events, owner) = (events.clone(), owner.to_owned());
     actix_rt::spawn(async move {
-        let mut poll = tokio::time::interval(Duration::from_millis(5));
-        let mut last = None;
-        loop {
-            poll.tick().await;
-            let token = candidacy
-                .fencing_token()
-                .filter(|_| candidacy.check_alive());
-            if token != last {
-                if let Some(token) = token {
-                    events.log(&owner, "candidate", token.value(), now_ns());
-                }
-                last = token;
-            }
+        let mut count = 0;
+        while status.published().await {
+            count += 1;
+            events.log(&owner, "candidate", count, now_ns());
+            while status.changed().await == Some(true) {}
         }
     });
 }

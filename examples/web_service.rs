@@ -346,8 +346,9 @@ async fn serve(
         ..Default::default()
     })
     .health(&health)
-    .candidacy(candidate(&args)?, |settings| {
-        provider.lease_with_settings(&args.config_key, settings)
+    .candidacy(candidate(&args)?, {
+        let (provider, config_key) = (provider.clone(), args.config_key.clone());
+        move |settings| provider.lease_with_settings(&config_key, settings)
     })?
     .start();
 

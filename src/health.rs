@@ -67,6 +67,14 @@ pub enum NotReady {
         /// The lease name.
         lease: String,
     },
+    /// The singleton manager of `lease` has a candidacy that was never published yet: the other
+    /// nodes cannot see this one as a candidate, so a leader stopped now would not hand over to
+    /// it.
+    #[error("the candidacy for lease {lease:?} is not published yet")]
+    CandidacyNotPublished {
+        /// The lease name.
+        lease: String,
+    },
 }
 
 /// One lease as a status page shows it (see [`HealthCheck::leases`]).
@@ -128,6 +136,16 @@ pub struct LeaseReport {
 /// it is, even after its manager is gone (test
 /// `a_singleton_left_behind_by_a_manager_that_is_gone_fails_liveness_until_it_is_gone`).
 ///
+/// # Readiness waits for the candidacy
+///
+/// A manager with a [candidacy](crate::ClusterSingletonManager::candidacy) that competes (eligible,
+/// not shutting down) is not ready until its candidacy was published once
+/// ([`NotReady::CandidacyNotPublished`]): in a rolling update driven by readiness, the next old
+/// replica (the leader, perhaps) is stopped only once the new one is a candidate that the leader
+/// sees and hands over to. Only the first publication counts: a candidacy withdrawn or lost later
+/// (a backend outage) leaves readiness alone, so that an outage does not take every replica out
+/// of its Service. Turn it off with [`HealthCheck::readiness_waits_for_candidacy`].
+///
 /// # Never panics
 ///
 /// No check panics, whatever the settings (a stop timeout or a tolerance of `Duration::MAX`
@@ -172,6 +190,7 @@ pub struct HealthCheck {
 struct Inner {
     tolerance: Duration,
     readiness_follows_eligibility: bool,
+    readiness_waits_for_candidacy: bool,
     leases: Mutex<Vec<Handle>>,
     /// Held weakly: the manager owns its state, so a manager that is gone (shut down and dropped,
     /// replaced on a configuration reload) leaves the check.
@@ -208,6 +227,7 @@ impl HealthCheck {
             inner: Arc::new(Inner {
                 tolerance,
                 readiness_follows_eligibility: true,
+                readiness_waits_for_candidacy: true,
                 leases: Mutex::new(Vec::new()),
                 singletons: Mutex::new(Vec::new()),
             }),
@@ -223,6 +243,27 @@ impl HealthCheck {
                 let inner = Inner {
                     tolerance: self.inner.tolerance,
                     readiness_follows_eligibility: follows,
+                    readiness_waits_for_candidacy: self.inner.readiness_waits_for_candidacy,
+                    leases: Mutex::new(lock(&self.inner.leases).clone()),
+                    singletons: Mutex::new(lock(&self.inner.singletons).clone()),
+                };
+                self.inner = Arc::new(inner);
+            }
+        }
+        self
+    }
+
+    /// Whether [`readiness`](Self::readiness) waits until the candidacy of every registered
+    /// singleton manager that has one is published (default `true`; see [`HealthCheck`]). Call
+    /// it before cloning the check.
+    pub fn readiness_waits_for_candidacy(mut self, waits: bool) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.readiness_waits_for_candidacy = waits,
+            None => {
+                let inner = Inner {
+                    tolerance: self.inner.tolerance,
+                    readiness_follows_eligibility: self.inner.readiness_follows_eligibility,
+                    readiness_waits_for_candidacy: waits,
                     leases: Mutex::new(lock(&self.inner.leases).clone()),
                     singletons: Mutex::new(lock(&self.inner.singletons).clone()),
                 };
@@ -306,18 +347,31 @@ impl HealthCheck {
 
     /// `Ok(())` when the process is ready: every registered singleton manager is eligible and
     /// not shutting down (unless
-    /// [`readiness_follows_eligibility`](Self::readiness_follows_eligibility) is off). Never
+    /// [`readiness_follows_eligibility`](Self::readiness_follows_eligibility) is off), and every
+    /// one with a candidacy that competes has published it once (unless
+    /// [`readiness_waits_for_candidacy`](Self::readiness_waits_for_candidacy) is off). Never
     /// blocks.
     ///
     /// # Errors
     ///
-    /// [`NotReady`] says which manager is not eligible or is shutting down.
+    /// [`NotReady`] says which manager is not eligible, is shutting down, or has not published
+    /// its candidacy yet.
     pub fn readiness(&self) -> Result<(), NotReady> {
-        if !self.inner.readiness_follows_eligibility {
-            return Ok(());
-        }
+        let (eligibility, candidacy) = (
+            self.inner.readiness_follows_eligibility,
+            self.inner.readiness_waits_for_candidacy,
+        );
         for singleton in self.live_singletons() {
             let state = lock(&singleton.state);
+            let competes = state.eligible && !state.shutting_down;
+            if candidacy && competes && state.candidacy_pending {
+                return Err(NotReady::CandidacyNotPublished {
+                    lease: singleton.lease.clone(),
+                });
+            }
+            if !eligibility {
+                continue;
+            }
             if state.shutting_down {
                 return Err(NotReady::ShuttingDown {
                     lease: singleton.lease.clone(),
@@ -444,6 +498,8 @@ pub(crate) struct SingletonHealthState {
     /// Instances terminated after the stop timeout that are not gone yet, with the instant they
     /// were told to stop.
     pub(crate) unstopped: Vec<(u64, Instant)>,
+    /// The manager has a candidacy that was never published yet.
+    pub(crate) candidacy_pending: bool,
 }
 
 impl SingletonHealth {
@@ -569,6 +625,38 @@ mod tests {
         // A registration the manager dropped leaves the check.
         drop(singleton);
         assert!(check.live_singletons().is_empty());
+    }
+
+    /// Issue 39 item 1: a competing manager whose candidacy was never published is not ready,
+    /// unless the check is told not to wait for it; an ineligible one is no candidate.
+    #[tokio::test(start_paused = true)]
+    async fn readiness_waits_for_a_candidacy_never_published() {
+        let store = InMemoryStore::new();
+        let check = HealthCheck::new();
+        let lease = lease(&store, "a");
+        let singleton = Arc::new(SingletonHealth::new(&lease, Duration::from_secs(10), true));
+        check.add_singleton(&singleton);
+        singleton.state().candidacy_pending = true;
+        assert!(matches!(
+            check.readiness(),
+            Err(NotReady::CandidacyNotPublished { .. })
+        ));
+        let not_waiting = check.clone().readiness_waits_for_candidacy(false);
+        assert_eq!(not_waiting.readiness(), Ok(()));
+        singleton.state().eligible = false;
+        assert!(matches!(
+            check.readiness(),
+            Err(NotReady::NotEligible { .. })
+        ));
+        let ignoring = check.clone().readiness_follows_eligibility(false);
+        assert_eq!(
+            ignoring.readiness(),
+            Ok(()),
+            "an ineligible node is no candidate"
+        );
+        singleton.state().eligible = true;
+        singleton.state().candidacy_pending = false;
+        assert_eq!(check.readiness(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -142,7 +142,7 @@ pub use actors::{
     DEFAULT_MAX_QUEUE_WAIT,
 };
 pub use actors::{
-    AddressError, CandidacyError, Candidate, HandoverPolicy, RankCandidates,
+    AddressError, CandidacyError, CandidacyStatus, Candidate, HandoverPolicy, RankCandidates,
     ADDRESS_ENV as CANDIDATE_ADDRESS_ENV, POD_TEMPLATE_HASH_ENV as CANDIDATE_POD_TEMPLATE_HASH_ENV,
     REVISION_ENV as CANDIDATE_REVISION_ENV,
 };

@@ -242,9 +242,14 @@ impl LeaseCache {
 /// assert!(lease.ptr_eq(&provider.get_lease("jobs", "dev", "node-1")?));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// Clones share the registered backends (and so their sessions), the cache and the in-memory
+/// store: a clone is the same provider, for closures that must own one, such as a
+/// [candidacy](crate::ClusterSingletonManager::candidacy)'s.
+#[derive(Clone)]
 pub struct LeaseProvider {
     config: CoordinationConfig,
-    backends: Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>,
+    backends: Arc<Mutex<BTreeMap<String, Arc<dyn BackendFactory>>>>,
     leases: Arc<Mutex<LeaseCache>>,
     store: InMemoryStore,
 }
@@ -268,7 +273,7 @@ impl LeaseProvider {
     pub fn new(config: CoordinationConfig) -> Self {
         let provider = Self {
             config,
-            backends: Mutex::new(BTreeMap::new()),
+            backends: Arc::new(Mutex::new(BTreeMap::new())),
             leases: Arc::new(Mutex::new(LeaseCache::default())),
             store: InMemoryStore::new(),
         };
@@ -334,8 +339,8 @@ impl LeaseProvider {
     /// `config_key` configures (its backend settings; the configuration's timing is not applied),
     /// sharing that backend's session like every lease of the provider. It is not cached: each
     /// call builds a new instance. For leases whose settings derive from another's, such as a
-    /// [candidacy](crate::ClusterSingletonManager::candidacy):
-    /// `.candidacy(candidate, |s| provider.lease_with_settings("singleton", s))`.
+    /// [candidacy](crate::ClusterSingletonManager::candidacy), with a clone of the provider:
+    /// `.candidacy(candidate, move |s| provider.lease_with_settings("singleton", s))`.
     ///
     /// # Errors
     ///

@@ -203,7 +203,7 @@ async fn candidacy(provider: LeaseProvider, pod_name: String) -> Result {
 // README block
 let lease = provider.get_lease("job-scheduler", "singleton", &pod_name)?;
 let manager = ClusterSingletonManager::new(lease, |info: &SingletonInfo, _ctx| JobScheduler { info: info.clone() })
-    .candidacy(Candidate::from_env()?, |settings| provider.lease_with_settings("singleton", settings))?
+    .candidacy(Candidate::from_env()?, move |settings| provider.lease_with_settings("singleton", settings))?
     .handover(HandoverPolicy::NewestRevision)            // the default; or Off, or HandoverPolicy::ranked(..)
     .start();
 // end of README block

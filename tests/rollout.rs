@@ -1,14 +1,18 @@
 //! Rolling updates with real processes (`examples/singleton_node.rs` with `--revision`) on the real
-//! etcd and the real kube-apiserver (issue 25): three replicas, maxSurge 1 / maxUnavailable 0, as a
-//! Deployment rolls them: start a replica of the new revision, wait until it is a ready candidate,
-//! SIGTERM the most recently started old replica (a ReplicaSet scales down the newest first),
-//! three times. Rollouts follow each other (r0 → r1 → r2 …), each starting with whatever replica
-//! the previous one left leading; before every second one, SIGUSR1 moves leadership to another
-//! replica (`TransferLeadership::to_best`), so that the leader is not always the oldest.
+//! etcd and the real kube-apiserver (issues 25 and 39): three replicas, maxSurge 1 /
+//! maxUnavailable 0, as a Deployment rolls them, driven by readiness alone: start a replica of the
+//! new revision, wait until its `/readyz` (`--health`, the crate's `AdminRoutes`) answers `200`
+//! (it does once the replica's candidacy is published), then at once SIGTERM the most recently
+//! created old replica (a ReplicaSet scales down the newest first), three times; no other wait.
+//! Rollouts follow each other (r0 → r1 → r2 …), each starting with whatever replica the previous
+//! one left leading; before every second one, SIGUSR1 moves leadership to another replica
+//! (`TransferLeadership::to_best`), so that the leader is not always the oldest. In every odd
+//! rollout the oldest old replica restarts (SIGTERM, then the same pod name again, as a container
+//! restart) after the first step: it outlives the other old replicas, and the old revision must
+//! not look newer than the new one once they have left.
 //!
 //! With the handover policy (`--handover newest-revision`), every rollout changes leadership
-//! exactly once, the old leader hands over as soon as the first new replica is a candidate, and
-//! the rollout ends with the new revision leading. Without it (`--handover off`) the same
+//! exactly once, and the rollout ends with the new revision leading. Without it (`--handover off`) the same
 //! rollouts are run for comparison (their changes are printed, not asserted). Every run ends with
 //! the chaos harness's checks of every node's events (`common::chaos_check::check_run`): no two
 //! singletons at once, no two steps at once, rising fencing tokens.
@@ -103,6 +107,8 @@ fn kubernetes_config(dir: &Path) -> PathBuf {
 struct Node {
     owner: String,
     revision: String,
+    /// The port of its `/readyz`.
+    port: u16,
     child: Child,
     events: PathBuf,
     log: PathBuf,
@@ -163,21 +169,49 @@ struct Deployment {
     next: usize,
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status code of `GET path` on `127.0.0.1:port`, if it answers.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
 impl Deployment {
     fn spawn(&mut self, revision: &str) -> String {
         self.next += 1;
         let owner = format!("{revision}-{}", self.next);
-        let events = self.dir.join(format!("{owner}.jsonl"));
-        let log = self.dir.join(format!("{owner}.log"));
+        let node = self.start_process(&owner, revision, "");
+        self.nodes.push(node);
+        owner
+    }
+
+    /// Starts `owner` of `revision` (its files' names end with `suffix`).
+    fn start_process(&self, owner: &str, revision: &str, suffix: &str) -> Node {
+        let events = self.dir.join(format!("{owner}{suffix}.jsonl"));
+        let log = self.dir.join(format!("{owner}{suffix}.log"));
         let out = std::fs::File::create(&log).unwrap();
+        let port = free_port();
         let child = Command::new(common::example_binary("singleton_node"))
             .args(["--config", self.config.to_str().unwrap()])
             .args(["--lease", &self.lease])
-            .args(["--owner", &owner])
+            .args(["--owner", owner])
             .args(["--revision", revision])
             .args(["--address", &format!("http://{owner}.example:8080")])
             .args(["--handover", self.handover])
             .args(["--events", events.to_str().unwrap()])
+            .args(["--health", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "actix_coordination=info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -185,9 +219,10 @@ impl Deployment {
             .stderr(out)
             .spawn()
             .expect("start singleton_node");
-        self.nodes.push(Node {
-            owner: owner.clone(),
+        Node {
+            owner: owner.to_owned(),
             revision: revision.to_owned(),
+            port,
             child,
             events,
             log,
@@ -197,8 +232,7 @@ impl Deployment {
             spawned_ns: now_ns(),
             terminated_ns: None,
             gone_ns: None,
-        });
-        owner
+        }
     }
 
     /// Reads what the logs gained; panics if a replica exited that was not told to.
@@ -262,22 +296,58 @@ impl Deployment {
         }
     }
 
-    /// Starts a replica of `revision` and waits until it is a ready candidate.
+    /// Starts a replica of `revision` and waits until it is ready (its `/readyz` answers 200).
     async fn start_replica(&mut self, revision: &str) -> String {
         let owner = self.spawn(revision);
-        let o = owner.clone();
-        self.wait_until(&format!("{o} a candidate"), |d| {
-            d.events
-                .iter()
-                .any(|e| e.owner == o && e.event == "candidate")
-        })
-        .await;
+        self.wait_ready(&owner).await;
         owner
+    }
+
+    /// Waits until the live replica `owner` answers `200` on `/readyz`, as a kubelet's readiness
+    /// probe would see it.
+    async fn wait_ready(&mut self, owner: &str) {
+        let port = self
+            .nodes
+            .iter()
+            .find(|n| n.owner == owner && !n.exited)
+            .unwrap()
+            .port;
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            self.poll();
+            let status = tokio::task::spawn_blocking(move || http_status(port, "/readyz"))
+                .await
+                .unwrap();
+            if status == Some(200) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{owner} not ready within {WITHIN:?}: {status:?}"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Restarts the replica `owner` (SIGTERM, then the same pod name again: a container restart
+    /// keeps the pod and its place in the ReplicaSet's order), and waits until it is ready.
+    async fn restart_replica(&mut self, owner: &str) {
+        self.stop_replica(owner).await;
+        let at = self.nodes.iter().position(|n| n.owner == owner).unwrap();
+        let revision = self.nodes[at].revision.clone();
+        let restarts = self.nodes.iter().filter(|n| n.owner == owner).count();
+        let node = self.start_process(owner, &revision, &format!(".restart-{restarts}"));
+        self.nodes.insert(at + 1, node);
+        self.wait_ready(owner).await;
     }
 
     /// SIGTERMs `owner` and waits until it has exited.
     async fn stop_replica(&mut self, owner: &str) {
-        let node = self.nodes.iter_mut().find(|n| n.owner == owner).unwrap();
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.owner == owner && !n.exited)
+            .unwrap();
         node.exited = true;
         node.terminated_ns = Some(now_ns());
         let pid = node.child.id();
@@ -287,8 +357,13 @@ impl Deployment {
             .expect("run kill");
         assert!(status.success());
         let deadline = Instant::now() + WITHIN;
+        let pid_of = pid;
         loop {
-            let node = self.nodes.iter_mut().find(|n| n.owner == owner).unwrap();
+            let node = self
+                .nodes
+                .iter_mut()
+                .find(|n| n.child.id() == pid_of)
+                .unwrap();
             if let Some(status) = node.child.try_wait().unwrap() {
                 node.gone_ns = Some(now_ns());
                 assert!(status.success(), "{owner}: {status}: {}", tail(&node.log));
@@ -329,7 +404,7 @@ impl Deployment {
         let pid = self
             .nodes
             .iter()
-            .find(|n| n.owner == leader)
+            .find(|n| n.owner == leader && !n.exited)
             .unwrap()
             .child
             .id();
@@ -344,25 +419,32 @@ impl Deployment {
         .await;
     }
 
-    /// One rollout from revision `from` to `to`: what it changed.
-    async fn rollout(&mut self, from: &str, to: &str) -> Rollout {
+    /// One rollout from revision `from` to `to`: what it changed. With `restart_old`, the oldest
+    /// old replica restarts after the first step.
+    async fn rollout(&mut self, from: &str, to: &str, restart_old: bool) -> Rollout {
         let start_ns = now_ns();
         let first_leader = self.running.clone().map(|(o, _)| o);
         for step in 0..3 {
+            // The Deployment's step: a new replica, and once it is ready, the newest old one
+            // goes; nothing else is waited for.
             self.start_replica(to).await;
-            if step == 0 && self.handover != "off" {
-                // The policy: the old leader hands over as soon as a new candidate is up.
-                let to = to.to_owned();
-                self.wait_until("the first new replica leads", |d| {
-                    d.running
-                        .as_ref()
-                        .is_some_and(|(o, _)| d.revision_of(o) == to)
-                })
-                .await;
-            }
             let victim = self.live_of(from).pop().expect("an old replica");
             self.stop_replica(&victim).await;
+            if step == 0 && restart_old {
+                let oldest = self.live_of(from)[0].clone();
+                self.restart_replica(&oldest).await;
+            }
+        }
+        if self.handover == "off" {
             self.wait_until("a leader", |d| d.running.is_some()).await;
+        } else {
+            let to = to.to_owned();
+            self.wait_until("the new revision leads", |d| {
+                d.running
+                    .as_ref()
+                    .is_some_and(|(o, _)| d.revision_of(o) == to)
+            })
+            .await;
         }
         assert!(self.live_of(from).is_empty());
         // The starts during the rollout, and the leaderless time before each.
@@ -516,7 +598,7 @@ async fn run(name: &'static str, handover: &'static str, config_for: impl Fn(&Pa
             d.move_leader().await; // not counted: the rollout starts after it
         }
         let from_ns = now_ns();
-        let rollout = d.rollout(&from, &to).await;
+        let rollout = d.rollout(&from, &to, r % 2 == 1).await;
         // A picture of the first rollout, and of the first that changed leadership more than once.
         let first_of_several =
             rollout.changes.len() > 1 && results.iter().all(|r| r.changes.len() <= 1);

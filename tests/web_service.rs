@@ -282,7 +282,14 @@ async fn every_route_answers_and_sigterm_releases_before_the_server_stops() {
     let mut solo = Service::start_with(&dir, "solo", &config, lease, &[], SHARDED).await;
 
     assert_eq!(solo.get("/healthz").await, (200, "ok".to_owned()));
-    assert_eq!(solo.get("/readyz").await, (200, "ok".to_owned()));
+    // Ready once its candidacy is published (issue 39).
+    let ready = until(
+        Duration::from_secs(10),
+        || solo.get("/readyz"),
+        |r| r.0 == 200,
+    )
+    .await;
+    assert_eq!(ready, (200, "ok".to_owned()));
     let report = until(
         Duration::from_secs(10),
         || solo.lease(lease),
@@ -418,7 +425,13 @@ async fn two_instances_one_leader(
     assert_eq!(b.json("/singleton").await["running"], false);
     for service in [&a, &b] {
         assert_eq!(service.get("/healthz").await.0, 200);
-        assert_eq!(service.get("/readyz").await.0, 200);
+        // Ready once its candidacy is published (issue 39).
+        until(
+            Duration::from_secs(20),
+            || service.get("/readyz"),
+            |r| r.0 == 200,
+        )
+        .await;
     }
     // Both know who leads and where (a's advertised address, from its candidacy); the leader-only
     // route runs on a, and b redirects it there.

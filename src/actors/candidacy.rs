@@ -35,6 +35,15 @@ pub struct Candidate {
     /// When the node started, in milliseconds since the Unix epoch, from its wall clock (only
     /// ever used to order revisions, never to judge a lease).
     pub started_ms: u64,
+    /// Since when the node's revision has been running, in milliseconds since the Unix epoch:
+    /// the earliest of its own start and the ages of the live candidates of the same revision it
+    /// saw when it published its candidacy. So a replica of an old revision restarted in the
+    /// middle of a rollout inherits its revision's age, and the old revision does not look newer
+    /// once the replicas that started before the new revision have left. Filled in by the manager
+    /// when it publishes; `None` (also in metadata written before this field existed): the
+    /// node's own start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_since_ms: Option<u64>,
     /// Where other nodes reach this one (for example `http://10.1.2.3:8080`), to route
     /// leader-only work to the leader ([`LeaderInfo::address`](crate::LeaderInfo::address)): an
     /// absolute `http` or `https` URL with a host and an optional port, nothing else (see
@@ -57,6 +66,7 @@ impl Candidate {
             owner: String::new(),
             revision: None,
             started_ms,
+            revision_since_ms: None,
             address: None,
         }
     }
@@ -155,6 +165,27 @@ impl Candidate {
     pub fn started_ms(mut self, started_ms: u64) -> Self {
         self.started_ms = started_ms;
         self
+    }
+
+    /// Since when its revision has been running as far as the ranking goes: its
+    /// [`revision_since_ms`](Self::revision_since_ms), never later than its own start.
+    pub(crate) fn since_ms(&self) -> u64 {
+        self.revision_since_ms
+            .map_or(self.started_ms, |since| since.min(self.started_ms))
+    }
+
+    /// This candidate as it publishes itself when it sees `others` live: it inherits the age of
+    /// its revision from the live candidates of the same revision (see
+    /// [`revision_since_ms`](Self::revision_since_ms)).
+    pub(crate) fn inheriting(&self, others: &[Candidate]) -> Candidate {
+        let since = others
+            .iter()
+            .filter(|c| c.revision == self.revision)
+            .map(Candidate::since_ms)
+            .fold(self.since_ms(), u64::min);
+        let mut me = self.clone();
+        me.revision_since_ms = (since < self.started_ms).then_some(since);
+        me
     }
 
     /// The metadata its candidacy lease carries (JSON).
@@ -442,8 +473,23 @@ pub type RankCandidates = dyn Fn(&Candidate, &Candidate) -> Ordering + Send + Sy
 /// ineligible, *withdraws* first (it releases its candidacy lease before anything else; at
 /// shutdown for good, [`Lease::retire`](crate::Lease::retire): on Kubernetes its object is
 /// deleted, so that identities that change on every rollout leave no objects behind). A node
-/// publishes its candidacy once its watch of `L` has listed it (at most one TTL after its
-/// start): a candidate is ready when it would notice a release to it at once.
+/// publishes its candidacy once its watches of `L` and of the candidates have listed them (at
+/// most one TTL after its start): a candidate is ready when it would notice a release to it at
+/// once, and it publishes the age of its revision it inherits from the live candidates of that
+/// revision ([`Candidate::revision_since_ms`]).
+///
+/// # Readiness
+///
+/// A rolling update is ordered by readiness: a Deployment stops the next old replica as soon as
+/// the new one is ready. A manager with a candidacy that reports to a
+/// [`HealthCheck`](crate::HealthCheck) ([`health`](crate::ClusterSingletonManager::health)) is not
+/// ready ([`NotReady::CandidacyNotPublished`](crate::NotReady::CandidacyNotPublished)) until its
+/// candidacy was published once: published means held, and listed by the node's own watch of the
+/// candidates, so the leader's watch sees it too, up to its delay. Serve it as the pod's readiness
+/// probe (`/readyz` of [`AdminRoutes`](crate::AdminRoutes), feature `web`), and the old leader
+/// is never stopped before it can see a new candidate to hand over to.
+/// [`ClusterSingletonManager::candidacy_status`](crate::ClusterSingletonManager::candidacy_status)
+/// tells the same as it changes ([`CandidacyStatus`]).
 ///
 /// # The handover policy
 ///
@@ -458,16 +504,32 @@ pub type RankCandidates = dyn Fn(&Candidate, &Candidate) -> Ordering + Send + Sy
 ///    released); it competes again as soon as no live candidate ranks above it (the better one
 ///    withdrew, or its candidacy expired after a crash).
 /// 3. **A node on its way out never receives leadership.** On [`Shutdown`](crate::Shutdown) (and
-///    SIGTERM with `handle_signals`) the manager withdraws its candidacy first and stops
-///    competing. If it leads, it hands the lease to the best remaining candidate that ranks above
-///    it; when none does, it releases plainly (naming one of its equals could name a node that
-///    died less than a TTL ago and still looks live), and rule 2 leaves the lease to the best
-///    live candidate.
+///    SIGTERM with `handle_signals`) the manager withdraws its candidacy and stops competing. A
+///    node that does not lead withdraws first, then ends its acquire round. The leader stops the
+///    singleton and releases while it withdraws (only the leader hands the lease over, so it
+///    cannot be handed back to it, and its successor does not wait for the withdrawal's round
+///    trip). It hands the lease to the target of a [`TransferLeadership`](crate::TransferLeadership)
+///    the shutdown overtook, if that can still happen, else to the best remaining candidate that
+///    ranks above it; when none does, it releases plainly (naming one of its equals could name a
+///    node that died less than a TTL ago and still looks live), and rule 2 leaves the lease to
+///    the best live candidate.
+/// 4. **A node that cannot run the singleton steps aside.** A manager that gives up on a singleton
+///    that keeps stopping ([`max_restarts`](crate::SingletonSettings::max_restarts) within the
+///    restart window) withdraws its candidacy for
+///    [`give_up_pause`](crate::SingletonSettings::give_up_pause) as it releases the lease, so that
+///    the nodes that deferred to it run the singleton meanwhile; then it publishes it again.
+/// 5. **A transfer the policy would undo is refused.** [`TransferLeadership`](crate::TransferLeadership)
+///    to a node that is no live candidate, or that a live candidate (the leader included) ranks
+///    above, answers [`LeaseError::InvalidTransferTarget`](crate::LeaseError::InvalidTransferTarget)
+///    and changes nothing: the target would defer to that candidate, or hand the lease on to it.
 ///
-/// So in a rolling update (maxSurge 1, maxUnavailable 0) with
+/// So in a rolling update (maxSurge 1, maxUnavailable 0, readiness as above) with
 /// [`HandoverPolicy::NewestRevision`], leadership changes once: when the first replica of the new
-/// revision is up, the old leader hands over to it; every later step stops old replicas that do not
-/// lead, and new replicas never take over from each other.
+/// revision is a candidate, the old leader hands over to it; every later step stops old replicas
+/// that do not lead, and new replicas never take over from each other. An old replica restarted
+/// during the rollout inherits its revision's age while another old replica is live, so the old
+/// revision does not look newer once the older ones have left. A replica of the old revision
+/// started when none of it is live (a rollback) is a new revision.
 ///
 /// # Races
 ///
@@ -483,9 +545,12 @@ pub enum HandoverPolicy {
     Off,
     /// The rolling-update default: a candidate of a newer revision ranks above one of an older
     /// revision. Revisions are strings (a pod template hash has no order), so they are ordered by
-    /// when they appeared: a revision is as new as the *earliest* start time among the live
-    /// candidates that run it. Candidates of one revision rank equal (no handover between them);
-    /// nodes without a revision count as one revision.
+    /// when they appeared: a revision is as new as the *earliest* age among the live candidates
+    /// that run it, a candidate's age being its start, or the age of its revision it inherited
+    /// when it published its candidacy ([`Candidate::revision_since_ms`]: a replica of an old
+    /// revision restarted while another replica of that revision was live counts as old as that
+    /// one). Candidates of one revision rank equal (no handover between them); nodes without a
+    /// revision count as one revision.
     #[default]
     NewestRevision,
     /// A user's ranking (see [`HandoverPolicy::ranked`]).
@@ -525,7 +590,7 @@ impl HandoverPolicy {
                 let appeared = |revision: &Option<String>| {
                     all.iter()
                         .filter(|c| &c.revision == revision)
-                        .map(|c| c.started_ms)
+                        .map(Candidate::since_ms)
                         .min()
                         .unwrap_or(u64::MAX)
                 };
@@ -554,6 +619,20 @@ impl HandoverPolicy {
             .cloned()
     }
 
+    /// Whether a candidate among `me` and `others` ranks above `target` (which must be one of
+    /// them: a revision's age is read from them): a transfer to `target` would not last (it
+    /// defers to that one, or hands the lease on to it).
+    pub(crate) fn outranked(
+        &self,
+        target: &Candidate,
+        me: &Candidate,
+        others: &[Candidate],
+    ) -> bool {
+        let all = self.all(me, others);
+        all.iter()
+            .any(|c| self.compare(c, target, &all) == Ordering::Greater)
+    }
+
     fn all(&self, me: &Candidate, others: &[Candidate]) -> Vec<Candidate> {
         let mut all = others.to_vec();
         all.push(me.clone());
@@ -578,6 +657,40 @@ pub(crate) fn live_candidates(
         })
         .filter(|(owner, _)| owner != me)
         .collect()
+}
+
+/// Whether a manager's candidacy is published, as it changes, from
+/// [`ClusterSingletonManager::candidacy_status`](crate::ClusterSingletonManager::candidacy_status):
+/// published while the node holds its candidacy lease and its own watch of the candidates lists
+/// that claim (so other nodes' watches see it too, up to their delay). It turns `false` while the
+/// candidacy is withdrawn (ineligible, giving up on a singleton that keeps failing, shutting
+/// down) or lost. Cheap to clone; every clone sees every change.
+#[derive(Debug, Clone)]
+pub struct CandidacyStatus {
+    rx: tokio::sync::watch::Receiver<bool>,
+}
+
+impl CandidacyStatus {
+    pub(crate) fn new(rx: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self { rx }
+    }
+
+    /// Whether the candidacy is published now.
+    pub fn is_published(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Waits until the candidacy is published (at once if it is). `false` when the manager is
+    /// gone without publishing it.
+    pub async fn published(&mut self) -> bool {
+        self.rx.wait_for(|published| *published).await.is_ok()
+    }
+
+    /// Waits for the next change and answers the new state; `None` once the manager is gone.
+    pub async fn changed(&mut self) -> Option<bool> {
+        self.rx.changed().await.ok()?;
+        Some(*self.rx.borrow_and_update())
+    }
 }
 
 /// Errors of [`ClusterSingletonManager::candidacy`](crate::ClusterSingletonManager::candidacy).
@@ -702,6 +815,41 @@ mod tests {
             Some("n3".to_owned())
         );
         assert_eq!(HandoverPolicy::Off.better_than(&old_leader, &others), None);
+    }
+
+    #[test]
+    fn a_restarted_old_replica_inherits_its_revisions_age() {
+        let policy = HandoverPolicy::NewestRevision;
+        let o1 = candidate("o1", "v1", 1);
+        let n1 = candidate("n1", "v2", 10);
+        // o2 restarted at 20 while o1 was live: it publishes v1's age, 1.
+        let o2 = candidate("o2", "v1", 20).inheriting(&[o1.clone(), n1.clone()]);
+        assert_eq!(o2.revision_since_ms, Some(1));
+        assert_eq!(o2.since_ms(), 1);
+        // o1 gone: v1 is still older than v2, so n1 stays the best and o2 defers.
+        assert_eq!(policy.better_than(&n1, std::slice::from_ref(&o2)), None);
+        assert_eq!(
+            policy
+                .better_than(&o2, std::slice::from_ref(&n1))
+                .map(|c| c.owner),
+            Some("n1".to_owned())
+        );
+        // A rollback (v1 started again while no v1 replica is live) is a new revision.
+        let back = candidate("b1", "v1", 30).inheriting(std::slice::from_ref(&n1));
+        assert_eq!(back.revision_since_ms, None);
+        assert_eq!(
+            policy
+                .better_than(&n1, std::slice::from_ref(&back))
+                .map(|c| c.owner),
+            Some("b1".to_owned())
+        );
+        // Metadata without the field (written before it existed) reads as the node's own start.
+        let old = Candidate::from_metadata("o3", r#"{"started-ms":5}"#).unwrap();
+        assert_eq!((old.revision_since_ms, old.since_ms()), (None, 5));
+        let round = Candidate::from_metadata("o2", &o2.to_metadata()).unwrap();
+        assert_eq!(round, o2);
+        assert!(policy.outranked(&o2, &n1, std::slice::from_ref(&o2)));
+        assert!(!policy.outranked(&n1, &o2, std::slice::from_ref(&n1)));
     }
 
     #[test]
@@ -885,7 +1033,8 @@ mod tests {
             let mut candidate = Candidate::new();
             candidate.address = Some(address.to_owned());
             let lease = store.lease(LeaseSettings::new("jobs", "a").unwrap());
-            ClusterSingletonManager::new(lease, |_, _| Idle).candidacy(candidate, |s| {
+            let store = store.clone();
+            ClusterSingletonManager::new(lease, |_, _| Idle).candidacy(candidate, move |s| {
                 Ok::<_, std::convert::Infallible>(store.lease(s))
             })
         };

@@ -13,8 +13,8 @@ mod singleton;
 mod singleton_messages;
 
 pub use candidacy::{
-    AddressError, CandidacyError, Candidate, HandoverPolicy, RankCandidates, ADDRESS_ENV,
-    POD_TEMPLATE_HASH_ENV, REVISION_ENV,
+    AddressError, CandidacyError, CandidacyStatus, Candidate, HandoverPolicy, RankCandidates,
+    ADDRESS_ENV, POD_TEMPLATE_HASH_ENV, REVISION_ENV,
 };
 pub use coordinator::{
     AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,

@@ -91,7 +91,7 @@ pub struct SingletonSettings {
     /// The window in which restarts are counted (default 60 s).
     pub restart_window: Duration,
     /// How long the node stays out of the competition after giving up on a failing singleton
-    /// (default 5 s).
+    /// (default 5 s), its candidacy withdrawn if it has one.
     pub give_up_pause: Duration,
     /// How long the manager waits for the singleton to stop (default 10 s). A singleton still
     /// running after it (its `stopping` hook returned `Running::Continue`, or it blocks its
@@ -294,7 +294,9 @@ fn start_guarded<A: Actor<Context = Context<A>>>(
 /// 3. **The singleton stops or panics on its own** while the tenure is alive: it is restarted with
 ///    the same guard, at most [`SingletonSettings::max_restarts`] times within
 ///    [`SingletonSettings::restart_window`]; past that the manager releases the lease, lets
-///    another node try, and competes again after [`SingletonSettings::give_up_pause`].
+///    another node try, and competes again after [`SingletonSettings::give_up_pause`]. With a
+///    [candidacy](Self::candidacy) it also withdraws its candidacy for that pause, so that the
+///    nodes deferring to it under the handover policy run the singleton meanwhile.
 /// 4. **Graceful shutdown**: the singleton is stopped, the manager waits until it has stopped (at
 ///    most `stop_timeout`), then releases the lease, so another node takes over at once instead of
 ///    after the TTL. An acquire round in flight is never cut short: its attempt is finished and
@@ -347,8 +349,15 @@ where
     eligible: bool,
     shutting_down: bool,
     shutdown_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
-    /// The [`TransferLeadership`] requests waiting for the release that hands the lease over.
-    transfer_waiters: Vec<oneshot::Sender<Result<bool, LeaseError>>>,
+    /// The [`TransferLeadership`] requests waiting for the release that hands the lease over,
+    /// with their targets.
+    transfer_waiters: Vec<(String, oneshot::Sender<Result<bool, LeaseError>>)>,
+    /// Whom the last release of the lease named ([`Lease::release_to`]), if anyone.
+    released_to: Option<String>,
+    /// The candidacy is being withdrawn: a shutdown finishes only once it is.
+    withdrawing: bool,
+    /// The result of a shutdown's release that came before the withdrawal finished.
+    finish_after_withdrawal: Option<Result<bool, LeaseError>>,
     /// The watch of the lease's record that [`GetLeader`] reads, made by the first one.
     leader_watch: Option<GroupWatch>,
     /// This node's candidacy, if it publishes one.
@@ -424,6 +433,9 @@ where
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             transfer_waiters: Vec::new(),
+            released_to: None,
+            withdrawing: false,
+            finish_after_withdrawal: None,
             leader_watch: None,
             candidacy: None,
             policy: Default::default(),
@@ -682,12 +694,16 @@ where
         let lease = Arc::clone(&self.lease);
         let to = match &then {
             AfterStop::Transfer { to } => Some(to.clone()),
-            // A leader on its way out hands over to a better candidate, if one is live.
-            AfterStop::Shutdown if self.lease.check_alive() => self.shutdown_target(),
+            // A leader on its way out hands over to the target of a transfer it was asked for
+            // (the shutdown overtook it) if the transfer can still happen, else to a better
+            // candidate, if one is live.
+            AfterStop::Shutdown if self.lease.check_alive() => {
+                self.overtaken_transfer().or_else(|| self.shutdown_target())
+            }
             _ => None,
         };
         if let (AfterStop::Shutdown, Some(to)) = (&then, &to) {
-            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease to a better candidate");
+            tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "shutting down: handing the lease over");
         }
         // A plain release goes to the next holder the sharded placement named, if any.
         let hand_to = match (&then, &to) {
@@ -701,6 +717,7 @@ where
             }),
         };
         let retire = self.retire_on_shutdown && matches!(then, AfterStop::Shutdown);
+        self.released_to = to.clone().or_else(|| hand_to.clone());
         ctx.spawn(
             wrap_future::<_, Self>(async move {
                 match (to, hand_to) {
@@ -751,19 +768,49 @@ where
         self.shutting_down = true;
         self.with_health(|h| h.shutting_down = true);
         tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton manager shutting down");
-        // A candidate withdraws first, so that nobody hands it the lease on its way out.
-        self.withdraw_then(ctx, |act, ctx| act.stop_singleton(AfterStop::Shutdown, ctx));
+        if matches!(self.phase, Phase::Running { .. } | Phase::Stopping { .. }) {
+            // The leader stops the singleton and releases (to the best candidate) while it
+            // withdraws its candidacy: only it can hand the lease over, so it never receives it
+            // on its way out, and its successor does not wait for the withdrawal's round trip.
+            // The shutdown finishes once both are done.
+            self.withdraw_then(ctx, |_, _| {});
+            self.stop_singleton(AfterStop::Shutdown, ctx);
+        } else {
+            // Any other candidate withdraws first, so that nobody hands it the lease on its way
+            // out.
+            self.withdraw_then(ctx, |act, ctx| act.stop_singleton(AfterStop::Shutdown, ctx));
+        }
     }
 
-    /// Answers every pending [`TransferLeadership`] with `result`: the release that ended the
-    /// tenure (a transfer, or whatever superseded it).
+    /// The target of the last pending [`TransferLeadership`], if the transfer can still happen
+    /// (see [`transfer_refusal`](Self::transfer_refusal)).
+    fn overtaken_transfer(&self) -> Option<String> {
+        let (to, _) = self.transfer_waiters.last()?;
+        match self.transfer_refusal(to) {
+            None => Some(to.clone()),
+            Some(reason) => {
+                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "shutting down: the transfer overtaken by the shutdown cannot happen any more");
+                None
+            }
+        }
+    }
+
+    /// Answers every pending [`TransferLeadership`] after the release that ended the tenure (a
+    /// transfer, or whatever superseded it) answered `result`: see `transfer_answer`.
     fn answer_transfers(&mut self, result: &Result<bool, LeaseError>) {
-        for waiter in self.transfer_waiters.drain(..) {
-            let _ = waiter.send(result.clone());
+        for (to, waiter) in self.transfer_waiters.drain(..) {
+            let answer = handlers::transfer_answer(result, self.released_to.as_deref(), &to);
+            let _ = waiter.send(answer);
         }
     }
 
     fn finish_shutdown(&mut self, result: Result<bool, LeaseError>, ctx: &mut Context<Self>) {
+        if self.withdrawing {
+            // The candidacy's withdrawal is still under way: finish when it is done.
+            self.phase = Phase::Releasing;
+            self.finish_after_withdrawal = Some(result);
+            return;
+        }
         self.answer_transfers(&result);
         self.phase = Phase::ShutDown;
         for waiter in self.shutdown_waiters.drain(..) {
@@ -794,6 +841,8 @@ where
                 self.settings.stop_timeout,
                 self.eligible,
             ));
+            // With a candidacy, readiness waits until it is published once.
+            health.state().candidacy_pending = self.candidacy.is_some();
             for check in &self.health_checks {
                 check.add_singleton(&health);
             }
@@ -945,6 +994,9 @@ where
                     );
                 } else {
                     tracing::error!(lease = %self.lease.name(), owner = %self.lease.owner(), "singleton keeps stopping: releasing the lease for another node");
+                    // Nodes that rank below this one defer to it while its candidacy is live:
+                    // withdraw it for the pause, so that one of them runs the singleton.
+                    self.pause_candidacy(self.settings.give_up_pause, ctx);
                     self.phase = Phase::Idle;
                     self.release(
                         AfterStop::Release {

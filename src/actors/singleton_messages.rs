@@ -97,7 +97,20 @@ pub struct SingletonStatus {
 /// error: an invalid target or a backend that cannot record a preference
 /// ([`LeaseError::InvalidTransferTarget`], [`LeaseError::Unsupported`]) are refused before the
 /// singleton is touched; a release that failed leaves the lease to expire by its TTL, as after a
-/// crash. A transfer asked for while a shutdown is under way answers the shutdown's result.
+/// crash.
+///
+/// With a [candidacy](crate::ClusterSingletonManager::candidacy), a target that is no live
+/// candidate (it left, crashed, withdrew, or never published one), or, under a policy other than
+/// [`HandoverPolicy::Off`](crate::HandoverPolicy::Off), that a live candidate (this node included)
+/// ranks above, is refused the same way ([`LeaseError::InvalidTransferTarget`]) and nothing
+/// changes: it would defer to the better candidate, or hand the lease on to it, and nobody would
+/// lead meanwhile.
+///
+/// A [`Shutdown`] that comes while a transfer is under way (it overtakes it) hands the lease to
+/// the transfer's target if that target still counts, and the transfer answers the release's
+/// result; when the shutdown released the lease otherwise (the target left meanwhile), the
+/// transfer answers [`LeaseError::Superseded`]. `Ok(true)` always means the lease was released to
+/// `to`.
 ///
 /// [`to_best`](Self::to_best) picks, among the live candidates other than this node (see
 /// [`ClusterSingletonManager::candidacy`](crate::ClusterSingletonManager::candidacy)), the best

@@ -536,7 +536,7 @@ mod tests {
                 stop_timeout: std::time::Duration::from_secs(600),
                 ..Default::default()
             })
-            .candidacy(candidate, |s| {
+            .candidacy(candidate, move |s| {
                 Ok::<_, std::convert::Infallible>(candidacies.lease(s))
             })
             .unwrap()

@@ -59,13 +59,14 @@ where
         TransferLeadership { to }: TransferLeadership,
         ctx: &mut Self::Context,
     ) -> Self::Result {
-        if let Some(result) = &self.release_result {
-            let result = result.clone();
-            return Box::pin(async move { result });
-        }
         let Some(to) = to.or_else(|| self.best_other()) else {
             return Box::pin(async { Ok(false) }); // no other live candidate
         };
+        if let Some(result) = &self.release_result {
+            // Shut down: the answer is the final release's, if it went to `to`.
+            let result = transfer_answer(result, self.released_to.as_deref(), &to);
+            return Box::pin(async move { result });
+        }
         if let Err(error) = crate::lease::check_transfer_target(&*self.lease, &to) {
             return Box::pin(async move { Err(error) });
         }
@@ -73,11 +74,37 @@ where
         if !leading && !self.shutting_down {
             return Box::pin(async { Ok(false) });
         }
+        if let Some(reason) = self.transfer_refusal(&to) {
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, reason, "transfer refused");
+            let error = LeaseError::InvalidTransferTarget {
+                name: self.lease.name().to_owned(),
+                target: to,
+                reason,
+            };
+            return Box::pin(async move { Err(error) });
+        }
         tracing::info!(lease = %self.lease.name(), owner = %self.lease.owner(), %to, "transferring leadership: stopping the singleton, then releasing the lease to the preferred owner");
         let (tx, rx) = oneshot::channel();
-        self.transfer_waiters.push(tx);
+        self.transfer_waiters.push((to.clone(), tx));
         self.stop_singleton(AfterStop::Transfer { to }, ctx);
         release_answer(rx)
+    }
+}
+
+/// What a transfer to `to` answers after a release that went to `released_to` with `result`: that
+/// result if the release went to `to`, or did not release anything held (`Ok(false)`) or failed;
+/// [`LeaseError::Superseded`] when the lease was released, but not to `to` (a shutdown that found
+/// `to` gone, or another transfer, took the transfer's place).
+pub(super) fn transfer_answer(
+    result: &Result<bool, LeaseError>,
+    released_to: Option<&str>,
+    to: &str,
+) -> Result<bool, LeaseError> {
+    match result {
+        Ok(true) if released_to != Some(to) => Err(LeaseError::Superseded {
+            operation: crate::lease::Operation::Release,
+        }),
+        other => other.clone(),
     }
 }
 
@@ -159,7 +186,7 @@ where
         }
         self.eligible = eligible;
         // An ineligible node is no candidate.
-        self.candidacy_eligible(eligible);
+        self.sync_candidacy();
         if eligible {
             if matches!(self.phase, Phase::Idle) && self.competing() {
                 self.compete(Duration::ZERO, ctx);
