@@ -24,13 +24,6 @@ pub struct DocCommand {
     pub text: String,
 }
 
-impl DocCommand {
-    /// The command's words (the documents quote nothing: a quote fails the test that reads it).
-    pub fn words(&self) -> Vec<&str> {
-        self.text.split_whitespace().collect()
-    }
-}
-
 const SHELL_BLOCKS: &[&str] = &["sh", "bash", "shell", "console"];
 const HEADER_BLOCKS: &[&str] = &["text", "sh", "bash", "shell", "console"];
 
