@@ -193,6 +193,7 @@ fn thousands(n: usize) -> String {
     out
 }
 
+#[cfg(any(feature = "kubernetes", feature = "etcd"))]
 fn cluster_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(

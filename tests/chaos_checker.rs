@@ -980,7 +980,7 @@ fn a_sharded_graceful_stop_is_judged_by_its_fastest_shard() {
             ),
         ],
     );
-    let handovers = common::chaos::sharded_graceful_handovers(&dir);
+    let handovers = sharded_graceful_handovers(&dir);
     assert_eq!(
         handovers,
         [
@@ -990,11 +990,11 @@ fn a_sharded_graceful_stop_is_judged_by_its_fastest_shard() {
     );
     let ttl = Duration::from_secs(3);
     let failed = std::panic::catch_unwind(|| {
-        common::chaos::assert_sharded_graceful_handovers(&dir, ttl);
+        assert_sharded_graceful_handovers(&dir, ttl);
     });
     assert!(failed.is_err(), "node-4's stop moved no shard quickly");
     std::fs::remove_file(dir.join("node-4.jsonl")).unwrap();
     std::fs::remove_file(dir.join("node-5.jsonl")).unwrap();
-    common::chaos::assert_sharded_graceful_handovers(&dir, ttl);
+    assert_sharded_graceful_handovers(&dir, ttl);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,6 +9,7 @@ pub mod chaos_check;
 pub mod clientgo;
 pub mod clock;
 pub mod contract;
+pub mod doc_commands;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "etcd")]
@@ -26,36 +27,90 @@ pub mod sharded_cases;
 /// process to `target/examples-bin/<pid>/`: the target directory may be shared with other
 /// checkouts whose builds replace the example while a test runs it.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
+    example_binary_built_with(name, &["--all-features"])
+}
+
+/// The example `name` built with the features of the test being run (`cargo test` has built it
+/// so already, unless its `required-features` are off: then the build fails), copied like
+/// [`example_binary`]: a test that runs in a build with fewer features builds nothing more.
+pub fn example_binary_as_built(name: &str) -> std::path::PathBuf {
+    let features = build_features();
+    if features.len() == FEATURES.len() {
+        example_binary_built_with(name, &["--all-features"])
+    } else {
+        let list = features.join(",");
+        example_binary_built_with(name, &["--no-default-features", "--features", &list])
+    }
+}
+
+/// Every feature of the crate (`__docs` too: `--all-features` turns it on).
+pub const FEATURES: [&str; 5] = ["kubernetes", "etcd", "metrics", "web", "__docs"];
+
+/// The crate's features on in this build of the tests.
+pub fn build_features() -> Vec<&'static str> {
+    let on = [
+        cfg!(feature = "kubernetes"),
+        cfg!(feature = "etcd"),
+        cfg!(feature = "metrics"),
+        cfg!(feature = "web"),
+        cfg!(feature = "__docs"),
+    ];
+    FEATURES
+        .iter()
+        .zip(on)
+        .filter(|(_, on)| *on)
+        .map(|(f, _)| *f)
+        .collect()
+}
+
+/// The example `name` built by `cargo build --example name` with `features` (the cargo flags),
+/// copied once per test process and feature set to `target/examples-bin/<pid>/` (a second
+/// feature set of the same example to `<pid>/1/`, …).
+pub fn example_binary_built_with(name: &str, features: &[&str]) -> std::path::PathBuf {
     use std::collections::HashMap;
     use std::path::{Path, PathBuf};
     use std::sync::Mutex;
     static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     let built = built.get_or_insert_with(HashMap::new);
-    if let Some(bin) = built.get(name) {
+    let key = format!("{name} {}", features.join(" "));
+    if let Some(bin) = built.get(&key) {
         return bin.clone();
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = env!("CARGO_MANIFEST_DIR");
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--all-features", "--example", name])
+        .args(["build", "--quiet", "--example", name])
+        .args(features)
         .current_dir(manifest)
         .status()
         .expect("run cargo build");
-    assert!(status.success(), "building the {name} example failed");
+    assert!(
+        status.success(),
+        "building the {name} example ({}) failed",
+        features.join(" ")
+    );
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| Path::new(manifest).join("target"));
     let source = target.join("debug").join("examples").join(name);
-    let dir = Path::new(manifest)
+    // One directory per feature set (the first one's is `<pid>/`), the binary's name unchanged.
+    let mut dir = Path::new(manifest)
         .join("target")
         .join("examples-bin")
         .join(std::process::id().to_string());
+    let sets = built
+        .keys()
+        .filter(|k| k.starts_with(&format!("{name} ")))
+        .count();
+    if sets > 0 {
+        dir = dir.join(sets.to_string());
+    }
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join(name);
     std::fs::copy(&source, &bin)
         .unwrap_or_else(|e| panic!("copy {} to {}: {e}", source.display(), bin.display()));
-    built.insert(name.to_owned(), bin.clone());
+    built.insert(key, bin.clone());
     bin
 }
 
