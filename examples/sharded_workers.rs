@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_coordination::{
-    InMemoryLease, InMemoryStore, LeaseSettings, ShardInfo, ShardedWorkers, Shutdown,
+    shard_lease_name, InMemoryLease, InMemoryStore, LeaseSettings, ShardInfo, ShardedWorkers,
+    Shutdown,
 };
 use tokio::time::{sleep, Instant};
 
@@ -63,7 +64,7 @@ fn start(store: &InMemoryStore, node: &str) -> Node {
 /// Who holds each shard in the store, by shard number.
 fn holders(store: &InMemoryStore) -> BTreeMap<usize, String> {
     (0..SHARDS)
-        .filter_map(|i| Some((i, store.holder(&format!("{GROUP}-{i}"))?)))
+        .filter_map(|i| Some((i, store.holder(&shard_lease_name(GROUP, &i.to_string()))?)))
         .collect()
 }
 
