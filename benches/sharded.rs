@@ -24,7 +24,14 @@
 //! 3. **kill**: SIGKILL to another one: for each of its shards, the time from the kill to the new
 //!    worker's `start`. Target: within TTL + 1 s (p99).
 //!
-//! Environment: `BENCH_SHARDED_ROUNDS` (5), `BENCH_RESULTS_FILE` (the results file), and the test
+//! On a loaded machine, as BENCHMARKS.md reports it too:
+//!
+//! ```text
+//! BUSY=6 BENCH_BUSY=6 scripts/ci-under-load.sh 1 -- cargo bench --all-features --bench sharded -- kubernetes --check
+//! ```
+//!
+//! Environment: `BENCH_SHARDED_ROUNDS` (5), `BENCH_BUSY` (the number of busy processes beside the
+//! run, recorded as the variant `N busy processes`), `BENCH_RESULTS_FILE` (the results file), and the test
 //! cluster's (`ACTIX_COORD_TEST_*`, written by `scripts/test-cluster.sh up DIR` to `DIR/env`).
 
 mod common;
@@ -420,6 +427,13 @@ fn main() {
         .build()
         .expect("runtime");
     let mut report = Report::new("sharded");
+    // A run on a loaded machine (`BENCH_BUSY=N`, with N busy processes beside it, as
+    // `BUSY=N scripts/ci-under-load.sh 1 -- cargo bench ...` starts them) is recorded as a variant
+    // of its own, beside the run on an idle machine; every result records the load average.
+    let busy = std::env::var("BENCH_BUSY")
+        .ok()
+        .map(|n| format!("{n} busy processes"));
+    let variant = busy.as_deref();
     let bin = node_binary();
     let (mut joins, mut moves, mut handovers, mut kills) = (vec![], vec![], vec![], vec![]);
     let mut puts: Option<(f64, f64)> = None;
@@ -453,7 +467,7 @@ fn main() {
     report.record(
         "shard-handover",
         &backend,
-        None,
+        variant,
         json!({
             "reference": "the leaving node's worker `stop` (SIGTERM: a graceful shutdown) to the new worker's `start`",
             "stats": { "latency": handover.json() },
@@ -468,7 +482,7 @@ fn main() {
     report.record(
         "shard-join",
         &backend,
-        None,
+        variant,
         json!({
             "reference": "the fourth node's process started to every node running 16 shards",
             "stats": { "latency": join.json() },
@@ -485,7 +499,7 @@ fn main() {
     report.record(
         "shard-kill",
         &backend,
-        None,
+        variant,
         json!({
             "reference": "SIGKILL of the node to the new worker's `start`, per shard",
             "stats": { "latency": kill.json() },

@@ -28,6 +28,7 @@ Usage:
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -448,24 +449,29 @@ def t_pause(d):
     return table(header, rows) + "\n\n" + sources(used)
 
 
+SHARDED_VARIANTS = [None, "2 busy processes", "6 busy processes"]
+
+
 def t_sharded(d):
     rows, used = [], []
-    for backend, name in BACKENDS:
-        h, j, k = (d.get(m, backend) for m in ("shard-handover", "shard-join", "shard-kill"))
+    for (backend, name), variant in itertools.product(BACKENDS, SHARDED_VARIANTS):
+        h, j, k = (d.get(m, backend, variant) for m in ("shard-handover", "shard-join", "shard-kill"))
         if not (h and j and k):
             continue
         used += [h, j, k]
         hs, js, ks = (r["stats"]["latency"] for r in (h, j, k))
+        load = float(str(h.get("load", "0")).split()[0])
+        machine = f"{variant or 'nothing else'}, load {load:.1f}"
         rows.append([
-            name, h["values"]["rounds"], hs["n"], ms(hs["min"], 1), f"**{ms(hs['median'], 1)}**",
+            name, machine, h["values"]["rounds"], hs["n"], ms(hs["min"], 1), f"**{ms(hs['median'], 1)}**",
             ms(hs["p99"], 1), ms(hs["max"], 1),
             f"{ms(js['median'], 0)} (max {ms(js['max'], 0)})",
             " / ".join(f"{m:.0f}" for m in j["values"]["moves"]),
             f"{ms(ks['median'], 0)} / **{ms(ks['p99'], 0)}**",
         ])
-    header = ["backend", "rounds", "handovers", "min", "median", "p99", "max",
+    header = ["backend", "beside it (load)", "rounds", "handovers", "min", "median", "p99", "max",
               "join → balance, median", "moves per join", "SIGKILL → running elsewhere, median / p99"]
-    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:"]
+    align = ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:"]
     return table(header, rows, align) + "\n\n" + sources(used)
 
 

@@ -31,9 +31,9 @@ def wall_ms(stamp):
     return parsed.timestamp() * 1e3
 
 
-SENT = re.compile(r"(\S+)Z .*sending the release object=\S+?-(\d+) handing=true")
-HANDED = re.compile(r"(\S+)Z .*lease released, handed over lease=\S+?-(\d+) owner=(\S+) target=(\S+)")
-ACQUIRED = re.compile(r"(\S+)Z .*lease acquired lease=\S+?-(\d+) owner=(\S+)")
+SENT = re.compile(r"(\S+)Z .*sending the release object=\S+?[.-](\d+) handing=true")
+HANDED = re.compile(r"(\S+)Z .*lease released, handed over lease=\S+?[.-](\d+) owner=(\S+) target=(\S+)")
+ACQUIRED = re.compile(r"(\S+)Z .*lease acquired lease=\S+?[.-](\d+) owner=(\S+)")
 
 
 def rounds(directories):
