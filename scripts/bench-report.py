@@ -609,6 +609,29 @@ def t_throughput(d):
     return table(["what", "time per operation", "per second"], rows, ["---", "---:", "---:"]) + "\n\n" + sources(used, labels)
 
 
+PLACEMENT = [
+    ("placement/10000x100/members-changed",
+     "the members changed (a join or a leave): the ideal assignment anew, then the holders"),
+    ("placement/10000x100/holders-changed",
+     "only a holder changed (a claim, a handover): the ideal assignment kept"),
+    ("placement/10000x100/sorted-pairs",
+     "for comparison, what every change cost before: building and sorting the 1 M pairs alone"),
+]
+
+
+def t_placement(d):
+    rows, used = [], []
+    for variant, what in PLACEMENT:
+        r = d.get("placement", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        ns = r["values"]["ns_per_iteration"]
+        rows.append([what, f"{ns / 1e6:.1f} ms"])
+    labels = {id(r): r["variant"] for r in used}
+    return table(["10,000 shards over 100 members", "time per placement"], rows, ["---", "---:"]) + "\n\n" + sources(used, labels)
+
+
 METRICS_OVERHEAD = [
     ("renewal", "one renewal (timer, store call, deadline; with the feature also its four metrics)"),
     ("check_alive", "`check_alive` (records nothing by design)"),
@@ -702,6 +725,7 @@ TABLES = {
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,
+    "placement": t_placement,
     "metrics": t_metrics,
 }
 

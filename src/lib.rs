@@ -165,7 +165,7 @@ pub use metrics::{
     MetricDescription, MetricKind, METRICS, RENEWAL_DURATION_BUCKETS, RENEWAL_MARGIN_BUCKETS,
     SHARD_HANDOVER_BUCKETS,
 };
-pub use placement::{place, placement_score};
+pub use placement::{place, placement_score, Placer};
 pub use provider::{
     BackendFactory, CoordinationConfig, LeaseConfig, LeaseProvider, ProviderError,
     IN_MEMORY_BACKEND,

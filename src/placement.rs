@@ -75,8 +75,20 @@ pub fn place<'h>(
 /// [`place`] with a memory: the ideal assignment (step 1, the one part that looks at every
 /// (shard, member) pair) depends on the shard ids and the members alone, so it is kept until the
 /// members change; a change of holders alone costs steps 2–4 (about `n log n` for `n` shards).
+/// [`ShardedWorkers`](crate::ShardedWorkers) keeps one per node.
+///
+/// ```
+/// use actix_coordination::Placer;
+///
+/// let shards = ["0", "1", "2", "3"];
+/// let mut placer = Placer::default();
+/// let targets = placer.place(&shards, &["a", "b"], |_| None);
+/// // The same members again, with holders: only the holders are looked at anew.
+/// let again = placer.place(&shards, &["a", "b"], |s| match s { "0" => Some("b"), _ => None });
+/// assert_eq!(targets.len(), again.len());
+/// ```
 #[derive(Debug, Default)]
-pub(crate) struct Placer {
+pub struct Placer {
     /// The sorted distinct member ids the ideal assignment was computed for, and the number of
     /// shards.
     key: Option<(Vec<String>, usize)>,
@@ -91,8 +103,8 @@ struct Ideal {
 }
 
 impl Placer {
-    /// The target of every shard, as [`place`] answers it.
-    pub(crate) fn place<'h>(
+    /// The target of every shard, as [`place`] answers it for the same arguments.
+    pub fn place<'h>(
         &mut self,
         shards: &[&str],
         members: &[impl AsRef<str>],

@@ -535,6 +535,59 @@ fn a_frozen_node_s_shards_move_after_its_leases_expire_and_it_never_overlaps() {
     });
 }
 
+/// A node builds only the leases it needs (its member lease and the first shard's, to check
+/// them, at construction): a factory that builds a lease of another owner for a later shard is
+/// found when the node first targets that shard, which it then never runs (logged, and tried
+/// again on a backoff); the others run.
+#[test]
+fn a_shard_whose_lease_has_another_owner_never_runs() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let built = Rc::new(RefCell::new(Vec::<String>::new()));
+        let (store2, log2, built2) = (store.clone(), log.clone(), built.clone());
+        let node = ShardedWorkers::with_count(
+            "mixed",
+            4,
+            move |name: &str| {
+                built2.borrow_mut().push(name.to_owned());
+                let owner = if name.ends_with(".3") { "b" } else { "a" };
+                store2.lease(settings(name, owner))
+            },
+            move |shard: &ShardInfo, _: &mut Context<Worker>| {
+                log2.borrow_mut().push((
+                    Instant::now(),
+                    shard.shard.clone(),
+                    shard.owner.clone(),
+                    Event::Started {
+                        token: shard.fencing_token,
+                    },
+                ));
+                Worker {
+                    shard: shard.shard.clone(),
+                    node: shard.owner.clone(),
+                    log: log2.clone(),
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            *built.borrow(),
+            ["mixed.0", "mixed.member.a"],
+            "only the first shard's lease and the member lease are built at construction"
+        );
+        let node = node.start();
+        until(Duration::from_secs(10), "the three good shards run", || {
+            running(&log).len() == 3
+        })
+        .await;
+        sleep(TTL * 2).await;
+        assert!(!running(&log).contains_key("3"), "shard 3 never runs");
+        assert_eq!(store.holder("mixed.3"), None);
+        assert!(node.send(Shutdown).await.unwrap().unwrap());
+    });
+}
+
 #[test]
 fn invalid_groups_fail_at_construction() {
     run_paused(async {
@@ -567,16 +620,25 @@ fn invalid_groups_fail_at_construction() {
                 "{bad:?}: {err}"
             );
         }
-        // A factory that mixes owners.
+        // A factory that mixes owners: the member lease's is checked at construction.
         let store2 = store.clone();
         let mixed = move |name: &str| {
-            let owner = if name.ends_with('1') { "b" } else { "a" };
+            let owner = if name.contains(".member.") { "b" } else { "a" };
             store2.lease(settings(name, owner))
         };
         let err = ShardedWorkers::new("g", ["0", "1"], mixed, worker)
             .err()
             .unwrap();
         assert!(matches!(err, ShardedError::WrongLease { .. }), "{err}");
+        // A shard id whose lease name is no lease name (a control character) is refused, with
+        // nothing built for it.
+        let err = ShardedWorkers::new("g", ["0", "line\nbreak"], lease("a"), worker)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, ShardedError::InvalidLeaseName { .. }),
+            "{err}"
+        );
         let err = ShardedWorkers::new("g", ["0"], lease("a"), worker)
             .unwrap()
             .settings(ShardedSettings {

@@ -146,6 +146,16 @@ pub enum ShardedError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A shard's lease name (`<group>.<shard>`) is no valid lease name (too long, a control
+    /// character).
+    #[error("invalid lease name {name:?}")]
+    InvalidLeaseName {
+        /// The lease name.
+        name: String,
+        /// Why.
+        #[source]
+        source: SettingsError,
+    },
     /// The lease factory built a lease with another name than asked, or for another owner than
     /// the group's first lease (every lease of a node must have the node's owner identity).
     #[error("the lease factory built lease {built:?} of owner {owner:?} when asked for {asked:?} of owner {expected_owner:?}")]
@@ -400,9 +410,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// member lease `<group>.member.<owner>` and each shard's `<group>.<shard>`; `factory` builds
     /// the worker of a shard whenever this node starts one.
     ///
-    /// Every lease is built once here, to check its name and owner, and the shards' are dropped
-    /// at once: a shard's lease is built again when the node targets the shard, and dropped when
-    /// it neither targets nor holds it any more (see the type's docs). Build them on one shared
+    /// The member lease and the first shard's lease are built here, to check their names and
+    /// owner (the first shard's is dropped at once), and every shard's lease name is checked: a
+    /// shard's lease is built when the node targets the shard, and dropped when it neither
+    /// targets nor holds it any more (see the type's docs). Build them on one shared
     /// session or provider (the default), so that building one is cheap.
     ///
     /// Call it inside the runtime that will run the actors (the group watch starts here).
@@ -460,13 +471,20 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             }
         }
         // The first shard's lease names the node: its owner is the owner every lease must have.
-        let mut node: Option<String> = None;
+        // The others' names are checked as lease names, without building their leases (a node
+        // of a 10,000-shard group built 10,000 leases to drop them at once): a factory that
+        // builds a wrong lease for one of them is found when the node first needs it (logged,
+        // and tried again on a backoff).
+        let first = lease_for(&shard_lease_name(&group, &ids[0]))?;
+        let node = first.owner().to_owned();
+        check_lease(&shard_lease_name(&group, &ids[0]), &first, &node)?;
+        drop(first);
         let mut shards = Vec::with_capacity(ids.len());
         for id in ids {
             let name = shard_lease_name(&group, &id);
-            let lease = lease_for(&name)?;
-            let expected = node.get_or_insert_with(|| lease.owner().to_owned());
-            check_lease(&name, &lease, expected)?;
+            if let Err(source) = crate::settings::LeaseSettings::new(name.as_str(), node.as_str()) {
+                return Err(ShardedError::InvalidLeaseName { name, source });
+            }
             shards.push(Shard {
                 id,
                 name,
@@ -478,7 +496,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 last_token: None,
             });
         }
-        let node = node.expect("at least one shard");
         let member_prefix = member_lease_name(&group, "");
         let member_name = member_lease_name(&group, &node);
         let member_lease = lease_for(&member_name)?;
