@@ -5,6 +5,7 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
+use crate::binding::Binding;
 use crate::group::{GroupError, GroupWatch};
 use crate::settings::LeaseSettings;
 pub use crate::vocab::BackendError;
@@ -144,6 +145,50 @@ pub trait LeaseBackend: Send + Sync + 'static {
         settings: &LeaseSettings,
         tenure: Self::Tenure,
     ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send;
+
+    /// Whether this backend writes *bound* claims ([`try_acquire_bound`](Self::try_acquire_bound))
+    /// and names the incarnation of its tenures ([`incarnation`](Self::incarnation)), so that
+    /// its leases can anchor bound leases and be bound (see [`Binding`]). The default is `false`:
+    /// [`Lease::bind_to`](crate::Lease::bind_to) is then refused with
+    /// [`LeaseError::Unsupported`](crate::LeaseError::Unsupported).
+    fn binds(&self) -> bool {
+        false
+    }
+
+    /// The incarnation of `tenure` as a bound claim names it: a string that no other tenure of
+    /// this lease name in this store ever had (on Kubernetes the object's `uid` with its
+    /// `leaseTransitions`). Called only when [`binds`](Self::binds) is `true`.
+    fn incarnation(&self, tenure: &Self::Tenure) -> Option<String> {
+        let _ = tenure;
+        None
+    }
+
+    /// One attempt to claim the lease for `settings.owner()`, *bound* to `binding`: the record
+    /// names the member lease and its incarnation, is never renewed, and counts as held exactly
+    /// as long as that member tenure lives. Called only when [`binds`](Self::binds) is `true`.
+    ///
+    /// A backend that binds must keep these rules: the claim is a compare-and-swap and its token
+    /// rises, like every claim; every contender (a bound claim or a plain one, of this owner or
+    /// another) counts a bound record held by another owner free only once it has itself observed
+    /// the member record expired (its TTL passed on the contender's clock since it saw that
+    /// version), released, removed or naming another incarnation or holder; and a record bound to
+    /// an incarnation that is not this owner's current one is claimed anew, never reused.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    fn try_acquire_bound(
+        &self,
+        settings: &LeaseSettings,
+        binding: &Binding,
+    ) -> impl Future<Output = Result<AcquireAttempt<Self::Tenure>, Self::Error>> + Send {
+        let _ = binding;
+        self.try_acquire(settings)
+    }
 
     /// Whether the backend records a preferred next holder: [`release_to`](Self::release_to)
     /// writes one, and [`try_acquire`](Self::try_acquire) and

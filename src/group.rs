@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::binding::Binding;
 use crate::vocab::{BoxError, FencingToken};
 
 /// Errors of [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) and of a running
@@ -49,6 +50,14 @@ pub struct GroupRecord {
     /// `None` when released, or when the holder wrote none (a peer that knows nothing of it,
     /// client-go for example).
     pub metadata: Option<String>,
+    /// The incarnation of the record's current tenure, as its backend names it
+    /// ([`LeaseBackend::incarnation`](crate::LeaseBackend::incarnation)), when the backend binds:
+    /// what a record bound to it names.
+    pub incarnation: Option<String>,
+    /// The member tenure a *bound* record lives by (see [`Binding`]): it has no expiry of its
+    /// own (`expires_at` is `None`) and is held exactly while the member record shows that
+    /// incarnation held by the same holder; [`GroupSnapshot::live_holder`] judges it so.
+    pub bound_to: Option<Binding>,
 }
 
 impl GroupRecord {
@@ -63,7 +72,21 @@ impl GroupRecord {
             token,
             expires_at,
             metadata: None,
+            incarnation: None,
+            bound_to: None,
         }
+    }
+
+    /// The record with the incarnation of its current tenure.
+    pub fn with_incarnation(mut self, incarnation: Option<String>) -> Self {
+        self.incarnation = incarnation;
+        self
+    }
+
+    /// The record bound to a member tenure.
+    pub fn with_binding(mut self, binding: Option<Binding>) -> Self {
+        self.bound_to = binding;
+        self
     }
 
     /// The record with the holder's metadata.
@@ -72,7 +95,9 @@ impl GroupRecord {
         self
     }
 
-    /// The holder, if its claim has not expired at `now`.
+    /// The holder, if its claim has not expired at `now`. A bound record cannot be judged alone
+    /// (its member record decides): this answers its holder; use
+    /// [`GroupSnapshot::live_holder`], which judges it by its member record.
     pub fn live_holder(&self, now: Instant) -> Option<&str> {
         match (&self.holder, self.expires_at) {
             (Some(holder), None) => Some(holder),
@@ -137,9 +162,22 @@ impl GroupSnapshot {
         self.records.get(name)
     }
 
-    /// The live holder of lease `name` at `now` (see [`GroupRecord::live_holder`]).
+    /// The live holder of lease `name` at `now` (see [`GroupRecord::live_holder`]); a bound
+    /// record's holder only while its member record, in this snapshot, shows the bound
+    /// incarnation held by the same holder and not expired.
     pub fn live_holder(&self, name: &str, now: Instant) -> Option<&str> {
-        self.records.get(name).and_then(|r| r.live_holder(now))
+        let record = self.records.get(name)?;
+        let holder = record.live_holder(now)?;
+        match &record.bound_to {
+            None => Some(holder),
+            Some(binding) => {
+                let member = self.records.get(binding.member())?;
+                (member.bound_to.is_none()
+                    && member.live_holder(now) == Some(holder)
+                    && member.incarnation.as_deref() == Some(binding.incarnation()))
+                .then_some(holder)
+            }
+        }
     }
 
     /// The earliest instant after `now` at which a live record expires: when the snapshot's

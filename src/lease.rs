@@ -458,6 +458,37 @@ pub trait Lease: Send + Sync + 'static {
         Err(crate::GroupError::Unsupported { backend: "custom" })
     }
 
+    /// The anchor that binds other leases' tenures to this lease's tenures (see
+    /// [`Binding`](crate::Binding)): `None` when the lease's backend cannot bind. Leases built on
+    /// [`ManagedLease`](crate::ManagedLease) answer when their backend
+    /// [binds](crate::LeaseBackend::binds) (in memory and on Kubernetes).
+    fn binding_anchor(&self) -> Option<crate::BindingAnchor> {
+        None
+    }
+
+    /// Binds every future tenure of this lease to the tenure of `anchor`'s lease (see
+    /// [`Binding`](crate::Binding)): claims name that member tenure and are never renewed; the
+    /// tenure lives exactly as long as the member tenure it was claimed under, and `acquire`
+    /// fails with [`LeaseError::Unbound`] while the member lease is not held. Call it before the
+    /// first `acquire`; a lease is bound once.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Unsupported`] when this lease cannot be bound (its backend does not bind,
+    /// `anchor` belongs to another store or to this very lease, or it is bound already).
+    fn bind_to(&self, anchor: &crate::BindingAnchor) -> Result<(), LeaseError> {
+        let _ = anchor;
+        Err(LeaseError::Unsupported {
+            operation: crate::Operation::Acquire,
+            what: "bind a lease to another lease's tenure",
+        })
+    }
+
+    /// The member lease this lease is bound to ([`bind_to`](Self::bind_to)), if any.
+    fn bound_to(&self) -> Option<String> {
+        None
+    }
+
     /// The fencing token of the tenure alive right now (`None` when not held or past the
     /// deadline).
     fn fencing_token(&self) -> Option<FencingToken> {

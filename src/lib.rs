@@ -104,6 +104,7 @@ mod actors;
 mod backend;
 #[cfg(any(feature = "kubernetes", feature = "etcd"))]
 mod backoff;
+mod binding;
 mod finish;
 mod group;
 mod health;
@@ -147,6 +148,7 @@ pub use actors::{
     REVISION_ENV as CANDIDATE_REVISION_ENV,
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+pub use binding::{Binding, BindingAnchor};
 pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};
 pub use health::{HealthCheck, LeaseReport, NotReady, Unhealthy, DEFAULT_HEALTH_TOLERANCE};
 pub use lease::{
@@ -265,6 +267,8 @@ mod send_sync {
         assert_send_sync::<Operation>();
         assert_send_sync::<AcquireAttempt<InMemoryTenure>>();
         assert_send_sync::<RenewOutcome>();
+        assert_send_sync::<Binding>();
+        assert_send_sync::<BindingAnchor>();
         assert_send_sync::<ReleaseOutcome>();
         // The tenure.
         assert_send_sync::<Tenure>();

@@ -13,6 +13,7 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::binding::{Anchor, BindingAnchor, BoundChild};
 use crate::finish::{BoxCall, FinishOnDrop};
 use crate::lease::{
     FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason, LostSubscription,
@@ -121,6 +122,8 @@ struct Shared<B: LeaseBackend> {
     /// The holder as last seen: this owner while it holds the lease, else the holder the last
     /// answer named (see [`Lease::observed_holder`]).
     holder: Mutex<Option<String>>,
+    /// The member lease this lease's tenures are bound to ([`Lease::bind_to`]).
+    bound: std::sync::OnceLock<BindingAnchor>,
 }
 
 /// What only `acquire` and `release` touch, under the `ops` lock.
@@ -222,6 +225,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
         });
         let label = LeaseLabel::new(settings.name());
         metrics::lease_registered(&label);
+        let anchor = backend
+            .binds()
+            .then(|| Arc::new(Anchor::new(settings.name().to_owned(), backend.store_id())));
         let shared = Arc::new(Shared {
             backend,
             handlers: LostHandlers::new(),
@@ -234,8 +240,12 @@ impl<B: LeaseBackend> ManagedLease<B> {
             counters: Counters::default(),
             label,
             holder: Mutex::new(None),
+            bound: std::sync::OnceLock::new(),
             settings,
         });
+        if let Some(anchor) = anchor {
+            shared.tenure.set_anchor(anchor);
+        }
         let instance = instance.map(|key| InstanceKey::register(key, &shared));
         Self { shared, instance }
     }
@@ -403,16 +413,36 @@ impl<B: LeaseBackend> ManagedLease<B> {
             }
         }
         let runtime = current_runtime(Operation::Acquire)?;
+        // A bound lease claims under the member tenure alive now, or not at all.
+        let member = match shared.bound.get() {
+            Some(anchor) => Some(anchor.current().ok_or_else(|| LeaseError::Unbound {
+                member: anchor.member().to_owned(),
+            })?),
+            None => None,
+        };
         let start = Instant::now();
         bump(&shared.counters.acquire_attempts);
         let call: BoxCall<AttemptOutcome<B>> = Box::pin({
             let shared = Arc::clone(shared);
+            let binding = member.as_ref().map(|(binding, ..)| binding.clone());
             async move {
-                timeout(
-                    shared.settings.operation_timeout(),
-                    shared.backend.try_acquire(&shared.settings),
-                )
-                .await
+                let settings = &shared.settings;
+                match &binding {
+                    Some(binding) => {
+                        timeout(
+                            settings.operation_timeout(),
+                            shared.backend.try_acquire_bound(settings, binding),
+                        )
+                        .await
+                    }
+                    None => {
+                        timeout(
+                            settings.operation_timeout(),
+                            shared.backend.try_acquire(settings),
+                        )
+                        .await
+                    }
+                }
             }
         });
         // Polled right here; if this future is dropped while the call is in flight, the guard
@@ -442,8 +472,12 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 token,
                 valid_from,
             } => {
-                let deadline =
-                    valid_from.map_or(start, |v| v.min(start)) + settings.local_validity();
+                // A bound tenure lives by its member tenure's deadline (moved by every member
+                // renewal); any other from the start of the claim.
+                let deadline = match &member {
+                    Some((_, _, member_deadline)) => *member_deadline,
+                    None => valid_from.map_or(start, |v| v.min(start)) + settings.local_validity(),
+                };
                 if Instant::now() >= deadline {
                     // The claim took longer than its own validity: it cannot be trusted; give
                     // it back so that it does not block others until its TTL.
@@ -455,7 +489,46 @@ impl<B: LeaseBackend> ManagedLease<B> {
                         timeout: settings.operation_timeout(),
                     });
                 }
-                ops.renewal = Some(self.start_tenure(&runtime, tenure, token, start, deadline));
+                let incarnation = shared
+                    .tenure
+                    .anchor()
+                    .and_then(|_| shared.backend.incarnation(&tenure));
+                let renewal =
+                    self.start_tenure(&runtime, tenure, token, start, deadline, member.is_some());
+                if let (Some(anchor), Some(incarnation)) = (shared.tenure.anchor(), incarnation) {
+                    anchor.set_incarnation(renewal.generation, incarnation);
+                }
+                if let (Some(anchor), Some((_, member_generation, _))) =
+                    (shared.bound.get(), &member)
+                {
+                    let link = Box::new(BoundLink {
+                        shared: Arc::downgrade(shared),
+                        generation: renewal.generation,
+                    });
+                    match anchor.attach(*member_generation, link) {
+                        Some(member_deadline) => {
+                            shared.tenure.extend(renewal.generation, member_deadline);
+                        }
+                        None => {
+                            // The member tenure ended while the claim was in flight: the claim
+                            // (bound to an incarnation that no longer lives) is free for others
+                            // already; it is given back all the same, and nobody saw this tenure.
+                            let member = anchor.member().to_owned();
+                            shared.tenure.end(
+                                renewal.generation,
+                                TenureEnd::Lost(LostReason::Unbound {
+                                    member: member.clone(),
+                                }),
+                            );
+                            metrics::acquire_attempt(&shared.label, "error");
+                            if let Some(tenure) = stop_renewal(renewal).await {
+                                spawn_release_abandoned(&runtime, Arc::clone(shared), ops, tenure);
+                            }
+                            return Err(LeaseError::Unbound { member });
+                        }
+                    }
+                }
+                ops.renewal = Some(renewal);
                 *self::lock(&shared.holder) = Some(settings.owner().to_owned());
                 metrics::acquire_attempt(&shared.label, "acquired");
                 let span = tracing::Span::current();
@@ -480,6 +553,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         token: FencingToken,
         start: Instant,
         deadline: Instant,
+        bound: bool,
     ) -> Renewal<B::Tenure> {
         let shared = &self.shared;
         let (generation, task) = shared.tenure.start(token, deadline);
@@ -488,22 +562,30 @@ impl<B: LeaseBackend> ManagedLease<B> {
         // not with the tenure.
         let span = tracing::info_span!(parent: None, "lease_renewal", lease = %shared.settings.name(), owner = %shared.settings.owner(), fencing_token = %token);
         span.follows_from(tracing::Span::current());
-        let join = runtime.spawn(
-            renewal_loop(
-                Arc::clone(shared),
-                tenure,
-                generation,
-                token,
-                start,
-                stopped,
-                EndWithTask {
-                    shared: Arc::clone(shared),
-                    generation,
-                    _task: task,
-                },
+        let end = EndWithTask {
+            shared: Arc::clone(shared),
+            generation,
+            _task: task,
+        };
+        let join = if bound {
+            runtime.spawn(
+                bound_loop(Arc::clone(shared), tenure, generation, token, stopped, end)
+                    .instrument(span),
             )
-            .instrument(span),
-        );
+        } else {
+            runtime.spawn(
+                renewal_loop(
+                    Arc::clone(shared),
+                    tenure,
+                    generation,
+                    token,
+                    start,
+                    stopped,
+                    end,
+                )
+                .instrument(span),
+            )
+        };
         *lock(&shared.abort) = Some(join.abort_handle());
         Renewal {
             generation,
@@ -909,6 +991,9 @@ async fn renewal_loop<B: LeaseBackend>(
                     );
                 }
                 bump(&shared.counters.renewals);
+                if let Some(anchor) = shared.tenure.anchor() {
+                    anchor.renewal_failed(None);
+                }
                 tracing::trace!("lease renewed");
                 last_error = None;
                 backoff = RENEW_BACKOFF_START;
@@ -936,6 +1021,9 @@ async fn renewal_loop<B: LeaseBackend>(
                     "lease renewal failed, retrying until the deadline"
                 );
                 last_error = Some(error.to_string());
+                if let Some(anchor) = shared.tenure.anchor() {
+                    anchor.renewal_failed(last_error.clone());
+                }
                 next = Instant::now() + backoff;
                 backoff = (backoff * 2).min(max_backoff);
             }
@@ -948,8 +1036,70 @@ async fn renewal_loop<B: LeaseBackend>(
                     "renewal timed out after {:?}",
                     settings.operation_timeout()
                 ));
+                if let Some(anchor) = shared.tenure.anchor() {
+                    anchor.renewal_failed(last_error.clone());
+                }
                 next = Instant::now();
             }
+        }
+    }
+}
+
+/// The task of a bound tenure: it renews nothing (every member renewal moves its deadline, see
+/// the `binding` module); it ends the tenure at its deadline, or when the store shows it lost.
+async fn bound_loop<B: LeaseBackend>(
+    shared: Arc<Shared<B>>,
+    tenure: B::Tenure,
+    generation: u64,
+    token: FencingToken,
+    mut stop: oneshot::Receiver<()>,
+    _end: EndWithTask<B>,
+) -> Option<B::Tenure> {
+    let watch = watch_loss(&shared, token);
+    tokio::pin!(watch);
+    let mut changes = shared.tenure.receiver();
+    loop {
+        let Some(deadline) = shared.tenure.published(generation).map(|t| t.deadline()) else {
+            return Some(tenure);
+        };
+        tokio::select! {
+            biased;
+            _ = &mut stop => return Some(tenure),
+            _ = sleep_until_precise(deadline) => {
+                if shared.tenure.published(generation).is_some_and(|t| t.deadline() > deadline) {
+                    continue;
+                }
+                // The member's deadline passed: expired as the member did.
+                let reason = shared.bound.get().map_or(LostReason::Expired { last_error: None }, |anchor| anchor.inner.expired());
+                return shared.lost_or_released(generation, reason, tenure);
+            }
+            reason = &mut watch => {
+                return shared.lost_or_released(generation, reason, tenure);
+            }
+            // A member renewal moved the deadline (or the tenure ended): look again.
+            changed = changes.changed() => if changed.is_err() {
+                return Some(tenure);
+            },
+        }
+    }
+}
+
+/// A bound tenure as its member's anchor sees it.
+struct BoundLink<B: LeaseBackend> {
+    shared: std::sync::Weak<Shared<B>>,
+    generation: u64,
+}
+
+impl<B: LeaseBackend> BoundChild for BoundLink<B> {
+    fn extended(&self, deadline: Instant) -> bool {
+        self.shared
+            .upgrade()
+            .is_some_and(|shared| shared.tenure.extend(self.generation, deadline))
+    }
+
+    fn ended(&self, reason: LostReason) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.lose(self.generation, reason);
         }
     }
 }
@@ -1086,6 +1236,44 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
 
     fn watch_group(&self, prefix: &str) -> Result<crate::GroupWatch, crate::GroupError> {
         self.shared.backend.watch_group(prefix)
+    }
+
+    fn binding_anchor(&self) -> Option<BindingAnchor> {
+        self.shared.tenure.anchor().map(|inner| BindingAnchor {
+            inner: Arc::clone(inner),
+        })
+    }
+
+    fn bind_to(&self, anchor: &BindingAnchor) -> Result<(), LeaseError> {
+        let shared = &self.shared;
+        let refuse = |what| {
+            Err(LeaseError::Unsupported {
+                operation: Operation::Acquire,
+                what,
+            })
+        };
+        if !shared.backend.binds() {
+            return refuse("bind a lease to another lease's tenure");
+        }
+        if anchor.store_id() != shared.backend.store_id().as_deref() {
+            return refuse("bind a lease to a lease of another store");
+        }
+        if anchor.member() == shared.settings.name()
+            || shared
+                .tenure
+                .anchor()
+                .is_some_and(|own| Arc::ptr_eq(own, &anchor.inner))
+        {
+            return refuse("bind a lease to itself");
+        }
+        if shared.bound.set(anchor.clone()).is_err() {
+            return refuse("bind a lease that is bound already");
+        }
+        Ok(())
+    }
+
+    fn bound_to(&self) -> Option<String> {
+        self.shared.bound.get().map(|a| a.member().to_owned())
     }
 
     fn tenure(&self) -> &TenureWatch {

@@ -8,6 +8,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
+use crate::binding::Binding;
 use crate::group::{
     group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch,
 };
@@ -53,6 +54,17 @@ pub enum InMemoryError {
     #[error("in-memory store applied the call of owner {owner:?} but the response was lost")]
     ResponseLost {
         /// The owner whose call failed.
+        owner: String,
+    },
+    /// A bound claim named a member tenure the store does not hold for its owner (lost or
+    /// replaced meanwhile): nothing was written.
+    #[error(
+        "the member lease {member:?} is not held by {owner:?} in the incarnation the claim names"
+    )]
+    Unbound {
+        /// The member lease.
+        member: String,
+        /// The owner of the claim.
         owner: String,
     },
 }
@@ -151,31 +163,57 @@ struct Record {
     /// When the record was handed over to its holder ([`Lease::hand_over`]), until the holder
     /// takes it up (or anything else changes it).
     handed_at: Option<Instant>,
+    /// The member lease and the token of its tenure that a bound claim lives by (see
+    /// [`Binding`]): the record is held exactly while that member tenure is, and has no expiry
+    /// of its own.
+    bound: Option<(String, u64)>,
+}
+
+/// The holder of `record` at `now` and until when its claim lasts as the store sees it now: its
+/// own expiry, or for a bound record its member tenure's (see [`Binding`]).
+fn holding<'a>(
+    records: &'a HashMap<String, Record>,
+    record: &'a Record,
+    now: Instant,
+) -> Option<(&'a str, Instant)> {
+    let holder = record.holder.as_deref()?;
+    match &record.bound {
+        None => record
+            .expires_at
+            .filter(|at| now < *at)
+            .map(|at| (holder, at)),
+        Some((member, token)) => {
+            let member = records.get(member).filter(|m| m.bound.is_none())?;
+            let until = member.expires_at.filter(|at| now < *at)?;
+            (member.holder.as_deref() == Some(holder) && member.token == *token)
+                .then_some((holder, until))
+        }
+    }
+}
+
+impl StoreState {
+    /// The live holder of lease `name` at `now`, and until when (see [`holding`]).
+    fn holding(&self, name: &str, now: Instant) -> Option<(&str, Instant)> {
+        holding(&self.records, self.records.get(name)?, now)
+    }
+
+    /// Until when `owner` cannot take lease `name`: its live holder's expiry, or the end of a
+    /// preferred holder's window.
+    fn blocked_until(&self, name: &str, owner: &str, now: Instant) -> Option<Instant> {
+        match self.holding(name, now) {
+            Some((holder, until)) if holder != owner => Some(until),
+            Some(_) => None,
+            None => self.records.get(name)?.deferring(owner, now),
+        }
+    }
 }
 
 impl Record {
-    fn live_holder(&self, now: Instant) -> Option<&str> {
-        match (&self.holder, self.expires_at) {
-            (Some(h), Some(exp)) if now < exp => Some(h),
-            _ => None,
-        }
-    }
-
     /// Until when `owner` must leave the free record to the preferred holder, if it must.
     fn deferring(&self, owner: &str, now: Instant) -> Option<Instant> {
         match &self.preferred {
             Some((preferred, until)) if preferred != owner && now < *until => Some(*until),
             _ => None,
-        }
-    }
-
-    /// Until when `owner` cannot take the record: its live holder's expiry, or the end of a
-    /// preferred holder's window.
-    fn blocked_until(&self, owner: &str, now: Instant) -> Option<Instant> {
-        match self.live_holder(now) {
-            Some(holder) if holder != owner => self.expires_at,
-            Some(_) => None,
-            None => self.deferring(owner, now),
         }
     }
 }
@@ -233,9 +271,15 @@ impl InMemoryStore {
 
     /// The record of lease `name`, if it was ever claimed.
     pub fn record(&self, name: &str) -> Option<InMemoryRecord> {
-        self.lock().records.get(name).map(|r| InMemoryRecord {
+        let state = self.lock();
+        let now = Instant::now();
+        state.records.get(name).map(|r| InMemoryRecord {
             holder: r.holder.clone(),
-            expires_at: r.expires_at,
+            // A bound record lasts as long as its member tenure, as of now.
+            expires_at: match &r.bound {
+                None => r.expires_at,
+                Some(_) => state.holding(name, now).map(|(_, until)| until),
+            },
             token: FencingToken::new(r.token),
         })
     }
@@ -243,10 +287,7 @@ impl InMemoryStore {
     /// The owner holding lease `name` now in the store's view (claimed and not expired).
     pub fn holder(&self, name: &str) -> Option<String> {
         let now = Instant::now();
-        self.lock()
-            .records
-            .get(name)
-            .and_then(|r| r.live_holder(now).map(str::to_owned))
+        self.lock().holding(name, now).map(|(h, _)| h.to_owned())
     }
 
     /// Overwrites lease `name` with `owner` as holder for `ttl`, ignoring the current claim, like an
@@ -262,6 +303,7 @@ impl InMemoryStore {
         record.expires_at = Some(Instant::now() + ttl);
         record.preferred = None;
         record.metadata = None;
+        record.bound = None;
         record.changed.notify_waiters();
         let token = FencingToken::new(record.token);
         state.publish(name);
@@ -276,6 +318,7 @@ impl InMemoryStore {
             record.expires_at = None;
             record.preferred = None;
             record.metadata = None;
+            record.bound = None;
             record.changed.notify_waiters();
             state.publish(name);
         }
@@ -373,6 +416,12 @@ impl StoreState {
         let token = (r.token > 0).then(|| FencingToken::new(r.token));
         GroupRecord::new(r.holder.clone(), token, r.expires_at)
             .with_metadata(r.holder.as_ref().and(r.metadata.clone()))
+            .with_incarnation(r.holder.as_ref().map(|_| r.token.to_string()))
+            .with_binding(
+                r.bound
+                    .as_ref()
+                    .map(|(member, token)| Binding::new(member.clone(), token.to_string())),
+            )
     }
 
     fn snapshot(records: &HashMap<String, Record>, prefix: &str) -> GroupSnapshot {
@@ -395,6 +444,7 @@ impl Record {
             preferred: None,
             metadata: None,
             handed_at: None,
+            bound: None,
         }
     }
 }
@@ -449,67 +499,28 @@ impl LeaseBackend for InMemoryBackend {
         &self,
         settings: &LeaseSettings,
     ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
-        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
-        let held =
-            |a: &AcquireAttempt<InMemoryTenure>| matches!(a, AcquireAttempt::HeldByOther { .. });
-        self.store
-            .call(owner, "acquire", held, |state, now| {
-                state.stats.acquires += 1;
-                let record = state
-                    .records
-                    .entry(name.to_owned())
-                    .or_insert_with(Record::empty);
-                match record.live_holder(now) {
-                    Some(holder) if holder != owner => AcquireAttempt::HeldByOther {
-                        holder: Some(holder.to_owned()),
-                        expires_at: record.expires_at,
-                    },
-                    // Handed over to this owner: taken up as it is, valid from the handover
-                    // (the store's clock is everyone's). The handover wrote the record for the
-                    // *giver's* TTL; the tenure lasts this owner's, counted from the handover:
-                    // when that is longer, the take-up extends the record to it, so that the
-                    // tenure never outlives the record (a contender would take the lease while
-                    // this owner still passed `check_alive`).
-                    Some(_) if record.handed_at.is_some() && settings.metadata().is_none() => {
-                        let handed_at = record.handed_at.take();
-                        let until = handed_at.map(|at| at + ttl);
-                        let extend = until.is_some_and(|u| record.expires_at.is_none_or(|e| e < u));
-                        if extend {
-                            record.expires_at = until;
-                        }
-                        let token = record.token;
-                        if extend {
-                            state.publish(name);
-                        }
-                        AcquireAttempt::Acquired {
-                            tenure: InMemoryTenure { token },
-                            token: FencingToken::new(token),
-                            valid_from: handed_at,
-                        }
-                    }
-                    None if record.deferring(owner, now).is_some() => AcquireAttempt::HeldByOther {
-                        holder: None,
-                        expires_at: record.deferring(owner, now),
-                    },
-                    _ => {
-                        record.preferred = None;
-                        record.handed_at = None;
-                        record.token += 1;
-                        record.holder = Some(owner.to_owned());
-                        record.expires_at = Some(now + ttl);
-                        record.metadata = settings.metadata().map(str::to_owned);
-                        record.changed.notify_waiters();
-                        let token = record.token;
-                        state.publish(name);
-                        AcquireAttempt::Acquired {
-                            tenure: InMemoryTenure { token },
-                            token: FencingToken::new(token),
-                            valid_from: None,
-                        }
-                    }
-                }
-            })
-            .await
+        self.claim(settings, None).await
+    }
+
+    /// A bound claim: the record names the member lease and its tenure's token, has no expiry of
+    /// its own and is never renewed; it is held exactly while that member tenure is (see
+    /// [`Binding`]). A record handed over to this owner is claimed anew (bound), not taken up.
+    async fn try_acquire_bound(
+        &self,
+        settings: &LeaseSettings,
+        binding: &Binding,
+    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
+        self.claim(settings, Some(binding)).await
+    }
+
+    fn binds(&self) -> bool {
+        true
+    }
+
+    /// The tenure's fencing token: the store keeps every record's token history (a deleted
+    /// record's too), so no other tenure of the lease ever has it.
+    fn incarnation(&self, tenure: &InMemoryTenure) -> Option<String> {
+        Some(tenure.token.to_string())
     }
 
     async fn renew(
@@ -529,6 +540,12 @@ impl LeaseBackend for InMemoryBackend {
                     return RenewOutcome::Lost(LostReason::TakenOver {
                         holder: record.holder.clone(),
                     });
+                }
+                if record.bound.is_some() {
+                    // Bound records are never renewed (their tenures live by the member's).
+                    return RenewOutcome::Lost(LostReason::Inconsistent(
+                        "a bound record cannot be renewed".into(),
+                    ));
                 }
                 match (&record.holder, record.expires_at) {
                     (None, _) => RenewOutcome::Lost(LostReason::Deleted),
@@ -633,12 +650,18 @@ impl LeaseBackend for InMemoryBackend {
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
         let name = settings.name();
         let owner = settings.owner();
-        let (changed, blocked_until) = {
+        let (changed, member_changed, blocked_until) = {
             let state = self.store.lock();
             match state.records.get(name) {
                 Some(record) => (
                     Arc::clone(&record.changed),
-                    record.blocked_until(owner, Instant::now()),
+                    // A bound record is freed by a change of its member record too.
+                    record
+                        .bound
+                        .as_ref()
+                        .and_then(|(member, _)| state.records.get(member))
+                        .map(|m| Arc::clone(&m.changed)),
+                    state.blocked_until(name, owner, Instant::now()),
                 ),
                 None => return,
             }
@@ -647,20 +670,28 @@ impl LeaseBackend for InMemoryBackend {
         let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let member_notified = member_changed.as_ref().map(|m| m.notified());
+        let mut member_notified = std::pin::pin!(member_notified);
+        if let Some(n) = member_notified.as_mut().as_pin_mut() {
+            n.enable();
+        }
         // Registered: now a change cannot slip by. Is the lease free already?
         {
             let now = Instant::now();
             let state = self.store.lock();
-            let free = state
-                .records
-                .get(name)
-                .is_none_or(|r| r.blocked_until(owner, now).is_none());
-            if free {
+            if state.blocked_until(name, owner, now).is_none() {
                 return;
             }
         }
+        let member = async {
+            match member_notified.as_pin_mut() {
+                Some(n) => n.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = notified => {}
+            _ = member => {}
             _ = tokio::time::sleep_until(wake_at) => {}
         }
     }
@@ -686,6 +717,7 @@ impl InMemoryBackend {
                 };
                 if record.token == tenure.token && record.holder.as_deref() == Some(owner) {
                     record.metadata = None;
+                    record.bound = None;
                     match giving {
                         Giving::Release | Giving::Prefer(_) => {
                             record.holder = None;
@@ -708,8 +740,9 @@ impl InMemoryBackend {
                     state.publish(name);
                     return ReleaseOutcome::Released;
                 }
-                match record.live_holder(now) {
-                    Some(h) if h != owner || record.token != tenure.token => {
+                let token = record.token;
+                match state.holding(name, now) {
+                    Some((h, _)) if h != owner || token != tenure.token => {
                         ReleaseOutcome::HeldByOther {
                             holder: Some(h.to_owned()),
                         }
@@ -718,6 +751,113 @@ impl InMemoryBackend {
                 }
             })
             .await
+    }
+
+    /// One claim of the lease for `settings.owner()`, bound to `binding` when given.
+    async fn claim(
+        &self,
+        settings: &LeaseSettings,
+        binding: Option<&Binding>,
+    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
+        let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
+        let held = |a: &Result<AcquireAttempt<InMemoryTenure>, InMemoryError>| {
+            matches!(a, Ok(AcquireAttempt::HeldByOther { .. }))
+        };
+        self.store
+            .call(owner, "acquire", held, |state, now| {
+                state.stats.acquires += 1;
+                // A bound claim names a member tenure the store must hold for this owner: one it
+                // does not hold would make the claim free for everyone at once.
+                let bound = match binding {
+                    None => None,
+                    Some(binding) => {
+                        let live = state
+                            .holding(binding.member(), now)
+                            .is_some_and(|(holder, _)| holder == owner)
+                            && state
+                                .records
+                                .get(binding.member())
+                                .is_some_and(|m| m.token.to_string() == binding.incarnation());
+                        if !live {
+                            return Err(InMemoryError::Unbound {
+                                member: binding.member().to_owned(),
+                                owner: owner.to_owned(),
+                            });
+                        }
+                        let token = state.records[binding.member()].token;
+                        Some((binding.member().to_owned(), token))
+                    }
+                };
+                let live = state
+                    .holding(name, now)
+                    .map(|(holder, until)| (holder.to_owned(), until));
+                let deferring = state
+                    .records
+                    .get(name)
+                    .and_then(|r| r.deferring(owner, now));
+                let record = state
+                    .records
+                    .entry(name.to_owned())
+                    .or_insert_with(Record::empty);
+                match live {
+                    Some((holder, until)) if holder != owner => {
+                        return Ok(AcquireAttempt::HeldByOther {
+                            holder: Some(holder),
+                            expires_at: Some(until),
+                        })
+                    }
+                    // Handed over to this owner: taken up as it is, valid from the handover
+                    // (the store's clock is everyone's). The handover wrote the record for the
+                    // *giver's* TTL; the tenure lasts this owner's, counted from the handover:
+                    // when that is longer, the take-up extends the record to it, so that the
+                    // tenure never outlives the record (a contender would take the lease while
+                    // this owner still passed `check_alive`). A bound claim claims it anew.
+                    Some(_)
+                        if record.handed_at.is_some()
+                            && settings.metadata().is_none()
+                            && bound.is_none() =>
+                    {
+                        let handed_at = record.handed_at.take();
+                        let until = handed_at.map(|at| at + ttl);
+                        let extend = until.is_some_and(|u| record.expires_at.is_none_or(|e| e < u));
+                        if extend {
+                            record.expires_at = until;
+                        }
+                        let token = record.token;
+                        if extend {
+                            state.publish(name);
+                        }
+                        return Ok(AcquireAttempt::Acquired {
+                            tenure: InMemoryTenure { token },
+                            token: FencingToken::new(token),
+                            valid_from: handed_at,
+                        });
+                    }
+                    None if deferring.is_some() => {
+                        return Ok(AcquireAttempt::HeldByOther {
+                            holder: None,
+                            expires_at: deferring,
+                        })
+                    }
+                    _ => {}
+                }
+                record.preferred = None;
+                record.handed_at = None;
+                record.token += 1;
+                record.holder = Some(owner.to_owned());
+                record.expires_at = bound.is_none().then_some(now + ttl);
+                record.bound = bound;
+                record.metadata = settings.metadata().map(str::to_owned);
+                record.changed.notify_waiters();
+                let token = record.token;
+                state.publish(name);
+                Ok(AcquireAttempt::Acquired {
+                    tenure: InMemoryTenure { token },
+                    token: FencingToken::new(token),
+                    valid_from: None,
+                })
+            })
+            .await?
     }
 
     fn changed_since(&self, name: &str, token: FencingToken) -> bool {

@@ -154,7 +154,7 @@ pub const METRICS: &[MetricDescription] = &[
         name: LOSSES,
         kind: MetricKind::Counter,
         labels: &["lease", "reason"],
-        help: "tenures lost; reason: expired, taken_over, deleted, inconsistent, renewal_stopped",
+        help: "tenures lost; reason: expired, taken_over, deleted, inconsistent, renewal_stopped, unbound",
     },
     MetricDescription {
         name: RELEASES,
@@ -271,6 +271,7 @@ pub(crate) const LOSS_REASONS: &[&str] = &[
     "deleted",
     "inconsistent",
     "renewal_stopped",
+    "unbound",
 ];
 /// The `outcome` label values of `releases_total`.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -508,6 +509,7 @@ pub(crate) fn reason_label(reason: &LostReason) -> &'static str {
         LostReason::Deleted => "deleted",
         LostReason::Inconsistent(_) => "inconsistent",
         LostReason::RenewalStopped => "renewal_stopped",
+        LostReason::Unbound { .. } => "unbound",
     }
 }
 
@@ -524,6 +526,9 @@ mod tests {
             LostReason::Deleted,
             LostReason::Inconsistent(String::new()),
             LostReason::RenewalStopped,
+            LostReason::Unbound {
+                member: String::new(),
+            },
         ];
         for reason in &reasons {
             assert!(LOSS_REASONS.contains(&reason_label(reason)), "{reason:?}");

@@ -28,6 +28,9 @@ trait DynLease: Send + Sync + 'static {
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
     fn observed_holder(&self) -> Option<String>;
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError>;
+    fn binding_anchor(&self) -> Option<crate::BindingAnchor>;
+    fn bind_to(&self, anchor: &crate::BindingAnchor) -> Result<(), LeaseError>;
+    fn bound_to(&self) -> Option<String>;
 }
 
 impl<L: Lease> DynLease for L {
@@ -66,6 +69,15 @@ impl<L: Lease> DynLease for L {
     }
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
         Lease::watch_group(self, prefix)
+    }
+    fn binding_anchor(&self) -> Option<crate::BindingAnchor> {
+        Lease::binding_anchor(self)
+    }
+    fn bind_to(&self, anchor: &crate::BindingAnchor) -> Result<(), LeaseError> {
+        Lease::bind_to(self, anchor)
+    }
+    fn bound_to(&self) -> Option<String> {
+        Lease::bound_to(self)
     }
 }
 
@@ -163,6 +175,15 @@ impl Lease for SharedLease {
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
         self.0.watch_group(prefix)
     }
+    fn binding_anchor(&self) -> Option<crate::BindingAnchor> {
+        self.0.binding_anchor()
+    }
+    fn bind_to(&self, anchor: &crate::BindingAnchor) -> Result<(), LeaseError> {
+        self.0.bind_to(anchor)
+    }
+    fn bound_to(&self) -> Option<String> {
+        self.0.bound_to()
+    }
 }
 
 impl<L: Lease> Lease for Arc<L> {
@@ -204,6 +225,15 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
         (**self).watch_group(prefix)
+    }
+    fn binding_anchor(&self) -> Option<crate::BindingAnchor> {
+        (**self).binding_anchor()
+    }
+    fn bind_to(&self, anchor: &crate::BindingAnchor) -> Result<(), LeaseError> {
+        (**self).bind_to(anchor)
+    }
+    fn bound_to(&self) -> Option<String> {
+        (**self).bound_to()
     }
 }
 

@@ -49,6 +49,7 @@ use futures_util::Stream;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
+use crate::binding::Anchor;
 use crate::metrics::{self, LeaseLabel};
 use crate::vocab::{FencingToken, LostReason};
 
@@ -451,6 +452,8 @@ pub(crate) struct TenureCell {
     watch: TenureWatch,
     generations: std::sync::atomic::AtomicU64,
     label: LeaseLabel,
+    /// The tenures bound to this cell's tenures, when it anchors any (see the `binding` module).
+    anchor: OnceLock<Arc<Anchor>>,
 }
 
 impl fmt::Debug for TenureCell {
@@ -474,6 +477,7 @@ impl TenureCell {
             watch: TenureWatch { rx },
             generations: Default::default(),
             label,
+            anchor: OnceLock::new(),
         }
     }
 }
@@ -481,6 +485,22 @@ impl TenureCell {
 impl TenureCell {
     pub(crate) fn watch(&self) -> &TenureWatch {
         &self.watch
+    }
+
+    /// Makes this cell an anchor of bound tenures (before its first tenure): every start,
+    /// renewal and end of a tenure of this cell reaches them in the same step.
+    pub(crate) fn set_anchor(&self, anchor: Arc<Anchor>) {
+        let _ = self.anchor.set(anchor);
+    }
+
+    /// The anchor of the tenures bound to this cell's tenures, if it is one.
+    pub(crate) fn anchor(&self) -> Option<&Arc<Anchor>> {
+        self.anchor.get()
+    }
+
+    /// A receiver of every change of the published value (renewals included).
+    pub(crate) fn receiver(&self) -> watch::Receiver<State> {
+        self.tx.subscribe()
     }
 
     /// Starts a tenure and returns its generation, and the handle its renewal task holds. A
@@ -509,6 +529,9 @@ impl TenureCell {
         if !replaced {
             metrics::held(&self.label, 1.0);
         }
+        if let Some(anchor) = self.anchor.get() {
+            anchor.started(generation, deadline);
+        }
         (generation, RenewalTask(renewing))
     }
 
@@ -528,6 +551,11 @@ impl TenureCell {
             }
             _ => false,
         });
+        if alive {
+            if let (Some(anchor), Some(tenure)) = (self.anchor.get(), self.published(generation)) {
+                anchor.extended(generation, tenure.deadline);
+            }
+        }
         alive
     }
 
@@ -578,6 +606,11 @@ impl TenureCell {
         });
         if ended.is_some() {
             metrics::held(&self.label, -1.0);
+            // Every tenure bound to this one ends before the caller goes on (a release is sent
+            // only after this returns).
+            if let (Some(anchor), Some((_, end))) = (self.anchor.get(), &ended) {
+                anchor.ended(generation, end);
+            }
         }
         ended
     }

@@ -68,6 +68,13 @@ pub enum LostReason {
     /// once, before its deadline; the record stays in the store until its TTL passes, as after a
     /// crash.
     RenewalStopped,
+    /// The tenure was bound to a tenure of member lease `member` (see
+    /// [`Binding`](crate::Binding)), and that member tenure ended (lost, expired, released,
+    /// dropped, or replaced by a new one): a bound tenure lives exactly as long.
+    Unbound {
+        /// The member lease.
+        member: String,
+    },
 }
 
 impl fmt::Display for LostReason {
@@ -89,6 +96,12 @@ impl fmt::Display for LostReason {
             LostReason::RenewalStopped => f.write_str(
                 "the renewal task stopped (its runtime shut down, or the backend panicked in it)",
             ),
+            LostReason::Unbound { member } => {
+                write!(
+                    f,
+                    "the tenure of member lease {member:?} it was bound to ended"
+                )
+            }
         }
     }
 }
@@ -211,6 +224,14 @@ pub enum LeaseError {
         /// What the backend cannot do.
         what: &'static str,
     },
+    /// The lease is bound to member lease `member` ([`Lease::bind_to`](crate::Lease::bind_to)),
+    /// and no tenure of that member is alive to bind a claim to: acquire the member lease first.
+    /// Nothing was sent. Transient (the member may be acquired again).
+    #[error("lease is bound to member lease {member:?}, which is not held")]
+    Unbound {
+        /// The member lease.
+        member: String,
+    },
     /// [`release_to`](crate::Lease::release_to) was given a target that cannot hold the lease:
     /// empty, too long, with a control character, or this owner itself. Nothing changed. Not
     /// transient.
@@ -229,7 +250,9 @@ impl LeaseError {
     /// Whether trying again may succeed (timeouts, transient backend errors, a busy lease).
     pub fn is_transient(&self) -> bool {
         match self {
-            LeaseError::Timeout { .. } | LeaseError::Busy { .. } => true,
+            LeaseError::Timeout { .. } | LeaseError::Busy { .. } | LeaseError::Unbound { .. } => {
+                true
+            }
             LeaseError::Backend { transient, .. } => *transient,
             LeaseError::NoRuntime { .. }
             | LeaseError::DuplicateInstance { .. }

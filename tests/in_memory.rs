@@ -70,6 +70,14 @@ impl Fixture for InMemoryFixture {
 
 contract_suite!(fixture = InMemoryFixture::default(), test = #[tokio::test(start_paused = true)]);
 
+/// The contract suite on leases bound to a member lease (see `actix_coordination::Binding`).
+mod bound {
+    use super::InMemoryFixture;
+    use crate::common::contract::Bound;
+
+    contract_suite!(fixture = Bound(InMemoryFixture::default()), test = #[tokio::test(start_paused = true)]);
+}
+
 actor_suite!(
     fixture = InMemoryFixture::default(),
     run = common::run_paused

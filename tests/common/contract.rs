@@ -949,3 +949,152 @@ pub async fn a_handover_to_a_longer_ttl_never_outlives_the_record<F: Fixture>(f:
     }
     assert!(b.release().await.unwrap());
 }
+
+/// The contract suite on *bound* leases (see `actix_coordination::Binding`): every lease the
+/// fixture builds is bound to a member lease of its own owner (named `<lease>.member.<owner>`),
+/// which it holds for as long as the lease lives — the way a sharded node holds its member lease
+/// and binds its shard leases to it. Dropping the lease drops the member too (a crash of the
+/// node), so every case of the suite holds for bound leases unchanged.
+pub struct Bound<F>(pub F);
+
+/// A lease bound to a member lease it owns (see [`Bound`]).
+pub struct BoundLease<L> {
+    lease: L,
+    member: L,
+}
+
+impl<L: Lease> BoundLease<L> {
+    /// The member lease the lease is bound to.
+    pub fn member(&self) -> &L {
+        &self.member
+    }
+
+    /// The member held, acquired first when it is not.
+    async fn member_held(&self) -> Result<(), LeaseError> {
+        if !self.member.check_alive() && !self.member.acquire().await? {
+            return Err(LeaseError::Unbound {
+                member: self.member.name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<L: Lease> Lease for BoundLease<L> {
+    fn settings(&self) -> &LeaseSettings {
+        self.lease.settings()
+    }
+    fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        async move {
+            self.member_held().await?;
+            self.lease.acquire().await
+        }
+    }
+    fn acquire_within(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        async move {
+            self.member_held().await?;
+            self.lease.acquire_within(timeout).await
+        }
+    }
+    fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.lease.release()
+    }
+    fn release_to(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.lease.release_to(target)
+    }
+    fn hand_over(&self, target: &str) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.lease.hand_over(target)
+    }
+    fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.lease.retire()
+    }
+    fn records_preference(&self) -> bool {
+        self.lease.records_preference()
+    }
+    fn tenure(&self) -> &actix_coordination::TenureWatch {
+        self.lease.tenure()
+    }
+    fn on_lost(
+        &self,
+        handler: impl Fn(&LeaseLost) + Send + Sync + 'static,
+    ) -> actix_coordination::LostSubscription {
+        self.lease.on_lost(handler)
+    }
+    fn observed_holder(&self) -> Option<String> {
+        self.lease.observed_holder()
+    }
+    fn watch_group(
+        &self,
+        prefix: &str,
+    ) -> Result<actix_coordination::GroupWatch, actix_coordination::GroupError> {
+        self.lease.watch_group(prefix)
+    }
+    fn bound_to(&self) -> Option<String> {
+        self.lease.bound_to()
+    }
+}
+
+impl<F: Fixture> Fixture for Bound<F> {
+    type Lease = BoundLease<F::Lease>;
+
+    fn settings(&self, name: &str, owner: &str) -> LeaseSettings {
+        self.0.settings(name, owner)
+    }
+
+    async fn lease(&self, settings: LeaseSettings) -> BoundLease<F::Lease> {
+        let member_settings = settings
+            .to_builder()
+            .name(format!("{}.member.{}", settings.name(), settings.owner()))
+            .build()
+            .unwrap();
+        let member = self.0.lease(member_settings).await;
+        let lease = self.0.lease(settings).await;
+        let anchor = member.binding_anchor().expect("the backend binds");
+        lease.bind_to(&anchor).expect("bound");
+        BoundLease { lease, member }
+    }
+
+    async fn partition(&self, owner: &str) {
+        self.0.partition(owner).await
+    }
+
+    async fn pause(&self, owner: &str) {
+        self.0.pause(owner).await
+    }
+
+    async fn heal(&self, owner: &str) {
+        self.0.heal(owner).await
+    }
+
+    async fn slow_answers(&self, owner: &str, delay: Duration) {
+        self.0.slow_answers(owner, delay).await
+    }
+
+    async fn sent_by(&self, owner: &str) -> u64 {
+        self.0.sent_by(owner).await
+    }
+
+    fn paused_clock(&self) -> bool {
+        self.0.paused_clock()
+    }
+
+    fn slack(&self) -> Duration {
+        self.0.slack()
+    }
+
+    fn unique_name(&self, base: &str) -> String {
+        self.0.unique_name(base)
+    }
+
+    fn watches_groups(&self) -> bool {
+        self.0.watches_groups()
+    }
+
+    async fn settle(&self, leases: &[Self::Lease]) {
+        // The bound leases' own views; their members are each owner's own.
+        let _ = leases;
+    }
+}
