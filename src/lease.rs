@@ -470,7 +470,8 @@ pub trait Lease: Send + Sync + 'static {
     /// [`Binding`](crate::Binding)): claims name that member tenure and are never renewed; the
     /// tenure lives exactly as long as the member tenure it was claimed under, and `acquire`
     /// fails with [`LeaseError::Unbound`] while the member lease is not held. Call it before the
-    /// first `acquire`; a lease is bound once.
+    /// first `acquire`; a lease is bound once (binding it again to the same anchor changes
+    /// nothing).
     ///
     /// # Errors
     ///

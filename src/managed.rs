@@ -1058,8 +1058,17 @@ async fn bound_loop<B: LeaseBackend>(
     let watch = watch_loss(&shared, token);
     tokio::pin!(watch);
     let mut changes = shared.tenure.receiver();
+    // How the tenure ended when it ended elsewhere: lost with its member (nothing of ours to
+    // release any more), or released (the release tells the backend).
+    let guard = shared.tenure.watch().guard();
     loop {
         let Some(deadline) = shared.tenure.published(generation).map(|t| t.deadline()) else {
+            if guard
+                .as_ref()
+                .is_some_and(|g| matches!(g.end(), Some(TenureEnd::Lost(_))))
+            {
+                return None;
+            }
             return Some(tenure);
         };
         tokio::select! {
@@ -1266,8 +1275,16 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         {
             return refuse("bind a lease to itself");
         }
-        if shared.bound.set(anchor.clone()).is_err() {
-            return refuse("bind a lease that is bound already");
+        if let Err(anchor) = shared.bound.set(anchor.clone()) {
+            // Bound to this very anchor already (a lease built again from a provider's cache):
+            // nothing changes.
+            let same = shared
+                .bound
+                .get()
+                .is_some_and(|bound| Arc::ptr_eq(&bound.inner, &anchor.inner));
+            if !same {
+                return refuse("bind a lease that is bound to another lease already");
+            }
         }
         Ok(())
     }

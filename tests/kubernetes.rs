@@ -182,6 +182,18 @@ contract_suite!(
 
 actor_suite!(fixture = KubeFixture::new().await, run = common::run_real);
 
+/// The contract suite on leases bound to a member lease (see `actix_coordination::Binding`):
+/// never renewed, judged by contenders from their member's object.
+mod bound {
+    use super::KubeFixture;
+    use crate::common::contract::Bound;
+
+    contract_suite!(
+        fixture = Bound(KubeFixture::new().await),
+        test = #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    );
+}
+
 fn no_retries(settings: LeaseSettings) -> LeaseSettings {
     settings.to_builder().acquire_retries(0).build().unwrap()
 }

@@ -69,6 +69,19 @@ fn start_node(store: &InMemoryStore, node: &str, log: &Log) -> Node {
 
 /// A node of `group` (`shards` shards) on `store`, its workers logging into `log`.
 fn start_in(store: &InMemoryStore, group: &str, shards: usize, node: &str, log: &Log) -> Node {
+    start_in_with(store, group, shards, node, log, true)
+}
+
+/// [`start_in`], the shard leases bound to the member lease (`bind`, the default) or renewed on
+/// their own.
+fn start_in_with(
+    store: &InMemoryStore,
+    group: &str,
+    shards: usize,
+    node: &str,
+    log: &Log,
+    bind: bool,
+) -> Node {
     let (store, owner, log) = (store.clone(), node.to_owned(), log.clone());
     ShardedWorkers::with_count(
         group,
@@ -94,6 +107,11 @@ fn start_in(store: &InMemoryStore, group: &str, shards: usize, node: &str, log: 
             }
         },
     )
+    .unwrap()
+    .settings(ShardedSettings {
+        bind_shards: bind,
+        ..ShardedSettings::default()
+    })
     .unwrap()
     .start()
 }
@@ -174,8 +192,13 @@ fn assert_exactly_once(log: &Log) {
 
 /// Starts three nodes and waits until every shard runs, 21 or 22 per node.
 async fn three_settled(store: &InMemoryStore, log: &Log) -> Vec<Node> {
+    three_settled_with(store, log, true).await
+}
+
+/// [`three_settled`], the shard leases bound (`bind`) or renewed on their own.
+async fn three_settled_with(store: &InMemoryStore, log: &Log, bind: bool) -> Vec<Node> {
     let nodes: Vec<Node> = (1..=3)
-        .map(|i| start_node(store, &format!("node-{i}"), log))
+        .map(|i| start_in_with(store, GROUP, SHARDS, &format!("node-{i}"), log, bind))
         .collect();
     until(Duration::from_secs(30), "three nodes settle", || {
         let held = holders(store);
@@ -412,7 +435,8 @@ fn a_lone_node_whose_claims_are_answered_late_runs_its_shards_at_once() {
     });
 }
 
-/// A node shutting down hands its shards over `shutdown_handovers` (1) at a time: with every call
+/// With shard leases renewed on their own, a node shutting down hands its shards over
+/// `shutdown_handovers` (1) at a time: with every call
 /// of the leaving node taking 50 ms, its workers stop one per 50 ms (not all 21 at once, each
 /// waiting behind or beside every other's release), the workers not yet handed over run on
 /// meanwhile, and each shard is down for about one release, not for the whole shutdown.
@@ -421,7 +445,7 @@ fn a_node_shutting_down_hands_over_one_shard_at_a_time() {
     run_paused(async {
         let store = InMemoryStore::new();
         let log = Log::default();
-        let nodes = three_settled(&store, &log).await;
+        let nodes = three_settled_with(&store, &log, false).await;
         let leaving = counts(&holders(&store))["node-2"];
         let call = Duration::from_millis(50);
         store.set_owner_fault("node-2", Some(InMemoryFault::Delay(call)));
@@ -848,15 +872,37 @@ fn random_schedules_keep_every_shard_exactly_once_and_settle_balanced() {
     }
 }
 
-/// Once settled, nodes send nothing for the shards they do not hold (no attempt, no poll): over
-/// three TTLs the store answers renewals only, one per held lease (shards and members) per
-/// renewal interval.
+/// Once settled, nodes send nothing for the shards they do not hold (no attempt, no poll), and
+/// with bound shard leases (the default) nothing for the ones they hold either: over three TTLs
+/// the store answers the 3 member leases' renewals only, one per node per renewal interval
+/// (issue 37: the writes grow with the nodes, not the shards).
 #[test]
-fn settled_nodes_send_nothing_for_shards_they_do_not_hold() {
+fn settled_nodes_write_once_per_node_per_interval() {
     run_paused(async {
         let store = InMemoryStore::new();
         let log = Log::default();
         let _nodes = three_settled(&store, &log).await;
+        sleep(TTL).await;
+        let before = store.stats();
+        sleep(TTL * 3).await;
+        let after = store.stats();
+        assert_eq!(after.acquires, before.acquires, "no attempt once settled");
+        assert_eq!(after.releases, before.releases);
+        // 3 member leases, renewed every 2 s for 18 s: 9 rounds each; no shard renewal.
+        let renewals = after.renewals - before.renewals;
+        assert!((3 * 8..=3 * 10).contains(&renewals), "{renewals} renewals");
+        assert_eq!(running(&log), holders(&store), "every shard still runs");
+    });
+}
+
+/// With shard leases renewed on their own (`bind_shards: false`), settled nodes renew every held
+/// lease once per renewal interval, and send nothing for the shards they do not hold.
+#[test]
+fn settled_nodes_with_renewed_shards_send_nothing_for_shards_they_do_not_hold() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let _nodes = three_settled_with(&store, &log, false).await;
         sleep(TTL).await;
         let before = store.stats();
         sleep(TTL * 3).await;
@@ -869,6 +915,70 @@ fn settled_nodes_send_nothing_for_shards_they_do_not_hold() {
             (67 * 8..=67 * 10).contains(&renewals),
             "{renewals} renewals"
         );
+    });
+}
+
+/// With bound shard leases, a node that shuts down stops every worker first (under its tenure),
+/// then gives up its member lease, which frees every shard at once: no other node starts a
+/// worker of its shards before its worker stopped, and every shard runs elsewhere at once after
+/// (no record waits out a TTL).
+#[test]
+fn a_node_with_bound_shards_stops_every_worker_before_its_shards_move() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let log = Log::default();
+        let nodes = three_settled(&store, &log).await;
+        let leaving = counts(&holders(&store))["node-2"];
+        let releases = store.stats().releases;
+        let signalled = Instant::now();
+        assert!(nodes[1].send(Shutdown).await.unwrap().unwrap());
+        let done = Instant::now();
+        assert_eq!(
+            store.stats().releases,
+            releases + 1,
+            "one write frees every shard of the node (its member lease's release)"
+        );
+        let moved_at = until(Duration::from_secs(30), "node-2's shards move", || {
+            let held = holders(&store);
+            held.len() == SHARDS && running(&log) == held && !held.values().any(|n| n == "node-2")
+        })
+        .await;
+        assert!(
+            moved_at - done < TTL / 2,
+            "no shard waited for a record to expire"
+        );
+        // Every shard of node-2: its worker stopped before any other node's started.
+        let entries = log.borrow().clone();
+        let mut moved = 0;
+        for (stopped_at, shard, _, _) in entries.iter().filter(|(at, _, node, event)| {
+            *at >= signalled && node == "node-2" && *event == Event::Stopped
+        }) {
+            let next = entries
+                .iter()
+                .filter(|(at, s, node, event)| {
+                    s == shard
+                        && node != "node-2"
+                        && matches!(event, Event::Started { .. })
+                        && *at >= *stopped_at
+                })
+                .count();
+            let before = entries
+                .iter()
+                .filter(|(at, s, node, event)| {
+                    s == shard
+                        && node != "node-2"
+                        && matches!(event, Event::Started { .. })
+                        && *at >= signalled
+                        && *at < *stopped_at
+                })
+                .count();
+            assert_eq!(
+                before, 0,
+                "shard {shard} started elsewhere before node-2's worker stopped"
+            );
+            moved += usize::from(next > 0);
+        }
+        assert_eq!(moved, leaving, "every shard of node-2 runs elsewhere");
     });
 }
 

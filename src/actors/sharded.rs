@@ -104,6 +104,13 @@ pub struct ShardedSettings {
     /// The settings of each shard's manager: stop timeout, restarts, retry delay, backoff
     /// (`handle_signals` is ignored: shut the group down with [`Shutdown`]).
     pub shard: SingletonSettings,
+    /// Whether each shard lease is *bound* to the node's member lease where the backend binds
+    /// (in memory and on Kubernetes; see [`Binding`](crate::Binding)), the default: a shard's
+    /// record is written when its ownership changes and never renewed, and one member renewal
+    /// per interval keeps every shard of the node (the store's writes per interval grow with the
+    /// nodes, not the shards). `false` renews every shard lease on its own. On etcd shard keys
+    /// live on the session's one keep-alive either way.
+    pub bind_shards: bool,
 }
 
 impl Default for ShardedSettings {
@@ -112,6 +119,7 @@ impl Default for ShardedSettings {
             max_handovers: DEFAULT_MAX_HANDOVERS,
             shutdown_handovers: DEFAULT_SHUTDOWN_HANDOVERS,
             shard: SingletonSettings::default(),
+            bind_shards: true,
         }
     }
 }
@@ -548,6 +556,17 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             {
                 Ok(lease) => {
                     self.retry_backoff = None;
+                    // Bound to the member lease where the backend binds (one write per node per
+                    // interval); a backend that cannot bind renews the shard lease itself.
+                    if let Some(anchor) = self
+                        .member_lease
+                        .binding_anchor()
+                        .filter(|_| self.settings.bind_shards)
+                    {
+                        if let Err(error) = lease.bind_to(&anchor) {
+                            tracing::warn!(group = %self.group, shard = %shard.name, error = &error as &dyn std::error::Error, "cannot bind the shard's lease to the member lease; it renews on its own");
+                        }
+                    }
                     Arc::new(lease)
                 }
                 Err(error) => {

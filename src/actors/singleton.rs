@@ -26,7 +26,7 @@ use crate::tenure::{TenureEnd, TenureGuard};
 mod candidacy;
 mod handlers;
 
-pub(crate) use handlers::{HandOverTo, HandoverTarget};
+pub(crate) use handlers::{HandOverTo, HandoverTarget, KeepLeaseOnShutdown};
 
 pub use super::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
@@ -372,6 +372,9 @@ where
     /// Whether the release at shutdown gives the lease up for good ([`Lease::retire`]): a
     /// member or candidacy lease, whose name this node's identity will not claim again.
     retire_on_shutdown: bool,
+    /// Whether a shutdown leaves the lease held after the singleton stopped (a bound shard lease
+    /// of a node that leaves: its member lease's retirement frees every one in one write).
+    pub(crate) keep_on_shutdown: bool,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -442,6 +445,7 @@ where
             deferring: false,
             hand_to: None,
             retire_on_shutdown: false,
+            keep_on_shutdown: false,
             release_result: None,
             competition: None,
             instances: 0,
@@ -690,6 +694,13 @@ where
     }
 
     fn release(&mut self, then: AfterStop, ctx: &mut Context<Self>) {
+        if self.keep_on_shutdown && matches!(then, AfterStop::Shutdown) {
+            // The singleton has stopped; the lease stays held until what it is bound to ends.
+            tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "shutting down: the singleton stopped; the lease is left to end with its member lease");
+            self.phase = Phase::Idle;
+            self.finish_shutdown(Ok(true), ctx);
+            return;
+        }
         self.phase = Phase::Releasing;
         let lease = Arc::clone(&self.lease);
         let to = match &then {

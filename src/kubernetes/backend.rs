@@ -13,14 +13,15 @@ use tokio::time::Instant;
 
 use super::observed::{Observed, State};
 use super::record::{
-    clear_handed, duration_secs, holder_of, now_micro, post_params, preferred_of, released,
-    released_to, slim, transitions_of,
+    bind, binding_of, clear_handed, duration_of, duration_secs, holder_of, incarnation_of,
+    now_micro, post_params, preferred_of, released, released_to, slim, transitions_of,
 };
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::backoff::Doubling;
-use crate::group::{GroupError, GroupWatch};
+use crate::binding::Binding;
+use crate::group::{GroupError, GroupRecord, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 use crate::vocab::BackendError;
@@ -409,9 +410,94 @@ impl KubernetesBackend {
 }
 
 impl KubernetesBackend {
+    /// Until when `current`, a bound record held by `holder`, stays held, as this process judges
+    /// its member record: `None` once the member object is gone, released, holding another
+    /// incarnation or holder, or expired (the member's duration passed since this process first
+    /// received its version).
+    ///
+    /// The member's object is not the one a claim writes, so the compare-and-swap of the claim
+    /// cannot tell a member renewed since this process last saw it: an expiry judged from the
+    /// namespace watch (which may lag) is confirmed by a read of the member object, and holds
+    /// only if it still shows the version that expired. Every other way to be free is final (an
+    /// incarnation released or replaced never lives again), and needs no read.
+    async fn bound_until(
+        &self,
+        api: &Api<LeaseObject>,
+        binding: &Binding,
+        holder: &str,
+    ) -> Result<Option<Instant>, KubernetesError> {
+        let object = super::object_name(binding.member());
+        let now = Instant::now();
+        let judge = |record: Option<&GroupRecord>| -> Option<Option<Instant>> {
+            let Some(record) = record else {
+                return Some(None);
+            };
+            if record.holder.as_deref() != Some(holder)
+                || record.incarnation.as_deref() != Some(binding.incarnation())
+            {
+                return Some(None);
+            }
+            match record.expires_at {
+                Some(until) if now < until => Some(Some(until)),
+                // Expired as far as this view shows: to be confirmed by a read.
+                _ => None,
+            }
+        };
+        let seen = self.hub.record_of(&self.namespace, &object);
+        let seen_version = match &seen {
+            Some(Some((record, version))) => match judge(Some(record)) {
+                Some(until) => return Ok(until),
+                None => version.clone(),
+            },
+            Some(None) => return Ok(None),
+            None => None,
+        };
+        // No current view of the member, or an expiry to confirm: read it.
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let read = api
+            .get_opt(&object)
+            .await
+            .map_err(|e| self.error("get", e))?;
+        let Some(member) = read else {
+            return Ok(None);
+        };
+        let version = member.metadata.resource_version.clone();
+        if seen_version.is_some() && version == seen_version {
+            // The version that expired is still the member's: its holder has not renewed since,
+            // so its deadline (and every bound deadline) has passed.
+            return Ok(None);
+        }
+        // A version this process may not have timed yet: from when it first received it (by
+        // the namespace watch, or by an earlier read of this instance).
+        let first_seen = match version.as_deref() {
+            None => now,
+            Some(v) => {
+                let mut state = self.lock();
+                let read_before = state
+                    .member_seen
+                    .as_ref()
+                    .filter(|(o, seen, _)| *o == object && seen == v)
+                    .map(|(_, _, at)| *at);
+                let at = read_before.unwrap_or(now);
+                state.member_seen = Some((object.clone(), v.to_owned(), at));
+                self.hub
+                    .first_seen(&self.namespace, &object, v)
+                    .map_or(at, |watched| watched.min(at))
+            }
+        };
+        let record = GroupRecord::new(
+            holder_of(&member).map(str::to_owned),
+            None,
+            Some(first_seen + duration_of(&member)),
+        )
+        .with_incarnation(incarnation_of(&member));
+        Ok(judge(Some(&record)).flatten())
+    }
+
     async fn try_acquire_inner(
         &self,
         settings: &LeaseSettings,
+        binding: Option<&Binding>,
     ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
         let api = self.api()?;
         let owner = settings.owner();
@@ -426,7 +512,10 @@ impl KubernetesBackend {
                 None => self.get(&api).await?,
             };
             let Some(current) = current else {
-                let claim = self.new_object(settings);
+                let mut claim = self.new_object(settings);
+                if let Some(binding) = binding {
+                    bind(&mut claim, binding);
+                }
                 let sent = self.claim_sent(&claim);
                 match self.answered(sent, self.create(&api, &claim).await) {
                     Ok(created) => return Ok(self.acquired(created)),
@@ -435,8 +524,12 @@ impl KubernetesBackend {
                 }
             };
             // A record another holder handed over to this owner: taken up without a write when
-            // this instance can tell from its own clock how long it is valid.
-            if let Some(valid_from) = self.may_take_up(&current, settings) {
+            // this instance can tell from its own clock how long it is valid (a bound claim
+            // writes its binding instead).
+            if let Some(valid_from) = self
+                .may_take_up(&current, settings)
+                .filter(|_| binding.is_none())
+            {
                 let mut taken = current;
                 clear_handed(&mut taken);
                 self.counters.taken_up.fetch_add(1, Ordering::Relaxed);
@@ -450,18 +543,32 @@ impl KubernetesBackend {
                 Some(h) => h != owner,
                 None => preferred_of(&current).is_some_and(|p| p != owner),
             };
-            let free = !blocked || {
-                let observed = self.observed();
-                observed.is_some_and(|o| {
-                    Some(&o.version) == current.metadata.resource_version.as_ref()
-                        && Instant::now() >= o.expires_at()
-                })
-            };
-            if !free {
-                let expires_at = self.observed().map(|o| o.expires_at());
-                return Ok(AcquireAttempt::HeldByOther { holder, expires_at });
+            // A bound record of another holder lives by its member record (see `bound_until`).
+            if let (true, Some(bound), Some(h)) = (blocked, binding_of(&current), holder.as_deref())
+            {
+                if let Some(until) = self.bound_until(&api, &bound, h).await? {
+                    return Ok(AcquireAttempt::HeldByOther {
+                        holder,
+                        expires_at: Some(until),
+                    });
+                }
+            } else {
+                let free = !blocked || {
+                    let observed = self.observed();
+                    observed.is_some_and(|o| {
+                        Some(&o.version) == current.metadata.resource_version.as_ref()
+                            && Instant::now() >= o.expires_at()
+                    })
+                };
+                if !free {
+                    let expires_at = self.observed().map(|o| o.expires_at());
+                    return Ok(AcquireAttempt::HeldByOther { holder, expires_at });
+                }
             }
-            let claim = self.claimed(current, settings)?;
+            let mut claim = self.claimed(current, settings)?;
+            if let Some(binding) = binding {
+                bind(&mut claim, binding);
+            }
             let sent = self.claim_sent(&claim);
             match self.answered(sent, self.update(&api, &claim).await) {
                 Ok(updated) => return Ok(self.acquired(updated)),
@@ -559,7 +666,14 @@ impl KubernetesBackend {
         // The object given up, and whether it is handed over (else released).
         let release = |lease: LeaseObject, with_spec: bool| match giving {
             Giving::Release => Ok((released(lease), false)),
-            Giving::Prefer(preferred) => Ok((released_to(lease, preferred, with_spec), false)),
+            Giving::Prefer(preferred) => {
+                let mut next = released_to(lease, preferred, with_spec);
+                // The preference window is one TTL of the released record (not a bound one's).
+                next.spec
+                    .get_or_insert_with(LeaseSpec::default)
+                    .lease_duration_seconds = Some(duration_secs(settings.ttl()));
+                Ok((next, false))
+            }
             Giving::HandTo(target) => {
                 Ok(match self.handed_to(lease.clone(), settings, target)? {
                     Some(handed) => (handed, true),
@@ -654,7 +768,30 @@ impl LeaseBackend for KubernetesBackend {
         &self,
         settings: &LeaseSettings,
     ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
-        Box::pin(self.try_acquire_inner(settings)).await
+        Box::pin(self.try_acquire_inner(settings, None)).await
+    }
+
+    fn binds(&self) -> bool {
+        true
+    }
+
+    /// `<uid>/<leaseTransitions>` of the tenure's object.
+    fn incarnation(&self, tenure: &KubernetesTenure) -> Option<String> {
+        incarnation_of(&tenure.lease)
+    }
+
+    /// The claim names the member lease and its incarnation in the annotations
+    /// [`BOUND_TO_ANNOTATION`](super::BOUND_TO_ANNOTATION) and
+    /// [`BOUND_INCARNATION_ANNOTATION`](super::BOUND_INCARNATION_ANNOTATION), with
+    /// `leaseDurationSeconds` [`BOUND_DURATION_SECS`](super::BOUND_DURATION_SECS); it is written
+    /// once and never renewed. A record handed over to this owner is claimed with a write (the
+    /// binding), not taken up.
+    async fn try_acquire_bound(
+        &self,
+        settings: &LeaseSettings,
+        binding: &Binding,
+    ) -> Result<AcquireAttempt<KubernetesTenure>, KubernetesError> {
+        Box::pin(self.try_acquire_inner(settings, Some(binding))).await
     }
 
     async fn renew(
@@ -814,14 +951,20 @@ impl LeaseBackend for KubernetesBackend {
 
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
         let owner = settings.owner();
+        let retry_delay = settings.acquire_retry_delay();
         // When to give up waiting: `not_after`, or when the observed claim expires; `None` when
         // the lease is free for this owner already.
+        // A bound record is freed by its member record, whose changes this wait does not
+        // follow: the next attempt judges it no later than the retry delay.
         let wake_at = |observed: &Observed| {
-            observed
-                .blocks(owner)
-                .then(|| observed.expires_at().min(not_after))
+            observed.blocks(owner).then(|| {
+                if observed.bound {
+                    not_after.min(Instant::now() + retry_delay)
+                } else {
+                    observed.expires_at().min(not_after)
+                }
+            })
         };
-        let retry_delay = settings.acquire_retry_delay();
         let Some(subscription) = self.subscription() else {
             tokio::time::sleep_until(not_after.min(Instant::now() + retry_delay)).await;
             return;

@@ -34,7 +34,9 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{duration_of, handed_after, holder_of, newer, older};
+use super::record::{
+    binding_of, duration_of, handed_after, holder_of, incarnation_of, newer, older,
+};
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
 use crate::lease::FencingToken;
@@ -73,13 +75,21 @@ impl Seen {
             .as_ref()
             .and_then(|s| s.lease_transitions)
             .map(|t| FencingToken::new(t.max(0) as u64));
-        let expires_at = holder.as_ref().map(|_| first_seen + duration_of(lease));
+        // A bound record has no expiry of its own: its member record's decides (see
+        // `GroupSnapshot::live_holder`).
+        let binding = binding_of(lease);
+        let expires_at = holder
+            .as_ref()
+            .filter(|_| binding.is_none())
+            .map(|_| first_seen + duration_of(lease));
         Some(Seen {
             lease: LeaseOf::of(object, lease),
             version,
             first_seen,
             record: GroupRecord::new(holder, token, expires_at)
-                .with_metadata(super::record::metadata_of(lease).map(str::to_owned)),
+                .with_metadata(super::record::metadata_of(lease).map(str::to_owned))
+                .with_incarnation(incarnation_of(lease))
+                .with_binding(binding),
             by_holder: handed_after(lease).is_none(),
         })
     }
@@ -217,6 +227,16 @@ impl Index {
             .filter_map(|(object, seen)| Some((object, seen.version.as_deref()?)))
             .reduce(|a, b| if newer(b.1, a.1) { b } else { a })
             .map(|(object, version)| (object.clone(), version.to_owned()))
+    }
+
+    /// The record of object `object` and its `resourceVersion` (`None`: the namespace has no
+    /// such object), while the index is current: listed, not listing again, not failing.
+    pub(super) fn record_of(&self, object: &str) -> Option<Option<(GroupRecord, Option<String>)>> {
+        self.synced.then(|| {
+            self.objects
+                .get(object)
+                .map(|s| (s.record.clone(), s.version.clone()))
+        })
     }
 
     /// The `resourceVersion` of object `object` in the index (`None`: it has none of the

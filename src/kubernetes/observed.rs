@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::Instant;
 
-use super::record::{duration_of, holder_of, newer, older, preferred_of};
+use super::record::{binding_of, duration_of, holder_of, newer, older, preferred_of};
 use super::watch::{self, KubernetesWatchStats, Subscription, View};
 use super::{KubernetesBackend, KubernetesError};
 use crate::lease::{FencingToken, LostReason};
@@ -31,6 +31,10 @@ pub(super) struct State {
     /// The highest fencing token of the tenures this instance has had: a record handed over to
     /// this owner is taken up only when it is newer (see the `handover` module).
     pub(super) highest_token: Option<u64>,
+    /// The member object a bound record of another holder lives by, as this instance read it:
+    /// its name, `resourceVersion`, and when this instance first read that version (the
+    /// member's expiry clock, when no namespace watch times it).
+    pub(super) member_seen: Option<(String, String, Instant)>,
 }
 
 /// What the backend last saw of its object, and when it first saw that version.
@@ -42,6 +46,8 @@ pub(super) struct Observed {
     /// The preferred next holder a release named, while the object is free.
     pub(super) preferred: Option<String>,
     pub(super) duration: Duration,
+    /// Whether the version is a bound record (its member record decides when it is free).
+    pub(super) bound: bool,
 }
 
 impl Observed {
@@ -105,6 +111,7 @@ impl KubernetesBackend {
                         holder: holder_of(lease).map(str::to_owned),
                         preferred: preferred_of(lease).map(str::to_owned),
                         duration: duration_of(lease),
+                        bound: binding_of(lease).is_some(),
                     });
                 }
             }

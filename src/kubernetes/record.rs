@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
 
 use super::{KubernetesBackend, KubernetesError, LEASE_NAME_ANNOTATION};
+use crate::binding::Binding;
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
@@ -41,6 +42,22 @@ pub const HANDED_OVER_BY_ANNOTATION: &str = "actix-coordination/handed-over-by";
 /// that the owner that handed the object over had seen before it wrote the handover (see the
 /// `handover` module).
 pub const HANDED_OVER_AFTER_ANNOTATION: &str = "actix-coordination/handed-over-after";
+
+/// The annotation naming the member lease a *bound* record lives by (see
+/// [`Binding`](crate::Binding)): the record is held exactly while that member lease's object
+/// shows the incarnation [`BOUND_INCARNATION_ANNOTATION`] names, held by the same holder.
+pub const BOUND_TO_ANNOTATION: &str = "actix-coordination/bound-to";
+
+/// The annotation `<uid>/<leaseTransitions>`: the incarnation (the member tenure) of the member
+/// lease's object a bound record lives by.
+pub const BOUND_INCARNATION_ANNOTATION: &str = "actix-coordination/bound-incarnation";
+
+/// The `leaseDurationSeconds` of a bound record: the largest the field holds (about 68 years).
+/// A bound record is never renewed; its validity is its member's, which only clients of this
+/// crate judge. A client that reads the record's duration (client-go 1.27 and later) therefore
+/// never counts it expired while it stands; one that applies its own configured duration
+/// (client-go before 1.27) would, and must not be pointed at bound records.
+pub const BOUND_DURATION_SECS: i32 = i32::MAX;
 
 /// The `spec.strategy` written with `spec.preferredHolder` (the API server accepts a preferred
 /// holder only with a strategy, and this is the only one it knows).
@@ -112,6 +129,7 @@ impl KubernetesBackend {
             .insert(LEASE_NAME_ANNOTATION.to_owned(), self.name.clone());
         clear_preference(&mut current);
         clear_handed(&mut current);
+        clear_binding(&mut current);
         set_metadata(&mut current, settings);
         let now = now_micro();
         let spec = current.spec.get_or_insert_with(LeaseSpec::default);
@@ -160,7 +178,7 @@ pub(super) fn slim(mut lease: LeaseObject) -> LeaseObject {
     lease
 }
 
-/// `lease` without a holder.
+/// `lease` without a holder (and without a binding).
 pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = None;
@@ -170,7 +188,48 @@ pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
         annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
     }
     clear_handed(&mut lease);
+    clear_binding(&mut lease);
     lease
+}
+
+/// The member tenure `lease` is bound to, if it is a held, bound record.
+pub(super) fn binding_of(lease: &LeaseObject) -> Option<Binding> {
+    holder_of(lease)?;
+    let annotations = lease.metadata.annotations.as_ref()?;
+    let member = annotations.get(BOUND_TO_ANNOTATION)?;
+    let incarnation = annotations.get(BOUND_INCARNATION_ANNOTATION)?;
+    Some(Binding::new(member.clone(), incarnation.clone()))
+}
+
+/// Binds `lease` (a claim) to `binding`: the annotations, and the duration of a bound record.
+pub(super) fn bind(lease: &mut LeaseObject, binding: &Binding) {
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(BOUND_TO_ANNOTATION.to_owned(), binding.member().to_owned());
+    annotations.insert(
+        BOUND_INCARNATION_ANNOTATION.to_owned(),
+        binding.incarnation().to_owned(),
+    );
+    lease
+        .spec
+        .get_or_insert_with(LeaseSpec::default)
+        .lease_duration_seconds = Some(BOUND_DURATION_SECS);
+}
+
+/// Removes a binding (a plain claim, a release, a handover write the object without).
+pub(super) fn clear_binding(lease: &mut LeaseObject) {
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove(BOUND_TO_ANNOTATION);
+        annotations.remove(BOUND_INCARNATION_ANNOTATION);
+    }
+}
+
+/// The incarnation of `lease`'s current tenure, `<uid>/<leaseTransitions>`, while it is held:
+/// what a record bound to it names. The `uid` tells a recreated object (whose transitions
+/// start again) from the old one.
+pub(super) fn incarnation_of(lease: &LeaseObject) -> Option<String> {
+    holder_of(lease)?;
+    let uid = lease.metadata.uid.as_deref()?;
+    Some(format!("{uid}/{}", transitions_of(lease)))
 }
 
 /// `lease` handed over by `from` to `target`, after the handing holder saw version `version` of
@@ -188,6 +247,8 @@ pub(super) fn handed(
     let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
     annotations.remove(HOLDER_METADATA_ANNOTATION);
     annotations.remove(HOLDER_METADATA_OWNER_ANNOTATION);
+    annotations.remove(BOUND_TO_ANNOTATION);
+    annotations.remove(BOUND_INCARNATION_ANNOTATION);
     annotations.insert(HANDED_OVER_BY_ANNOTATION.to_owned(), from.to_owned());
     annotations.insert(
         HANDED_OVER_AFTER_ANNOTATION.to_owned(),

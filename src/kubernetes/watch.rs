@@ -77,7 +77,7 @@ use super::handover::WriteLog;
 use super::record::older;
 use super::KubernetesError;
 use crate::backoff::Doubling;
-use crate::group::GroupWatch;
+use crate::group::{GroupRecord, GroupWatch};
 
 /// The shortest time between the starts of two watch requests of one namespace watch.
 pub const WATCH_FLOOR: Duration = Duration::from_secs(1);
@@ -222,6 +222,22 @@ impl WatchHub {
         }
         let latest = lock(&watch.state.index).latest_held_by(holder, Instant::now());
         latest
+    }
+
+    /// The record of object `object` of `namespace` and its `resourceVersion`, as the running
+    /// watch of `namespace` (none is started) has it while it is synced: `Some(None)` when the
+    /// namespace has no such object, `None` when no synced watch knows.
+    pub(super) fn record_of(
+        &self,
+        namespace: &str,
+        object: &str,
+    ) -> Option<Option<(GroupRecord, Option<String>)>> {
+        let watch = lock(&self.watches).get(namespace).and_then(Weak::upgrade)?;
+        if watch.ended() {
+            return None;
+        }
+        let record = lock(&watch.state.index).record_of(object);
+        record
     }
 
     /// Subscribes to object `object` of `namespace`, starting that namespace's watch if no lease

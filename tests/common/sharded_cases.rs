@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_coordination::{
     member_lease_name, shard_lease_name, FencingToken, GetGroupView, GetShards, Lease,
-    LeaseSettings, ShardInfo, ShardedWorkers, SharedLease, Shutdown,
+    LeaseSettings, ShardInfo, ShardedSettings, ShardedWorkers, SharedLease, Shutdown,
 };
 use tokio::time::{sleep, Instant};
 
@@ -93,6 +93,44 @@ pub fn start(
     log: &Log,
     stop_after: Duration,
 ) -> Node {
+    start_with(
+        fleet,
+        group,
+        shards,
+        node,
+        log,
+        stop_after,
+        ShardedSettings::default(),
+    )
+}
+
+/// [`start`] with shard leases renewed on their own (not bound to the member lease): the
+/// per-shard mode, whose shutdown hands shards over one at a time.
+pub fn start_renewed(
+    fleet: &impl Fleet,
+    group: &str,
+    shards: &[&str],
+    node: &str,
+    log: &Log,
+    stop_after: Duration,
+) -> Node {
+    let settings = ShardedSettings {
+        bind_shards: false,
+        ..ShardedSettings::default()
+    };
+    start_with(fleet, group, shards, node, log, stop_after, settings)
+}
+
+/// [`start`] with `settings`.
+pub fn start_with(
+    fleet: &impl Fleet,
+    group: &str,
+    shards: &[&str],
+    node: &str,
+    log: &Log,
+    stop_after: Duration,
+    settings: ShardedSettings,
+) -> Node {
     let leases = fleet.node(node);
     let (owner, ttl, log) = (node.to_owned(), fleet.ttl(), log.clone());
     ShardedWorkers::new(
@@ -128,6 +166,8 @@ pub fn start(
             }
         },
     )
+    .unwrap()
+    .settings(settings)
     .unwrap()
     .start()
 }
@@ -221,9 +261,9 @@ pub async fn a_leaving_node_hands_nothing_to_a_node_that_left_meanwhile(fleet: &
     let shards = ids(12);
     let log = Log::default();
     let slow = Duration::from_secs(1);
-    let a = start(fleet, &group, &refs(&shards), "a", &log, slow);
-    let b = start(fleet, &group, &refs(&shards), "b", &log, Duration::ZERO);
-    let c = start(fleet, &group, &refs(&shards), "c", &log, Duration::ZERO);
+    let a = start_renewed(fleet, &group, &refs(&shards), "a", &log, slow);
+    let b = start_renewed(fleet, &group, &refs(&shards), "b", &log, Duration::ZERO);
+    let c = start_renewed(fleet, &group, &refs(&shards), "c", &log, Duration::ZERO);
     until(
         fleet.ttl() * 4,
         "three nodes run the 12 shards, 4 each",
@@ -359,7 +399,7 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
         (fleet.node("outsider"))(settings(fleet, &shard_lease_name(&group, "0"), "outsider"));
     assert!(outsider.acquire().await.unwrap());
     let watch = outsider.watch_group(&format!("{group}.")).unwrap();
-    let a = start(
+    let a = start_renewed(
         fleet,
         &group,
         &refs(&shards),
@@ -367,7 +407,7 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
         &log,
         Duration::from_secs(1),
     );
-    let c = start(fleet, &group, &refs(&shards), "c", &log, Duration::ZERO);
+    let c = start_renewed(fleet, &group, &refs(&shards), "c", &log, Duration::ZERO);
     until(fleet.ttl() * 4, "the nodes run the 5 free shards", || {
         let running = running(&log);
         running.len() == 5 && running.values().any(|n| n == "a")

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use super::{LeaseError, ShardedWorkers};
-use crate::actors::singleton::{HandOverTo, HandoverTarget, Shutdown};
+use crate::actors::singleton::{HandOverTo, HandoverTarget, KeepLeaseOnShutdown, Shutdown};
 use crate::lease::Lease;
 use crate::metrics;
 
@@ -36,7 +36,7 @@ pub(super) struct Leaving {
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
     type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
 
-    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
         let (done, answer) = tokio::sync::oneshot::channel();
         self.leaving.done.push(done);
         let answer = actix::fut::wrap_future(answer).map(
@@ -55,6 +55,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
         self.leaving.turns = (0..self.shards.len())
             .filter(|&index| self.shards[index].manager.is_some())
             .collect();
+        if self.shards.iter().any(|s| {
+            s.lease
+                .as_ref()
+                .is_some_and(|lease| lease.bound_to().is_some())
+        }) {
+            return Box::pin(self.leave_bound(ctx).then(|(), _, _| answer));
+        }
         let member = self.member.clone();
         let member_left = async move {
             match member {
@@ -83,6 +90,57 @@ impl Leaving {
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
+    /// Leaving with bound shard leases: every worker stops first, all at once, under its tenure
+    /// (its lease left held, bound to the member lease); then the member lease is retired, which
+    /// ends every bound tenure and frees every shard in that one write. The other nodes see the
+    /// member go and claim the shards they target at once: no worker of this node runs by then,
+    /// and no shard waits for a record to expire. A shard lease that is not bound is released
+    /// as usual.
+    fn leave_bound(&mut self, ctx: &mut Context<Self>) -> impl ActorFuture<Self, Output = ()> {
+        let turns: Vec<usize> = self.leaving.turns.drain(..).collect();
+        let mut stops = Vec::with_capacity(turns.len());
+        for index in turns {
+            let shard = &self.shards[index];
+            let Some(manager) = shard.manager.clone() else {
+                continue;
+            };
+            if shard
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease.bound_to().is_some())
+            {
+                manager.do_send(KeepLeaseOnShutdown);
+            } else {
+                manager.do_send(HandOverTo(None));
+            }
+            stops.push(manager.send(Shutdown));
+        }
+        let member = self.member.clone();
+        let _ = ctx;
+        actix::fut::wrap_future(async move {
+            let mut result: Result<bool, LeaseError> = Ok(true);
+            let mut add = |answer: Result<bool, LeaseError>| {
+                result = match (std::mem::replace(&mut result, Ok(true)), answer) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    (Ok(a), Ok(b)) => Ok(a && b),
+                };
+            };
+            for answer in futures_util::future::join_all(stops).await {
+                add(answer.unwrap_or(Ok(true)));
+            }
+            if let Some(member) = member {
+                add(member.send(Shutdown).await.unwrap_or(Ok(true)));
+            }
+            result
+        })
+        .map(|result, act: &mut Self, _ctx: &mut Context<Self>| {
+            tracing::info!(group = %act.group, released = ?result, "sharded workers shut down: every worker stopped, then the member lease (and every shard bound to it) given up");
+            for done in act.leaving.done.drain(..) {
+                let _ = done.send(result.clone());
+            }
+        })
+    }
+
     /// Whom this node hands shard `index` over to as it leaves: the target the other members
     /// compute once they see its member lease gone (its shards still held in its name), from the
     /// group as the watch shows it *now* (a member that left since the shutdown began is no

@@ -279,6 +279,24 @@ impl HandoverTarget {
     }
 }
 
+/// Sent by a sharded node that leaves with bound shard leases: the next [`Shutdown`] stops the
+/// singleton and leaves the lease held (the node's member lease, retired next, frees it).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct KeepLeaseOnShutdown;
+
+impl<A, L> Handler<KeepLeaseOnShutdown> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, _: KeepLeaseOnShutdown, _: &mut Self::Context) {
+        self.keep_on_shutdown = true;
+    }
+}
+
 impl<A, L> Handler<HandOverTo> for ClusterSingletonManager<A, L>
 where
     A: Actor<Context = Context<A>>,
