@@ -3,7 +3,8 @@
 #
 # Usage:
 #   scripts/test-cluster.sh install            install packages, build + cache kube-apiserver v1.20.2
-#                                              and the client-go program tests/clientgo/leaderelect
+#                                              and the client-go program tests/clientgo/leaderelect,
+#                                              twice: with client-go 1.20.2 and with a newer one
 #   scripts/test-cluster.sh up     [DIR]       (re)start a cluster in DIR, write DIR/env
 #   scripts/test-cluster.sh down   [DIR]       stop everything started in DIR (idempotent)
 #   scripts/test-cluster.sh status [DIR]       show what runs in DIR
@@ -36,7 +37,11 @@
 #   ACTIX_COORD_TEST_KUBE_APISERVER_BIN   the cached kube-apiserver binary
 #   ACTIX_COORD_TEST_CLIENTGO_BIN         the cached client-go leader election program built from
 #                                         tests/clientgo/leaderelect/main.go (LeaseLock; see its
-#                                         header for flags and the events it prints)
+#                                         header for flags and the events it prints), client-go
+#                                         v1.20.2 (judges a Lease expired by its OWN LeaseDuration)
+#   ACTIX_COORD_TEST_CLIENTGO_NEW_BIN     the same program built with a newer client-go, v0.32.3
+#                                         (Kubernetes 1.32; >= 1.27 judges a Lease expired by the
+#                                         record's spec.leaseDurationSeconds, kubernetes PR 114872)
 #   ACTIX_COORD_TEST_KUBE_APISERVER_ARGS  every flag of the running apiserver EXCEPT --secure-port,
 #                                         whitespace-separated `--flag=value` words (no quoting needed).
 #                                         Start another apiserver sharing the same etcd, certificate,
@@ -79,6 +84,19 @@ RBAC_YAML=$REPO_ROOT/deploy/rbac.yaml
 # The client-go leader election program of the interop tests (tests/clientgo.rs), built by `install`
 # from the same Kubernetes source as kube-apiserver and cached by version and source hash.
 CLIENTGO_SRC=$REPO_ROOT/tests/clientgo/leaderelect/main.go
+# The same program built with a newer client-go (>= 1.27: a Lease expires by the record's
+# leaseDurationSeconds, not by the candidate's own LeaseDuration). Debian bookworm has no newer
+# client-go and this machine reaches no Go module proxy, so `install` takes Go source packages of
+# Debian releases: trixie's golang-k8s-client-go-dev $CLIENTGO_NEW_VERSION-* and the golang-*-dev
+# packages it depends on (Arch: all, sources under /usr/share/gocode), and Go $GO_NEW_VERSION (client-go
+# 0.32 needs Go >= 1.23) from bookworm-backports. They are downloaded with apt through a private apt
+# configuration (the system's sources are left alone: no trixie package is ever installed), unpacked
+# with `dpkg -x` into a temporary directory and built in GOPATH mode; only the binary is kept,
+# cached by both versions and the source hash.
+CLIENTGO_NEW_VERSION=0.32.3
+CLIENTGO_NEW_SUITE=trixie
+GO_NEW_VERSION=1.23
+GO_NEW_SUITE=bookworm-backports
 
 # Packages needed to run the cluster and to build the crate (etcd-client needs protoc); the chaos
 # harness needs iproute2 and nftables (its nodes run in network namespaces, partitions are nftables
@@ -162,13 +180,16 @@ apt_install_missing() {
         </dev/null >/dev/null
 }
 
-# Add a `deb-src` entry for Debian bookworm main, with the URI and keyring of the existing `deb`
-# entry (deb822 *.sources or one-line *.list, whichever is present). Returns 0 if it was already there.
-ensure_deb_src() {
-    local out target
-    out=$(python3 - "$KUBE_SUITE" <<'PY'
+# apt_sources_py SUITE [mirror]: reads the apt sources (deb822 *.sources or one-line *.list). Without
+# `mirror`: prints PRESENT if a `deb-src` entry for Debian SUITE main exists, else the path of a new
+# sources file and its contents (a `deb-src` entry with the URI and keyring of the `deb` entry).
+# With `mirror`: prints the Debian archive URI of the `deb` entry for SUITE main, then its keyring
+# (Signed-By; empty line if none), the defaults if there is no such entry.
+apt_sources_py() {
+    python3 - "$@" <<'PY'
 import glob, os, re, sys
 suite = sys.argv[1]
+mode = sys.argv[2] if len(sys.argv) > 2 else "deb-src"
 DEFAULT_URI = "http://deb.debian.org/debian"
 DEFAULT_KEY = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
@@ -223,16 +244,20 @@ def debian_archive(e):
     return any(re.search(r"/debian/?$", u) for u in e["uris"]) and suite in e["suites"] \
         and "main" in e["comps"]
 
-for e in entries:
-    if "deb-src" in e["types"] and debian_archive(e):
-        print("PRESENT")
-        sys.exit(0)
 src = next((e for e in entries if "deb" in e["types"] and debian_archive(e)), None)
 if src is None:
     src = dict(fmt="deb822", uris=[DEFAULT_URI],
                signed_by=DEFAULT_KEY if os.path.exists(DEFAULT_KEY) else None)
-    print("no bookworm `deb` entry found; using %s" % DEFAULT_URI, file=sys.stderr)
+    print("no %s `deb` entry found; using %s" % (suite, DEFAULT_URI), file=sys.stderr)
 uris = [u for u in src["uris"] if re.search(r"/debian/?$", u)]
+if mode == "mirror":
+    print(uris[0])
+    print(src["signed_by"] or "")
+    sys.exit(0)
+for e in entries:
+    if "deb-src" in e["types"] and debian_archive(e):
+        print("PRESENT")
+        sys.exit(0)
 if src["fmt"] == "deb822":
     print("/etc/apt/sources.list.d/actix-coordination-deb-src.sources")
     print("# Added by actix-coordination scripts/test-cluster.sh (kube-apiserver source build).")
@@ -248,7 +273,13 @@ else:
     opts = (src["opts"] + " ") if src["opts"] else ""
     print("deb-src %s%s %s main" % (opts, uris[0], suite))
 PY
-    )
+}
+
+# Add a `deb-src` entry for Debian bookworm main, with the URI and keyring of the existing `deb`
+# entry (deb822 *.sources or one-line *.list, whichever is present). Returns 0 if it was already there.
+ensure_deb_src() {
+    local out target
+    out=$(apt_sources_py "$KUBE_SUITE")
     if [[ $out == PRESENT ]]; then
         return 0
     fi
@@ -282,6 +313,109 @@ clientgo_ok() {
     local bin
     bin=$(clientgo_bin)
     [[ -x $bin ]] && [[ -s $bin ]]
+}
+
+clientgo_new_bin() {
+    [[ -f $CLIENTGO_SRC ]] || die "$CLIENTGO_SRC missing"
+    local hash
+    hash=$(sha256sum "$CLIENTGO_SRC" | cut -c1-16)
+    printf '%s/leaderelect-clientgo%s-go%s-%s' "$CACHE_DIR" "$CLIENTGO_NEW_VERSION" "$GO_NEW_VERSION" "$hash"
+}
+
+clientgo_new_ok() {
+    local bin
+    bin=$(clientgo_new_bin)
+    [[ -x $bin ]] && [[ -s $bin ]]
+}
+
+# build_clientgo_new: build the client-go program with client-go $CLIENTGO_NEW_VERSION (see
+# CLIENTGO_NEW_VERSION above) and cache it at $(clientgo_new_bin). About 2-3 minutes on 2 cores.
+build_clientgo_new() {
+    local bin build_log work start=$SECONDS rc mirror
+    bin=$(clientgo_new_bin)
+    build_log=$CACHE_DIR/leaderelect-clientgo$CLIENTGO_NEW_VERSION.build.log
+    # The Debian archive URI and keyring of the system's bookworm entry (a configured mirror is used).
+    mirror=$(apt_sources_py "$KUBE_SUITE" mirror) || die "could not read the apt sources"
+    work=$(mktemp -d "${TMPDIR:-/tmp}/actix-coordination-clientgo-build.XXXXXX")
+    BUILD_WORK=$work
+    log "building leaderelect with client-go $CLIENTGO_NEW_VERSION ($CLIENTGO_NEW_SUITE) and Go" \
+        "$GO_NEW_VERSION ($GO_NEW_SUITE) in $work (about 2-3 minutes; log: $build_log)"
+    set +e
+    (
+        set -euo pipefail
+        cd "$work"
+        uri=${mirror%%$'\n'*}
+        keyring=${mirror#*$'\n'}
+        [[ -n $keyring ]] || keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+        mkdir -p apt/lists/partial apt/cache/archives/partial apt/sources.list.d apt/preferences.d debs root
+        touch apt/sources.list apt/status apt/preferences
+        printf 'Types: deb\nURIs: %s\nSuites: %s %s\nComponents: main\nSigned-By: %s\n' \
+            "$uri" "$CLIENTGO_NEW_SUITE" "$GO_NEW_SUITE" "$keyring" >apt/sources.list.d/private.sources
+        arch=$(dpkg --print-architecture)
+        # Everything apt reads or writes is under $work/apt; the status file is empty, so apt
+        # resolves the full dependency closure without looking at what is installed.
+        apt_opts=(-q -o "Dir::Etc::SourceList=$work/apt/sources.list"
+            -o "Dir::Etc::SourceParts=$work/apt/sources.list.d"
+            -o "Dir::Etc::Preferences=$work/apt/preferences"
+            -o "Dir::Etc::PreferencesParts=$work/apt/preferences.d"
+            -o "Dir::State::Lists=$work/apt/lists" -o "Dir::State::status=$work/apt/status"
+            -o "Dir::Cache=$work/apt/cache" -o "APT::Architecture=$arch" -o "APT::Architectures::=$arch"
+            -o APT::Sandbox::User=root -o Acquire::Languages=none
+            -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
+            -o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
+            -o Acquire::IndexTargets::deb::DEP-11-icons-hidpi::DefaultEnabled=false
+            -o Acquire::IndexTargets::deb::CNF::DefaultEnabled=false)
+        echo "== private apt: $uri $CLIENTGO_NEW_SUITE $GO_NEW_SUITE (keyring $keyring)"
+        apt-get "${apt_opts[@]}" update </dev/null
+        cg_version=$(apt-cache "${apt_opts[@]}" show golang-k8s-client-go-dev | sed -n 's/^Version: //p' |
+            grep -E "^$CLIENTGO_NEW_VERSION-" | sort -V | tail -n 1 || true)
+        if [[ -z $cg_version ]]; then
+            echo "no golang-k8s-client-go-dev $CLIENTGO_NEW_VERSION-* in $CLIENTGO_NEW_SUITE; there is:"
+            apt-cache "${apt_opts[@]}" show golang-k8s-client-go-dev | sed -n 's/^Version: //p'
+            echo "(update CLIENTGO_NEW_VERSION in $0)"
+            exit 1
+        fi
+        # The Go source packages client-go needs (golang-*-dev, Arch: all): its dependency closure
+        # from an empty system, without the toolchain and C libraries that closure also brings.
+        mapfile -t pkgs < <(apt-get "${apt_opts[@]}" -s install --no-install-recommends \
+            "golang-k8s-client-go-dev=$cg_version" </dev/null |
+            sed -n 's/^Inst \(golang-[^ ]*-dev\) (\([^ ]*\) .*/\1=\2/p')
+        [[ ${#pkgs[@]} -gt 10 ]] || { echo "dependency closure of client-go too small: ${pkgs[*]}"; exit 1; }
+        pkgs+=("golang-$GO_NEW_VERSION-go/$GO_NEW_SUITE" "golang-$GO_NEW_VERSION-src/$GO_NEW_SUITE")
+        echo "== apt-get download (${#pkgs[@]} packages): ${pkgs[*]}"
+        (cd debs && apt-get "${apt_opts[@]}" download "${pkgs[@]}" </dev/null)
+        echo "== dpkg -x"
+        for deb in debs/*.deb; do dpkg -x "$deb" root; done
+        rm -rf debs
+        goroot=$work/root/usr/lib/go-$GO_NEW_VERSION
+        gocode=$work/root/usr/share/gocode/src
+        # The change this program is for (kubernetes PR 114872): expiry by the record's duration.
+        grep -q 'le.observedTime.Add(time.Second \* time.Duration(oldLeaderElectionRecord.LeaseDurationSeconds))' \
+            "$gocode/k8s.io/client-go/tools/leaderelection/leaderelection.go"
+        mkdir -p gopath/src/leaderelect
+        cp "$CLIENTGO_SRC" gopath/src/leaderelect/main.go
+        export GOROOT=$goroot GOPATH=$work/gopath:$work/root/usr/share/gocode GO111MODULE=off \
+            GOCACHE=$work/gocache GOTOOLCHAIN=local GOPROXY=off GOFLAGS='' CGO_ENABLED=0
+        "$goroot/bin/go" version
+        echo "== go build (GOPATH mode)"
+        (cd gopath/src/leaderelect && "$goroot/bin/go" build -o "$work/leaderelect" .)
+        usage=$("$work/leaderelect" -h 2>&1 || true)
+        [[ $usage == *-lease-duration* ]]
+        cp "$work/leaderelect" "$bin.tmp.$$"
+        mv -f "$bin.tmp.$$" "$bin"
+    ) >"$build_log" 2>&1
+    rc=$?
+    set -e
+    chmod -R u+w "$work" 2>/dev/null || true
+    rm -rf "$work"
+    BUILD_WORK=
+    if [[ $rc -ne 0 ]]; then
+        log "build of leaderelect with client-go $CLIENTGO_NEW_VERSION FAILED (exit $rc) after" \
+            "$((SECONDS - start)) s; last lines of $build_log:"
+        tail -n 60 "$build_log" >&2
+        exit 1
+    fi
+    log "built leaderelect with client-go $CLIENTGO_NEW_VERSION in $((SECONDS - start)) s"
 }
 
 # build_from_source WANT_APISERVER WANT_CLIENTGO (each 0 or 1): download Debian's source of
@@ -379,9 +513,10 @@ cmd_install() {
     [[ $# -eq 0 ]] || die "usage: $0 install"
     apt_install_missing "${RUNTIME_PKGS[@]}"
     mkdir -p "$CACHE_DIR"
-    if apiserver_ok && clientgo_ok; then
+    if apiserver_ok && clientgo_ok && clientgo_new_ok; then
         log "kube-apiserver cached: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
         log "client-go program cached: $(clientgo_bin)"
+        log "client-go $CLIENTGO_NEW_VERSION program cached: $(clientgo_new_bin)"
         return 0
     fi
     # Serialise concurrent builds (several checkouts / engineers on one machine).
@@ -396,9 +531,11 @@ cmd_install() {
     if [[ $want_apiserver -eq 1 || $want_clientgo -eq 1 ]]; then
         build_from_source "$want_apiserver" "$want_clientgo"
     fi
+    clientgo_new_ok || build_clientgo_new
     exec 8>&-
     log "kube-apiserver ready: $KUBE_APISERVER_BIN ($("$KUBE_APISERVER_BIN" --version 2>&1))"
     log "client-go program ready: $(clientgo_bin)"
+    log "client-go $CLIENTGO_NEW_VERSION program ready: $(clientgo_new_bin)"
 }
 
 # ------------------------------------------------------------------------------------ processes
@@ -698,6 +835,8 @@ up_locked() {
     [[ -x $ETCDCTL_BIN ]] || die "$ETCDCTL_BIN missing: run '$0 install' first"
     apiserver_ok || die "kube-apiserver not built: run '$0 install' first"
     clientgo_ok || die "client-go program not built (or $CLIENTGO_SRC changed): run '$0 install' first"
+    clientgo_new_ok ||
+        die "client-go $CLIENTGO_NEW_VERSION program not built (or $CLIENTGO_SRC changed): run '$0 install' first"
     command -v curl >/dev/null || die "curl missing: run '$0 install' first"
     local yaml_py
     yaml_py=$(yaml_python) || die "python3 with the yaml module missing: run '$0 install' first"
@@ -789,6 +928,7 @@ up_locked() {
         env_line ACTIX_COORD_TEST_K8S_NAMESPACE "$NAMESPACE"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_BIN "$KUBE_APISERVER_BIN"
         env_line ACTIX_COORD_TEST_CLIENTGO_BIN "$(clientgo_bin)"
+        env_line ACTIX_COORD_TEST_CLIENTGO_NEW_BIN "$(clientgo_new_bin)"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_ARGS "${args[*]}"
         env_line ACTIX_COORD_TEST_KUBE_APISERVER_PID "$apiserver_pid"
         env_line ACTIX_COORD_TEST_KUBE_ETCD_ENDPOINT "$kube_etcd"
@@ -1008,16 +1148,16 @@ cmd_run() {
 }
 
 main() {
-    local cmd=${1:-}
+    local subcommand=${1:-}
     [[ $# -gt 0 ]] && shift
-    case $cmd in
+    case $subcommand in
         install) cmd_install "$@" ;;
         up) cmd_up "$@" ;;
         down) cmd_down "$@" ;;
         status) cmd_status "$@" ;;
         run) cmd_run "$@" ;;
         *)
-            sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+            sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
             exit 2
             ;;
     esac
