@@ -771,13 +771,16 @@ impl InMemoryBackend {
                 let bound = match binding {
                     None => None,
                     Some(binding) => {
+                        // The member record must be a plain claim: `holding` never counts a
+                        // record bound to a bound record as held, so a claim bound to one (a
+                        // lease bound to a bound lease) would be free for every contender while
+                        // its holder's tenure is alive.
                         let live = state
                             .holding(binding.member(), now)
                             .is_some_and(|(holder, _)| holder == owner)
-                            && state
-                                .records
-                                .get(binding.member())
-                                .is_some_and(|m| m.token.to_string() == binding.incarnation());
+                            && state.records.get(binding.member()).is_some_and(|m| {
+                                m.bound.is_none() && m.token.to_string() == binding.incarnation()
+                            });
                         if !live {
                             return Err(InMemoryError::Unbound {
                                 member: binding.member().to_owned(),
