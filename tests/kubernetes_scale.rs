@@ -548,15 +548,27 @@ impl actix::Actor for Part {
     type Context = actix::Context<Self>;
 }
 
-/// A node of a `ShardedWorkers` group holding 256 shards costs the API server one write per
-/// shard (and one for its member lease) per renewal interval and no read: counted by the API
-/// server (`apiserver_request_total` on leases) over four renewal intervals once the node has
-/// settled: at most (256 + 1) × 5 updates, no GET, LIST or CREATE at all, and at most one
-/// re-opened watch per interval (see below).
+/// A node of a `ShardedWorkers` group holding 256 shards, bound to its member lease (the
+/// default), costs the API server one write per renewal interval (its member lease's) and no
+/// read: counted by the API server (`apiserver_request_total` on leases, every mutating verb)
+/// over four renewal intervals once the node has settled: at most 5 updates, no GET, LIST,
+/// CREATE, PATCH or DELETE at all, and at most one re-opened watch per interval (see below).
+#[test]
+fn a_sharded_node_holding_256_bound_shards_writes_once_per_interval_and_reads_nothing() {
+    sharded_node_costs(true);
+}
+
+/// With shard leases renewed on their own (`bind_shards: false`), a node holding 256 shards
+/// costs one write per shard (and one for its member lease) per renewal interval and no read:
+/// at most (256 + 1) × 5 updates over four intervals.
 #[test]
 fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_reads_nothing() {
+    sharded_node_costs(false);
+}
+
+fn sharded_node_costs(bind: bool) {
     use actix::Actor;
-    use actix_coordination::{GetShards, ShardInfo, ShardedWorkers, Shutdown};
+    use actix_coordination::{GetShards, ShardInfo, ShardedSettings, ShardedWorkers, Shutdown};
     const SHARDS: usize = 256;
     const INTERVALS: u32 = 4;
     actix_rt::System::new().block_on(async {
@@ -571,6 +583,11 @@ fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_read
             move |name: &str| leases.lease(settings(name.to_owned())),
             |_: &ShardInfo, _| Part,
         )
+        .unwrap()
+        .settings(ShardedSettings {
+            bind_shards: bind,
+            ..ShardedSettings::default()
+        })
         .unwrap()
         .start();
         timeout(Duration::from_secs(120), async {
@@ -592,15 +609,17 @@ fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_read
             after.get(verb).copied().unwrap_or(0) - before.get(verb).copied().unwrap_or(0)
         };
         let updates = delta("UPDATE") + delta("PUT");
+        // Bound: the member lease alone is renewed; renewed: every shard lease too.
+        let renewed = if bind { 1 } else { SHARDS as u64 + 1 };
         assert!(
-            updates <= (SHARDS as u64 + 1) * u64::from(INTERVALS + 1),
+            updates <= renewed * u64::from(INTERVALS + 1),
             "{updates} updates in {INTERVALS} intervals: {before:?} → {after:?}"
         );
         assert!(
-            updates >= (SHARDS as u64) * u64::from(INTERVALS - 1),
-            "{updates} updates: the shards are not being renewed: {before:?} → {after:?}"
+            updates >= renewed * u64::from(INTERVALS - 1),
+            "{updates} updates: the leases are not being renewed: {before:?} → {after:?}"
         );
-        for verb in ["GET", "LIST", "CREATE"] {
+        for verb in ["GET", "LIST", "CREATE", "PATCH", "DELETE"] {
             assert_eq!(delta(verb), 0, "{verb}: {before:?} → {after:?}");
         }
         // The API server ends the namespace watch's stream early now and then under this write
@@ -619,9 +638,11 @@ fn a_sharded_node_holding_256_shards_writes_once_per_shard_per_interval_and_read
         );
         assert_eq!(watch_after.listings, watch_before.listings, "no listing");
         println!(
-            "a node of {SHARDS} shards: {:.2} writes per shard per renewal interval, 0 reads",
-            updates as f64 / (SHARDS as f64 + 1.0) / f64::from(INTERVALS)
+            "a node of {SHARDS} shards (bound: {bind}): {:.2} writes per renewal interval, 0 reads",
+            updates as f64 / f64::from(INTERVALS)
         );
+        // Every shard still held (and, bound, by no write of its own).
+        assert_eq!(node.send(GetShards).await.unwrap().len(), SHARDS);
         assert!(node.send(Shutdown).await.unwrap().unwrap());
     });
 }

@@ -683,11 +683,11 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
             );
         }
     }
-    // On Kubernetes too, as the API server's own storage shows: the first write of each moved
-    // shard's object after the signal that names the new holder is node-2's handover (node-2's
-    // own renewals of the shards still waiting for their turn may come before it), and the new
-    // holder's worker runs under that handover's token (node-2's + 1): it took the object up
-    // without a claim of its own, which would have raised the token once more.
+    // On Kubernetes, where shard leases are bound to the member lease (the default), as the API
+    // server's own storage shows: node-2 writes nothing to its shards' objects (it stops its
+    // workers, then retires its member lease, which frees them all), and the first write of each
+    // moved shard's object after the signal is the new holder's own claim, bound to its member
+    // lease, under the next token (node-2's + 1): one write per moved shard.
     if fleet.backend.etcd_prefix.is_none() {
         let namespace = &common::k8s::env().namespace;
         let keys: BTreeMap<String, usize> = leaving
@@ -705,10 +705,17 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
         let first = first_writes(&kube_etcd_endpoint(), &naming, from_revision).await;
         for (key, &shard) in &keys {
             let new_holder = &after[&shard];
-            let value = &first[key];
+            let (value, earlier) = &first[key];
+            assert_eq!(
+                *earlier, 0,
+                "shard {shard}: written {earlier} times after the SIGTERM before {new_holder}'s claim"
+            );
+            let member = format!("{}.member.{new_holder}", fleet.backend.group);
             assert!(
-                value.contains("handed-over-by") && value.contains(new_holder.as_str()),
-                "shard {shard}: the first write after the SIGTERM is not the handover to {new_holder}: {value:?}"
+                value.contains("actix-coordination/bound-to")
+                    && value.contains(member.as_str())
+                    && !value.contains("handed-over-by"),
+                "shard {shard}: the first write after the SIGTERM is not {new_holder}'s bound claim: {value:?}"
             );
             let started = starts
                 .iter()
@@ -718,7 +725,7 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
             assert_eq!(
                 started,
                 tokens_before[&shard] + 1,
-                "shard {shard}: {new_holder} runs under the handover's token, not a claim's"
+                "shard {shard}: {new_holder} runs under its claim's token, node-2's + 1"
             );
         }
         // node-2 gave its member lease up for good: its object is gone (`Lease::retire`), while
@@ -761,12 +768,12 @@ async fn etcd_revision(endpoint: &str) -> i64 {
 
 /// The first value written to each of `keys` after revision `from` in the etcd at `endpoint`
 /// that contains the key's string in `keys` (read as lossy UTF-8: the API server stores objects
-/// as protobuf, whose strings are plain).
+/// as protobuf, whose strings are plain), with how many writes of the key came before it.
 async fn first_writes(
     endpoint: &str,
     keys: &BTreeMap<String, String>,
     from: i64,
-) -> BTreeMap<String, String> {
+) -> BTreeMap<String, (String, usize)> {
     let prefix = keys
         .keys()
         .next()
@@ -774,13 +781,17 @@ async fn first_writes(
         .rsplit_once('/')
         .unwrap()
         .0;
-    let mut first: BTreeMap<String, String> = BTreeMap::new();
+    let mut first: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    let mut before: BTreeMap<String, usize> = BTreeMap::new();
     history(endpoint, &format!("{prefix}/"), from, |key, _, value| {
         let naming = keys
             .get(&key)
             .is_some_and(|name| value.contains(name.as_str()));
         if naming && !first.contains_key(&key) {
-            first.insert(key, value);
+            let earlier = before.get(&key).copied().unwrap_or(0);
+            first.insert(key, (value, earlier));
+        } else if keys.contains_key(&key) && !first.contains_key(&key) {
+            *before.entry(key).or_insert(0) += 1;
         }
         first.len() == keys.len()
     })
