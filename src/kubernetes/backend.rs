@@ -570,6 +570,7 @@ impl KubernetesBackend {
                 bind(&mut claim, binding);
             }
             let sent = self.claim_sent(&claim);
+            tracing::debug!(object = %self.object, "sending the claim");
             match self.answered(sent, self.update(&api, &claim).await) {
                 Ok(updated) => return Ok(self.acquired(updated)),
                 // 409: someone wrote first; 404: deleted meanwhile. Read again and decide.

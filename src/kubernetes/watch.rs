@@ -696,6 +696,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
             }
             Event::Apply(lease) => {
                 if let Some(name) = lease.metadata.name.clone() {
+                    tracing::trace!(%namespace, object = %name, version = ?lease.metadata.resource_version, "lease watch event");
                     index.apply(&name, &lease, at);
                     state.deliver(
                         &mut registry,
