@@ -147,6 +147,8 @@ pub(crate) struct Anchor {
     name: String,
     store: Option<String>,
     state: Mutex<AnchorState>,
+    /// Whether the anchoring lease is bound itself (then nothing may bind to it).
+    bound: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -171,7 +173,18 @@ impl Anchor {
             name,
             store,
             state: Mutex::new(AnchorState::default()),
+            bound: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The anchoring lease was bound: nothing binds to it from now on.
+    pub(crate) fn set_bound(&self) {
+        self.bound.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the anchoring lease is bound itself.
+    pub(crate) fn is_bound(&self) -> bool {
+        self.bound.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, AnchorState> {
@@ -265,11 +278,5 @@ impl Anchor {
         for (_, child) in orphans {
             child.ended(reason.clone());
         }
-    }
-
-    /// How many bound tenures are attached (some may have ended since the last renewal).
-    #[cfg(test)]
-    pub(crate) fn attached(&self) -> usize {
-        self.lock().children.len()
     }
 }

@@ -1170,7 +1170,14 @@ impl<B: LeaseBackend> Drop for ManagedLease<B> {
         if let Some(generation) = self.shared.tenure.published_generation() {
             if let Some(tenure) = self.shared.end_by_choice(generation, TenureEnd::Dropped) {
                 let settings = &self.shared.settings;
-                tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %tenure.token(), ttl = ?settings.ttl(), "lease dropped while held, without a release: its record stays until the TTL passes, and the next holder waits that long");
+                match self.shared.bound.get() {
+                    Some(anchor) => {
+                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %tenure.token(), member = %anchor.member(), "bound lease dropped while held, without a release: its record stays held as long as the member lease's tenure it is bound to");
+                    }
+                    None => {
+                        tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %tenure.token(), ttl = ?settings.ttl(), "lease dropped while held, without a release: its record stays until the TTL passes, and the next holder waits that long");
+                    }
+                }
             }
         }
         if let Some(abort) = lock(&self.shared.abort).take() {
@@ -1248,6 +1255,10 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     }
 
     fn binding_anchor(&self) -> Option<BindingAnchor> {
+        // A bound lease anchors nothing: a binding is one level deep (its member decides).
+        if self.shared.bound.get().is_some() {
+            return None;
+        }
         self.shared.tenure.anchor().map(|inner| BindingAnchor {
             inner: Arc::clone(inner),
         })
@@ -1267,6 +1278,9 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
         if anchor.store_id() != shared.backend.store_id().as_deref() {
             return refuse("bind a lease to a lease of another store");
         }
+        if anchor.inner.is_bound() {
+            return refuse("bind a lease to a lease that is bound itself");
+        }
         if anchor.member() == shared.settings.name()
             || shared
                 .tenure
@@ -1285,6 +1299,10 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
             if !same {
                 return refuse("bind a lease that is bound to another lease already");
             }
+        }
+        // Anchors handed out before are refused from now on (`is_bound`).
+        if let Some(own) = shared.tenure.anchor() {
+            own.set_bound();
         }
         Ok(())
     }

@@ -358,7 +358,9 @@ async fn binding_errors() {
     assert!(matches!(error, LeaseError::Unbound { .. }), "{error}");
     assert!(store.record(&shard_name(0)).is_none(), "never claimed");
 
-    // bind_to: a lease bound already, a lease bound to itself, an anchor of another store.
+    // bind_to: a lease bound to another lease already, a lease bound to itself, an anchor of
+    // another store, an anchor whose lease is bound itself. Binding again to the same anchor
+    // changes nothing (a lease built again from a provider's cache).
     let unsupported = |result: Result<(), LeaseError>| {
         assert!(
             matches!(result, Err(LeaseError::Unsupported { .. })),
@@ -366,7 +368,14 @@ async fn binding_errors() {
         );
     };
     let anchor = a.member.binding_anchor().unwrap();
-    unsupported(a.shards[0].bind_to(&anchor));
+    a.shards[0].bind_to(&anchor).unwrap();
+    assert_eq!(a.shards[0].bound_to(), Some(member_name("a")));
+    let second = store.lease(settings("bind.second-member", "a"));
+    unsupported(a.shards[0].bind_to(&second.binding_anchor().unwrap()));
+    assert!(
+        a.shards[0].binding_anchor().is_none(),
+        "a bound lease anchors nothing"
+    );
     let lone = store.lease(settings("bind.lone", "a"));
     unsupported(lone.bind_to(&lone.binding_anchor().unwrap()));
     let other_store = InMemoryStore::new();
@@ -625,20 +634,33 @@ async fn a_lease_bound_to_a_bound_lease_never_holds_a_free_record() {
     contender
         .bind_to(&b.member.binding_anchor().unwrap())
         .unwrap();
-    // Refused when bound, or when acquired: either way no tenure.
-    if chained
-        .bind_to(&a.shards[0].binding_anchor().unwrap())
-        .is_ok()
-    {
-        let error = chained.acquire().await.unwrap_err();
-        assert!(
-            matches!(
-                error.backend_error::<InMemoryError>(),
-                Some(InMemoryError::Unbound { .. })
+    // A bound lease hands out no anchor, and an anchor taken before its lease was bound is
+    // refused once it is.
+    assert!(a.shards[0].binding_anchor().is_none());
+    let middle = store.lease(settings("bind.middle", "a"));
+    let early = middle.binding_anchor().unwrap();
+    middle.bind_to(&a.member.binding_anchor().unwrap()).unwrap();
+    assert!(matches!(
+        chained.bind_to(&early),
+        Err(LeaseError::Unsupported { .. })
+    ));
+    assert_eq!(chained.bound_to(), None);
+    // The store refuses such a claim too (a backend used without `ManagedLease`): nothing is
+    // written.
+    assert!(middle.acquire().await.unwrap());
+    let refused = InMemoryBackend::new(&store)
+        .try_acquire_bound(
+            &settings("bind.chained", "a"),
+            &Binding::new(
+                "bind.middle",
+                middle.fencing_token().unwrap().value().to_string(),
             ),
-            "{error}"
-        );
-    }
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(InMemoryError::Unbound { .. })),
+        "{refused:?}"
+    );
     assert!(!chained.check_alive());
     assert!(store.record("bind.chained").is_none(), "nothing written");
     assert!(contender.acquire().await.unwrap());
