@@ -3,24 +3,35 @@
 //! `coordination.k8s.io/v1` Lease object of the real kube-apiserver, both as the `lease-holder`
 //! user (the Role of deploy/rbac.yaml).
 //!
-//! Needs the test cluster of `scripts/test-cluster.sh` with its client-go program
-//! (`ACTIX_COORD_TEST_CLIENTGO_BIN`); `scripts/test.sh` builds, starts and stops everything.
+//! Needs the test cluster of `scripts/test-cluster.sh` with its client-go programs
+//! (`ACTIX_COORD_TEST_CLIENTGO_BIN`, client-go 1.20, and `ACTIX_COORD_TEST_CLIENTGO_NEW_BIN`,
+//! client-go 0.32.3); `scripts/test.sh` builds, starts and stops everything.
 //!
 //! Both directions: while one side renews the other never claims; a graceful release on either
 //! side hands over at once; a killed holder is taken over only after the lease duration; every
 //! handover raises `leaseTransitions`, which is our fencing token.
+//!
+//! Bound shard leases ([`Lease::bind_to`]): a bound record is written once, never renewed, with
+//! `leaseDurationSeconds` [`KUBERNETES_BOUND_DURATION_SECS`]. client-go 1.27 and later judges
+//! expiry by that field and never takes the record while it stands; client-go before 1.27 applies
+//! its own lease duration and takes it over while its member lives (the README's warning).
 
 #[macro_use]
 mod common;
 
 use std::time::Duration;
 
-use actix_coordination::{KubernetesLease, KubernetesSettings, Lease, LeaseSettings};
-use common::clientgo::{ClientGo, ElectionTiming, ObjectHistory};
+use actix_coordination::{
+    kubernetes_object_name, KubernetesLease, KubernetesSession, KubernetesSettings, Lease,
+    LeaseLost, LeaseSettings, LostReason, LostSubscription, KUBERNETES_BOUND_DURATION_SECS,
+    KUBERNETES_BOUND_INCARNATION_ANNOTATION, KUBERNETES_BOUND_TO_ANNOTATION,
+};
+use common::clientgo::{Build, ClientGo, ElectionTiming, ObjectHistory};
 use common::k8s::{client, env, unique};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::api::Api;
-use tokio::time::{sleep, Instant};
+use tokio::sync::mpsc;
+use tokio::time::{sleep, timeout, Instant};
 
 /// Our TTL and client-go's lease duration: the same few seconds on both sides.
 const TTL: Duration = Duration::from_secs(4);
@@ -399,4 +410,315 @@ async fn dropped_holder_of_ours_is_taken_over_by_client_go_after_the_lease_durat
     assert_eq!(transitions, token as i32 + 1);
     cg.terminate();
     assert!(cg.exited(Duration::from_secs(10)).await.success());
+}
+
+/// client-go's timings against bound records: a short lease duration, so that several of them
+/// pass while our member lease lives.
+const BOUND_CLIENT_GO: ElectionTiming = ElectionTiming {
+    lease_duration: Duration::from_secs(2),
+    renew_deadline: Duration::from_millis(1500),
+    retry_period: Duration::from_millis(500),
+};
+/// Five of `BOUND_CLIENT_GO`'s lease durations.
+const BOUND_WINDOW: Duration = Duration::from_secs(10);
+
+/// A node of group `group` on a session of its own: member lease `<group>.member.<owner>` and
+/// shard lease `<group>.0` bound to it, both of `owner`, with our TTL; every loss of the shard
+/// tenure is sent to `shard_lost`.
+struct Node {
+    member: KubernetesLease,
+    shard: KubernetesLease,
+    shard_lost: mpsc::UnboundedReceiver<LeaseLost>,
+    _told: LostSubscription,
+}
+
+impl Node {
+    fn new(group: &str, owner: &str) -> Self {
+        let k8s = KubernetesSettings::new(&env().namespace)
+            .with_api_url(&env().url)
+            .with_token(&env().token)
+            .with_ca_file(&env().ca);
+        let session = KubernetesSession::new(k8s).unwrap();
+        let settings = |name: String| {
+            LeaseSettings::builder(name, owner)
+                .ttl(TTL)
+                .acquire_retries(0)
+                .build()
+                .unwrap()
+        };
+        let member = session.lease(settings(format!("{group}.member.{owner}")));
+        let shard = session.lease(settings(shard_of(group)));
+        shard
+            .bind_to(&member.binding_anchor().expect("Kubernetes leases bind"))
+            .expect("bound");
+        let (tx, shard_lost) = mpsc::unbounded_channel();
+        let told = shard.on_lost(move |lost| {
+            let _ = tx.send(lost.clone());
+        });
+        Self {
+            member,
+            shard,
+            shard_lost,
+            _told: told,
+        }
+    }
+
+    /// Acquires the member lease, then the shard lease bound to it.
+    async fn acquire_both(&self) {
+        assert!(self.member.acquire().await.unwrap(), "member lease free");
+        assert!(self.shard.acquire().await.unwrap(), "shard lease free");
+        assert_eq!(self.shard.bound_to().as_deref(), Some(self.member.name()));
+    }
+
+    /// The next loss of the shard tenure, or a panic after `within`.
+    async fn shard_lost_within(&mut self, within: Duration) -> (Instant, LeaseLost) {
+        let lost = timeout(within, self.shard_lost.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the shard tenure was not lost within {within:?}"))
+            .expect("subscribed");
+        (Instant::now(), lost)
+    }
+
+    /// Panics if the shard tenure was lost so far.
+    fn assert_shard_never_lost(&mut self) {
+        if let Ok(lost) = self.shard_lost.try_recv() {
+            panic!("the shard tenure was lost: {lost}");
+        }
+    }
+}
+
+/// The shard lease name of `group`.
+fn shard_of(group: &str) -> String {
+    format!("{group}.0")
+}
+
+/// `lease` held by `holder`, bound to `member`'s tenure with the bound duration, as the API
+/// server has it now.
+async fn assert_bound_record(object: &str, holder: &str, member: &KubernetesLease) -> LeaseObject {
+    let lease = read(object).await;
+    let spec = lease.spec.clone().expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some(holder), "{lease:?}");
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(KUBERNETES_BOUND_DURATION_SECS),
+        "{lease:?}"
+    );
+    let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(KUBERNETES_BOUND_TO_ANNOTATION)
+            .map(String::as_str),
+        Some(member.name()),
+        "{lease:?}"
+    );
+    let member_object = read(member.backend().object_name()).await;
+    let incarnation = format!(
+        "{}/{}",
+        member_object.metadata.uid.as_deref().expect("uid"),
+        member_object
+            .spec
+            .and_then(|s| s.lease_transitions)
+            .expect("leaseTransitions")
+    );
+    assert_eq!(
+        annotations
+            .get(KUBERNETES_BOUND_INCARNATION_ANNOTATION)
+            .map(String::as_str),
+        Some(incarnation.as_str()),
+        "{lease:?}"
+    );
+    lease
+}
+
+/// client-go 1.27+ against a bound shard record: it reads `leaseDurationSeconds` (about 68 years)
+/// and never claims the record, over many of its own lease durations, while the member lease
+/// renews and the shard record is never written again. Then the member's release ends the shard
+/// tenure (`Unbound`), and the shard is free at once for a client of this crate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_never_takes_a_bound_shard_while_its_member_lives() {
+    let group = unique("cg-bound");
+    let object = kubernetes_object_name(&shard_of(&group));
+    let history = ObjectHistory::start(&object).await;
+    let mut a = Node::new(&group, "a");
+    a.acquire_both().await;
+    let claim = assert_bound_record(&object, "a", &a.member).await;
+    let claimed_version = claim.metadata.resource_version.clone().expect("version");
+
+    let mut cg = ClientGo::start_build(Build::New, &object, "cg", BOUND_CLIENT_GO).await;
+    cg.wait_for("new-leader a", Duration::from_secs(10)).await;
+    let renewals_before = a.member.stats().renewals;
+    let window_start = Instant::now();
+    cg.assert_never("started-leading", BOUND_WINDOW).await;
+    // The window was also one of several member renewals, and the member lived through it.
+    let renewals = a.member.stats().renewals - renewals_before;
+    let expected =
+        (BOUND_WINDOW.as_millis() / a.member.settings().renewal_interval().as_millis()) as u64;
+    assert!(
+        renewals + 2 >= expected,
+        "the member renewed {renewals} times in {BOUND_WINDOW:?} (expected about {expected})"
+    );
+    assert!(
+        window_start.elapsed() >= BOUND_CLIENT_GO.lease_duration * 4,
+        "{:?}",
+        window_start.elapsed()
+    );
+    assert!(a.member.check_alive(), "the member lease was lost");
+    assert!(a.shard.check_alive(), "the shard tenure ended");
+    a.assert_shard_never_lost();
+    assert_eq!(a.shard.stats().renewals, 0, "a bound tenure renews nothing");
+    // Nobody wrote the shard record after the claim: not client-go, not a renewal of ours.
+    let now = assert_bound_record(&object, "a", &a.member).await;
+    assert_eq!(
+        now.metadata.resource_version.as_deref(),
+        Some(claimed_version.as_str()),
+        "the shard record was written after its claim: {:?}",
+        history.versions()
+    );
+    let versions = history.versions();
+    assert!(
+        versions
+            .iter()
+            .all(|v| v.resource_version == claimed_version),
+        "{versions:?}"
+    );
+
+    // The member's end ends the shard tenure, and frees the shard for clients of this crate.
+    let mut b = Node::new(&group, "b");
+    assert!(b.member.acquire().await.unwrap());
+    assert!(
+        !b.shard.acquire().await.unwrap(),
+        "b claimed a shard bound to a live member"
+    );
+    next_renewal(&a.member).await;
+    let released = Instant::now();
+    assert!(a.member.release().await.unwrap());
+    let (_, lost) = a.shard_lost_within(Duration::from_secs(1)).await;
+    assert_eq!(
+        lost.reason,
+        LostReason::Unbound {
+            member: a.member.name().to_owned()
+        },
+        "{lost}"
+    );
+    assert!(!a.shard.check_alive());
+    assert!(
+        b.shard.acquire_within(TTL).await.unwrap(),
+        "b did not take the shard"
+    );
+    let taken = released.elapsed();
+    println!("a's member released -> b holds the shard: {taken:?}");
+    assert!(
+        taken < SLACK * 2,
+        "b took the shard {taken:?} after a's member release: not at once"
+    );
+    assert_bound_record(&object, "b", &b.member).await;
+    assert_eq!(
+        b.shard.fencing_token().unwrap().value(),
+        transitions_in(&claim) + 1,
+        "the claim moved leaseTransitions on"
+    );
+    // client-go saw the new holder, and still does not claim.
+    cg.wait_for("new-leader b", Duration::from_secs(5)).await;
+    assert!(!cg.printed("started-leading"), "{:?}", cg.seen());
+    cg.terminate();
+    assert!(cg.exited(Duration::from_secs(10)).await.success());
+    assert!(!cg.printed("started-leading"), "{:?}", cg.seen());
+    assert!(b.shard.check_alive());
+    b.assert_shard_never_lost();
+    assert!(b.member.release().await.unwrap());
+    let (_, lost) = b.shard_lost_within(Duration::from_secs(1)).await;
+    assert!(matches!(lost.reason, LostReason::Unbound { .. }), "{lost}");
+}
+
+/// The `leaseTransitions` of a claimed record.
+fn transitions_in(claim: &LeaseObject) -> u64 {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .expect("leaseTransitions") as u64
+}
+
+/// client-go before 1.27 against a bound shard record (the documented limitation): it applies
+/// its own lease duration to a record it sees unchanged, so it starts leading about that long
+/// after it first saw the record, while the member lease lives and renews; the shard tenure is
+/// told it lost the lease (taken over, through its watch). Pointing old client-go at bound records
+/// is therefore unsafe, as the README says. Ours still respects client-go's tenure afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_client_go_takes_a_bound_shard_after_its_own_duration() {
+    let group = unique("cg-bound-old");
+    let object = kubernetes_object_name(&shard_of(&group));
+    let mut a = Node::new(&group, "a");
+    a.acquire_both().await;
+    let claim = assert_bound_record(&object, "a", &a.member).await;
+
+    let mut cg = ClientGo::start_build(Build::Old, &object, "cg", BOUND_CLIENT_GO).await;
+    // client-go times the record from its first read, right before it reports the holder.
+    let seen = cg.wait_for("new-leader a", Duration::from_secs(10)).await;
+    let renewals_before = a.member.stats().renewals;
+    let started = cg
+        .wait_for("started-leading", BOUND_CLIENT_GO.lease_duration * 3)
+        .await;
+    let after = started - seen;
+    println!("old client-go saw the bound record held by a -> started leading: {after:?}");
+    assert!(
+        after + EARLY >= BOUND_CLIENT_GO.lease_duration,
+        "old client-go started leading {after:?} after it saw the record: before its own duration"
+    );
+    assert!(
+        after <= BOUND_CLIENT_GO.lease_duration + CLIENT_GO_POLL + SLACK,
+        "old client-go started leading only {after:?} after it saw the record"
+    );
+    // ... while the member lived and renewed.
+    assert!(a.member.check_alive(), "the member lease was lost");
+    assert!(
+        a.member.stats().renewals > renewals_before,
+        "the member did not renew meanwhile"
+    );
+
+    // a's shard tenure learns it from its watch.
+    let (lost_at, lost) = a.shard_lost_within(TTL).await;
+    println!(
+        "old client-go started leading -> a's shard tenure lost: {:?}",
+        lost_at - started
+    );
+    assert_eq!(
+        lost.reason,
+        LostReason::TakenOver {
+            holder: Some("cg".into())
+        },
+        "{lost}"
+    );
+    assert!(!a.shard.check_alive());
+    assert!(a.member.check_alive(), "the member lives on");
+    let (holder, transitions) = holder_and_transitions(&object).await;
+    assert_eq!(holder.as_deref(), Some("cg"));
+    assert_eq!(transitions as u64, transitions_in(&claim) + 1);
+
+    // client-go holds and renews now: ours is refused, bound (a, b) or not (rs), for several of
+    // client-go's lease durations.
+    let b = Node::new(&group, "b");
+    assert!(b.member.acquire().await.unwrap());
+    let rs = ours(&object, "rs");
+    let window_start = Instant::now();
+    while window_start.elapsed() < BOUND_CLIENT_GO.lease_duration * 3 {
+        assert!(
+            !a.shard.acquire().await.unwrap(),
+            "a took the shard back from client-go"
+        );
+        assert!(
+            !b.shard.acquire().await.unwrap(),
+            "b took the shard from client-go"
+        );
+        assert!(
+            !rs.acquire().await.unwrap(),
+            "ours took the shard from client-go"
+        );
+        sleep(Duration::from_millis(300)).await;
+    }
+    assert!(!cg.printed("stopped-leading"), "{:?}", cg.seen());
+    cg.terminate();
+    assert!(cg.exited(Duration::from_secs(10)).await.success());
+    assert!(a.member.release().await.unwrap());
+    assert!(b.member.release().await.unwrap());
 }

@@ -192,9 +192,16 @@ pub(super) fn released(mut lease: LeaseObject) -> LeaseObject {
     lease
 }
 
-/// The member tenure `lease` is bound to, if it is a held, bound record.
+/// The member tenure `lease` is bound to, if it is a held, bound record: held, with the binding
+/// annotations and the bound duration [`BOUND_DURATION_SECS`]. A client that knows nothing of
+/// bindings (client-go) claims and renews with its own duration and keeps the annotations: its
+/// tenure is an ordinary one, timed by that duration, not one that lives by our member record
+/// (whose holder is not client-go's, which would count the record free at once).
 pub(super) fn binding_of(lease: &LeaseObject) -> Option<Binding> {
     holder_of(lease)?;
+    if lease.spec.as_ref()?.lease_duration_seconds != Some(BOUND_DURATION_SECS) {
+        return None;
+    }
     let annotations = lease.metadata.annotations.as_ref()?;
     let member = annotations.get(BOUND_TO_ANNOTATION)?;
     let incarnation = annotations.get(BOUND_INCARNATION_ANNOTATION)?;
@@ -550,6 +557,25 @@ pub(super) mod tests {
         theirs.spec.as_mut().unwrap().strategy = Some("Theirs".into());
         let claimed = backend.claimed(theirs, &settings).unwrap();
         assert_eq!(spec_of(&claimed).strategy.as_deref(), Some("Theirs"));
+    }
+
+    #[test]
+    fn a_bound_record_claimed_by_client_go_is_bound_no_more() {
+        let mut bound = object(Some("a"), Some(4));
+        let binding = Binding::new("g.member.a", "uid/1");
+        bind(&mut bound, &binding);
+        assert_eq!(binding_of(&bound), Some(binding));
+        // client-go (before 1.27, which applies its own duration) takes the record over: its
+        // holder and duration, our annotations kept.
+        let mut by_client_go = bound.clone();
+        let spec = by_client_go.spec.as_mut().unwrap();
+        spec.holder_identity = Some("go".into());
+        spec.lease_duration_seconds = Some(2);
+        spec.lease_transitions = Some(5);
+        assert_eq!(binding_of(&by_client_go), None);
+        assert_eq!(duration_of(&by_client_go), Duration::from_secs(2));
+        // Released: no binding either.
+        assert_eq!(binding_of(&released(bound)), None);
     }
 
     fn spec_of(lease: &LeaseObject) -> &LeaseSpec {

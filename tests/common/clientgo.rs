@@ -1,5 +1,5 @@
 //! A client-go leader election program (`tests/clientgo/leaderelect/main.go`, built by
-//! `scripts/test-cluster.sh install`) as a child process, and a watch on a Lease object that
+//! `scripts/test-cluster.sh install` with an old and a new client-go) as a child process, and a watch on a Lease object that
 //! records every version of it, for the interop tests (tests/clientgo.rs).
 
 use std::io::{BufRead, BufReader};
@@ -19,19 +19,42 @@ use super::k8s::{client, env};
 /// The environment variable the token is handed over in (never on the command line).
 const TOKEN_ENV: &str = "LEADERELECT_TOKEN";
 
-/// The client-go program, from `ACTIX_COORD_TEST_CLIENTGO_BIN`.
-pub fn clientgo_bin() -> PathBuf {
-    std::env::var_os("ACTIX_COORD_TEST_CLIENTGO_BIN")
-        .unwrap_or_else(|| {
-            panic!(
-                "ACTIX_COORD_TEST_CLIENTGO_BIN is not set. The client-go interop tests need the test \
-                 cluster and its client-go program: run them with \
-                 `scripts/test-cluster.sh run -- cargo test --all-features` (or \
-                 `scripts/test-cluster.sh install && scripts/test-cluster.sh up` and \
-                 `. target/test-cluster/env` first)"
-            )
-        })
-        .into()
+/// Which build of the client-go program to run (`scripts/test-cluster.sh install` builds both
+/// from the same source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// client-go 1.20.2 (`ACTIX_COORD_TEST_CLIENTGO_BIN`): judges a Lease expired by its own
+    /// configured `LeaseDuration`.
+    Old,
+    /// client-go 0.32.3 (`ACTIX_COORD_TEST_CLIENTGO_NEW_BIN`): judges a Lease expired by the
+    /// record's `spec.leaseDurationSeconds` (client-go 1.27 and later).
+    New,
+}
+
+impl Build {
+    /// The environment variable naming this build's program.
+    fn var(self) -> &'static str {
+        match self {
+            Build::Old => "ACTIX_COORD_TEST_CLIENTGO_BIN",
+            Build::New => "ACTIX_COORD_TEST_CLIENTGO_NEW_BIN",
+        }
+    }
+
+    /// The program, from [`Self::var`].
+    pub fn bin(self) -> PathBuf {
+        let var = self.var();
+        std::env::var_os(var)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{var} is not set. The client-go interop tests need the test cluster and its \
+                     client-go programs: run them with \
+                     `scripts/test-cluster.sh run -- cargo test --all-features` (or \
+                     `scripts/test-cluster.sh install && scripts/test-cluster.sh up` and \
+                     `. target/test-cluster/env` first)"
+                )
+            })
+            .into()
+    }
 }
 
 /// client-go's `LeaderElectionConfig` timings.
@@ -56,13 +79,25 @@ pub struct ClientGo {
 }
 
 impl ClientGo {
-    /// Starts the program and waits for its `ready` line (or panics after 10 s).
+    /// Starts the old program (client-go 1.20, [`Build::Old`]) and waits for its `ready` line
+    /// (or panics after 10 s).
     pub async fn start(name: &str, identity: &str, timing: ElectionTiming) -> Self {
+        Self::start_build(Build::Old, name, identity, timing).await
+    }
+
+    /// Starts program `build` and waits for its `ready` line (or panics after 10 s).
+    pub async fn start_build(
+        build: Build,
+        name: &str,
+        identity: &str,
+        timing: ElectionTiming,
+    ) -> Self {
+        let bin = build.bin();
         let log = env().dir.join(format!("clientgo-{name}-{identity}.log"));
         let stderr = std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("client-go log {}: {e}", log.display()));
         let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let mut child = Command::new(clientgo_bin())
+        let mut child = Command::new(&bin)
             .arg(format!("-server={}", env().url))
             .arg(format!("-ca-file={}", env().ca.display()))
             .arg(format!("-token-env={TOKEN_ENV}"))
@@ -77,7 +112,7 @@ impl ClientGo {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", clientgo_bin().display()));
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, events) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
