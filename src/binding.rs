@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use crate::tenure::TenureEnd;
 use crate::vocab::LostReason;
 
 /// What a bound claim names: the lease whose tenure it lives by, and which incarnation of it.
@@ -249,10 +248,17 @@ impl Anchor {
             .retain(|(bound_to, child)| *bound_to == generation && child.extended(deadline));
     }
 
-    /// Member tenure `generation` ended with `end`: every tenure bound to it ends now, before
-    /// this returns. A member that expired takes its bound tenures with it as expired (with its
-    /// last renewal error); any other end is [`LostReason::Unbound`].
-    pub(crate) fn ended(&self, generation: u64, end: &TenureEnd) {
+    /// Why the tenures bound to a member tenure that ended other than by expiring end.
+    pub(crate) fn unbound(&self) -> LostReason {
+        LostReason::Unbound {
+            member: self.name.clone(),
+        }
+    }
+
+    /// Member tenure `generation` ended: every tenure bound to it ends now, lost for `reason`,
+    /// before this returns (the tenure cell gives [`expired`](Self::expired) for a member that
+    /// expired, [`unbound`](Self::unbound) for any other end).
+    pub(crate) fn ended(&self, generation: u64, reason: LostReason) {
         let orphans = {
             let mut state = self.lock();
             if state
@@ -267,13 +273,6 @@ impl Anchor {
                 .partition(|(bound_to, _)| *bound_to == generation);
             state.children = kept;
             orphans
-        };
-        let reason = match end {
-            TenureEnd::DeadlinePassed => self.expired(),
-            TenureEnd::Lost(reason @ LostReason::Expired { .. }) => reason.clone(),
-            _ => LostReason::Unbound {
-                member: self.name.clone(),
-            },
         };
         for (_, child) in orphans {
             child.ended(reason.clone());

@@ -608,8 +608,15 @@ impl TenureCell {
             metrics::held(&self.label, -1.0);
             // Every tenure bound to this one ends before the caller goes on (a release is sent
             // only after this returns).
+            // A member that expired takes its bound tenures with it as expired (with its last
+            // renewal error); any other end unbinds them.
             if let (Some(anchor), Some((_, end))) = (self.anchor.get(), &ended) {
-                anchor.ended(generation, end);
+                let reason = match end {
+                    TenureEnd::DeadlinePassed => anchor.expired(),
+                    TenureEnd::Lost(reason @ LostReason::Expired { .. }) => reason.clone(),
+                    _ => anchor.unbound(),
+                };
+                anchor.ended(generation, reason);
             }
         }
         ended
