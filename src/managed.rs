@@ -27,7 +27,7 @@ mod registry;
 mod renewal;
 
 use registry::InstanceKey;
-use renewal::{bound_loop, renewal_loop, BoundLink, EndWithTask};
+use renewal::{bound_loop, renewal_loop, spawn_release_retry, BoundLink, EndWithTask};
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -641,8 +641,11 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 };
                 let released = shared.release_tenure(tenure, &giving).await;
                 if let Err(error) = &released {
-                    tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = error as &dyn StdError, "release failed; the record may stay held until its TTL");
+                    tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = error as &dyn StdError, "release failed; the claim is released once the store answers again (or ends by itself)");
                     ops.unreleased = Some(Unreleased::now(error.clone(), &shared.settings));
+                    if let Ok(runtime) = current_runtime(Operation::Release) {
+                        spawn_release_retry(&runtime, Arc::clone(&shared));
+                    }
                 }
                 released
             }
@@ -723,8 +726,12 @@ fn spawn_release_abandoned<B: LeaseBackend>(
         match shared.release_tenure(tenure, &Giving::Release).await {
             Ok(_) => ops.unreleased = None,
             Err(error) => {
-                tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it expires after its TTL");
+                tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it is released once the store answers again (or ends by itself)");
                 ops.unreleased = Some(Unreleased::now(error, &shared.settings));
+                drop(ops);
+                if let Ok(runtime) = current_runtime(Operation::Release) {
+                    spawn_release_retry(&runtime, shared);
+                }
             }
         }
     });

@@ -464,6 +464,10 @@ enum Giving<'a> {
 #[derive(Debug, Clone)]
 pub struct InMemoryBackend {
     store: InMemoryStore,
+    /// The tokens of this lease's claims whose release was sent but not answered (it failed, or
+    /// its future was dropped): the store may still hold them
+    /// ([`LeaseBackend::release_unanswered`] removes them).
+    unreleased: Arc<Mutex<Vec<u64>>>,
 }
 
 /// The verbs of the in-memory store's requests and their outcomes, for the `backend_requests`
@@ -480,6 +484,7 @@ impl InMemoryBackend {
         metrics::backend_registered(IN_MEMORY_BACKEND, IN_MEMORY_REQUESTS);
         Self {
             store: store.clone(),
+            unreleased: Arc::default(),
         }
     }
 }
@@ -632,6 +637,47 @@ impl LeaseBackend for InMemoryBackend {
         Some(format!("in-memory:{:p}", Arc::as_ptr(&self.store.inner)))
     }
 
+    /// Frees the records of this lease's claims whose release was not answered, if the store
+    /// still shows them held by this owner under their token.
+    async fn release_unanswered(&self, settings: &LeaseSettings) -> Result<(), InMemoryError> {
+        let pending = self
+            .unreleased
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let (name, owner) = (settings.name(), settings.owner());
+        self.store
+            .call(
+                owner,
+                "release",
+                |_| false,
+                |state, _| {
+                    state.stats.releases += 1;
+                    let Some(record) = state.records.get_mut(name) else {
+                        return;
+                    };
+                    if record.holder.as_deref() == Some(owner) && pending.contains(&record.token) {
+                        record.holder = None;
+                        record.expires_at = None;
+                        record.handed_at = None;
+                        record.metadata = None;
+                        record.bound = None;
+                        record.changed.notify_waiters();
+                        state.publish(name);
+                    }
+                },
+            )
+            .await?;
+        self.unreleased
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|t| !pending.contains(t));
+        Ok(())
+    }
+
     /// The store itself: every change of a record of the group sends a snapshot at once (no
     /// task, no runtime needed); an expiry sends none (see [`GroupSnapshot::next_expiry`]).
     fn watch_group(&self, prefix: &str) -> Result<GroupWatch, GroupError> {
@@ -702,6 +748,27 @@ impl InMemoryBackend {
     /// A release: the record freed, with a preference for [`Giving::Prefer`], or handed to the
     /// target ([`Giving::HandTo`]).
     async fn release_giving(
+        &self,
+        settings: &LeaseSettings,
+        tenure: InMemoryTenure,
+        giving: Giving<'_>,
+    ) -> Result<ReleaseOutcome, InMemoryError> {
+        let token = tenure.token;
+        self.unreleased
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(token);
+        let result = self.release_once(settings, tenure, giving).await;
+        if result.is_ok() {
+            self.unreleased
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|t| *t != token);
+        }
+        result
+    }
+
+    async fn release_once(
         &self,
         settings: &LeaseSettings,
         tenure: InMemoryTenure,

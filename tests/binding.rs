@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_coordination::{
-    AcquireAttempt, Binding, FencingToken, InMemoryBackend, InMemoryError, InMemoryLease,
-    InMemoryStore, Lease, LeaseBackend, LeaseError, LeaseLost, LeaseSettings, LostReason,
-    LostSubscription,
+    AcquireAttempt, Binding, FencingToken, InMemoryBackend, InMemoryError, InMemoryFault,
+    InMemoryLease, InMemoryStore, Lease, LeaseBackend, LeaseError, LeaseLost, LeaseSettings,
+    LostReason, LostSubscription,
 };
 use tokio::time::{sleep, sleep_until, Instant};
 
@@ -665,4 +665,44 @@ async fn a_lease_bound_to_a_bound_lease_never_holds_a_free_record() {
     assert!(store.record("bind.chained").is_none(), "nothing written");
     assert!(contender.acquire().await.unwrap());
     assert!(!chained.check_alive());
+}
+
+/// A bound record does not expire while its member lives, so a release that fails (its outcome
+/// unknown: here the store hangs for the owner, and the release times out) must not leave it
+/// held for as long as the member: once the store answers again, the lease releases the claim
+/// itself, and a contender gets the shard while the holder's member still lives (issue 37, item
+/// 4: a release that times out costs no TTL, and a bound one no more than that).
+#[tokio::test(start_paused = true)]
+async fn a_bound_release_that_timed_out_is_released_once_the_store_answers() {
+    let store = InMemoryStore::new();
+    let a = node(&store, "a", 1);
+    let b = node(&store, "b", 1);
+    a.hold_all().await;
+    assert!(b.member.acquire().await.unwrap());
+    store.set_owner_fault("a", Some(InMemoryFault::Hang));
+    let error = a.shards[0].release().await.unwrap_err();
+    assert!(matches!(error, LeaseError::Timeout { .. }), "{error}");
+    store.heal("a");
+    assert_eq!(
+        store.holder(&shard_name(0)).as_deref(),
+        Some("a"),
+        "the release never reached the store"
+    );
+    // The member survives the hang (its renewal is retried in time) and lives on.
+    let start = Instant::now();
+    let taken = loop {
+        assert!(a.member.check_alive(), "a's member lives throughout");
+        if b.shards[0].acquire().await.unwrap() {
+            break Instant::now();
+        }
+        assert!(
+            start.elapsed() < TTL,
+            "the claim whose release failed is still held after a TTL"
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert!(taken - start < INTERVAL * 2, "released at the first retry");
+    assert!(a.member.check_alive());
+    assert!(!a.shards[0].check_alive());
+    assert!(a.shards[0].release().await.unwrap(), "nothing of a's left");
 }

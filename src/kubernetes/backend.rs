@@ -651,7 +651,38 @@ impl KubernetesBackend {
         }
     }
 
+    /// Gives `tenure` up as `giving` says. Until the API server answers, the tenure's claim counts
+    /// as one whose outcome is unknown (by its `acquireTime`, as a claim whose answer was lost):
+    /// if the release fails or its future is dropped, the claim may still be held, and
+    /// [`release_unanswered`](LeaseBackend::release_unanswered) removes it once the API server
+    /// answers again (a bound record would otherwise stay held for as long as its member lives).
     async fn release_inner(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+        giving: Giving<'_>,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        let acquired = self.remember_release(&tenure);
+        let result = self.release_giving(settings, tenure, giving).await;
+        self.forget_release(acquired, &result);
+        result
+    }
+
+    /// Remembers `tenure`'s claim as possibly held until its release is answered.
+    fn remember_release(&self, tenure: &KubernetesTenure) -> Option<MicroTime> {
+        let acquired = tenure.lease.spec.as_ref()?.acquire_time.clone()?;
+        self.lock().unanswered.push(acquired.clone());
+        Some(acquired)
+    }
+
+    /// Forgets the claim `acquired` once its release was answered (`result` is `Ok`).
+    fn forget_release<T>(&self, acquired: Option<MicroTime>, result: &Result<T, KubernetesError>) {
+        if let (Some(acquired), Ok(_)) = (acquired, result) {
+            self.lock().unanswered.retain(|t| *t != acquired);
+        }
+    }
+
+    async fn release_giving(
         &self,
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
@@ -820,7 +851,11 @@ impl LeaseBackend for KubernetesBackend {
     ) -> Result<ReleaseOutcome, KubernetesError> {
         Box::pin(async move {
             let version = tenure.lease.metadata.resource_version.clone();
-            if let Some(outcome) = self.delete_retired(version).await? {
+            let acquired = self.remember_release(&tenure);
+            let deleted = self.delete_retired(version).await;
+            self.forget_release(acquired.clone(), &deleted);
+            if let Some(outcome) = deleted? {
+                self.forget_release(acquired, &Ok::<(), KubernetesError>(()));
                 return Ok(outcome);
             }
             self.release_inner(settings, tenure, Giving::Release).await

@@ -15,6 +15,7 @@ use crate::binding::BoundChild;
 use crate::lease::{FencingToken, LostReason};
 use crate::metrics;
 use crate::tenure::{sleep_until_precise, RenewalTask, TenureEnd};
+use std::time::Duration;
 
 pub(super) async fn renewal_loop<B: LeaseBackend>(
     shared: Arc<Shared<B>>,
@@ -268,4 +269,61 @@ async fn watch_loss<B: LeaseBackend>(shared: &Shared<B>, token: FencingToken) ->
             }
         }
     }
+}
+
+/// The first pause before asking the backend again to remove a claim whose release failed;
+/// doubles up to the renewal interval.
+const RELEASE_RETRY_START: Duration = Duration::from_millis(100);
+
+/// After a release that failed (its outcome unknown: the record may still be held by this
+/// owner), asks the backend to remove the claim once the store answers again
+/// ([`LeaseBackend::release_unanswered`]), with a backoff, until it did, a new tenure started,
+/// or the claim has surely ended without it: past its TTL, or for a bound lease once no member
+/// tenure lives (a bound record would otherwise stay held for as long as its member does). So
+/// a release that timed out costs the lease no TTL once the store answers.
+pub(super) fn spawn_release_retry<B: LeaseBackend>(
+    runtime: &tokio::runtime::Handle,
+    shared: Arc<Shared<B>>,
+) {
+    let most = shared.settings.renewal_interval().max(RELEASE_RETRY_START);
+    runtime.spawn(async move {
+        let mut pause = RELEASE_RETRY_START;
+        loop {
+            tokio::time::sleep(pause).await;
+            let mut ops = Arc::clone(&shared.ops).lock_owned().await;
+            if ops.renewal.is_some() {
+                return;
+            }
+            let bound_alive = shared
+                .bound
+                .get()
+                .is_some_and(|anchor| anchor.current().is_some());
+            match &ops.unreleased {
+                None => return,
+                Some(unreleased) if unreleased.pending().is_none() && !bound_alive => return,
+                Some(_) => {}
+            }
+            let settings = &shared.settings;
+            match timeout(
+                settings.operation_timeout(),
+                shared.backend.release_unanswered(settings),
+            )
+            .await
+            {
+                Ok(Ok(())) => {
+                    ops.unreleased = None;
+                    tracing::info!(lease = %settings.name(), owner = %settings.owner(), "the claim whose release had failed is released");
+                    return;
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), error = &error as &dyn StdError, retry_in = ?pause, "releasing the claim whose release had failed failed again");
+                }
+                Err(_) => {
+                    tracing::debug!(lease = %settings.name(), owner = %settings.owner(), retry_in = ?pause, "releasing the claim whose release had failed timed out");
+                }
+            }
+            drop(ops);
+            pause = (pause * 2).min(most);
+        }
+    });
 }
