@@ -22,9 +22,12 @@
 //! `act` line also carries `deadline_ns`, the tenure's deadline the guard judged the step against,
 //! on the same clock. `tests/sharded_processes.rs` reads them to check that no shard ever runs on
 //! two nodes at once and that a frozen node acts no more once its deadline has passed.
-//! SIGTERM or ctrl-c shuts the node down gracefully (its member lease first, then every shard's
-//! worker stops and its lease is released, so that the other nodes take them over at once) and
-//! exits.
+//! Shard leases are bound to the node's member lease where the backend binds (Kubernetes, in
+//! memory: one write per node per renewal interval); `--renew-shards` renews each on its own.
+//! SIGTERM or ctrl-c shuts the node down gracefully and exits: with bound shard leases every
+//! worker stops, then the member lease is given up, which frees every shard at once; with
+//! renewed ones the member lease goes first, then each worker stops and its lease is handed to
+//! the node that targets it.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -143,9 +146,10 @@ struct Args {
     owner: String,
     events: Option<String>,
     step: Duration,
+    renew_shards: bool,
 }
 
-const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS]";
+const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS] [--renew-shards]";
 
 fn parse_args() -> Result<Args, String> {
     let mut config = None;
@@ -155,6 +159,7 @@ fn parse_args() -> Result<Args, String> {
     let mut owner = std::env::var("POD_NAME").ok();
     let mut events = None;
     let mut step = Duration::from_millis(50);
+    let mut renew_shards = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -178,6 +183,7 @@ fn parse_args() -> Result<Args, String> {
                 }
                 step = Duration::from_millis(ms);
             }
+            "--renew-shards" => renew_shards = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -193,6 +199,7 @@ fn parse_args() -> Result<Args, String> {
         owner,
         events,
         step,
+        renew_shards,
     })
 }
 
@@ -278,6 +285,7 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
                 max_error_backoff: ttl,
                 ..Default::default()
             },
+            bind_shards: !args.renew_shards,
             ..Default::default()
         })?
         .start();
