@@ -2284,3 +2284,156 @@ async fn a_contenders_read_is_current_once_its_wait_subscribes() {
         ReleaseOutcome::Released
     );
 }
+
+/// The TTL of the release-retry tests: long enough that a contender waiting for the claim to
+/// expire gets it well after two renewal intervals from the heal (so waiting out the TTL fails
+/// them), and that the holder's member lease outlives a blackholed operation timeout or two.
+const RETRY_TTL: Duration = Duration::from_secs(10);
+/// The renewal interval of the release-retry tests: a release's retry that answers must free
+/// the lease within two of them from the heal.
+const RETRY_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Settings of the release-retry tests: a release that hangs times out after one second; waits
+/// for a held lease end only by a watch event (or the record's expiry), never by the retry delay.
+fn retry_settings(name: &str, owner: &str) -> LeaseSettings {
+    LeaseSettings::builder(name, owner)
+        .ttl(RETRY_TTL)
+        .renewal_interval(RETRY_INTERVAL)
+        .operation_timeout(Duration::from_secs(1))
+        .acquire_retry_delay(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// `a` (through `proxy`) holds lease `name` and `b` (direct) waits for it: `a`'s proxy blackholes
+/// `a`'s release, which times out (the API server never saw it), then heals. `a` releases the
+/// claim itself once the API server answers again, and `b`, woken by its watch, gets the lease
+/// within two renewal intervals of the heal (not after a TTL, nor, for a bound lease, after `a`'s
+/// member lease: that lives throughout, `alive` says so). The object's history shows `a`'s
+/// release (the holder cleared) before `b`'s claim.
+async fn timed_out_release_is_retried(
+    proxy: &FaultProxy,
+    name: &str,
+    a: &KubernetesLease,
+    b: Arc<KubernetesLease>,
+    alive: impl Fn() -> bool,
+) {
+    let history = common::clientgo::ObjectHistory::start(&object_name(name)).await;
+    let waiting = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move { b.acquire_within(Duration::from_secs(60)).await }
+    });
+    common::eventually(
+        Duration::from_secs(10),
+        "b found the lease held by a",
+        || b.observed_holder().as_deref() == Some("a"),
+    )
+    .await;
+    // The last renewal of the record (or of the member a bound record lives by) was at most a
+    // renewal interval ago: without a retry, the record would stay held for at least
+    // `RETRY_TTL - RETRY_INTERVAL - 1 s` (7 s) after the heal, a bound one while the member lives.
+    proxy.set_mode(ProxyMode::Blackhole);
+    let error = a.release().await.unwrap_err();
+    assert!(matches!(error, LeaseError::Timeout { .. }), "{error}");
+    assert_eq!(
+        spec(&read(name).await).holder_identity.as_deref(),
+        Some("a"),
+        "the release never reached the API server"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    let healed = Instant::now();
+    let taken = loop {
+        assert!(alive(), "a's member lives throughout");
+        if waiting.is_finished() {
+            break healed.elapsed();
+        }
+        assert!(
+            healed.elapsed() < RETRY_INTERVAL * 2,
+            "b did not get the lease within two renewal intervals of the heal: a's claim whose \
+             release timed out is still held"
+        );
+        sleep(Duration::from_millis(10)).await;
+    };
+    assert!(waiting.await.unwrap().unwrap(), "b acquired the lease");
+    assert!(alive());
+    assert!(b.check_alive());
+    assert!(!a.check_alive());
+    assert!(
+        a.release().await.unwrap(),
+        "nothing of a's is left to release"
+    );
+    common::eventually(
+        Duration::from_secs(10),
+        "the history shows b's claim",
+        || {
+            history
+                .versions()
+                .last()
+                .is_some_and(|v| v.holder.as_deref() == Some("b"))
+        },
+    )
+    .await;
+    let mut holders: Vec<Option<String>> =
+        history.versions().into_iter().map(|v| v.holder).collect();
+    holders.dedup();
+    assert_eq!(
+        holders,
+        [Some("a".to_owned()), None, Some("b".to_owned())],
+        "a's claim, a's release, then b's claim (b took {taken:?} after the heal)"
+    );
+    assert!(b.release().await.unwrap());
+}
+
+/// A bound record never expires while its member lease lives, so a release of it that timed out
+/// (its outcome unknown) must not leave it held for as long as the member: once the API server
+/// answers again, the lease removes the claim itself, and a contender gets the shard while the
+/// holder's member still lives (issue 37, item 4; `tests/binding.rs`
+/// `a_bound_release_that_timed_out_is_released_once_the_store_answers` in memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_release_that_timed_out_is_released_once_the_api_server_answers() {
+    let _f = KubeFixture::new().await;
+    let group = unique("bound-release-retry");
+    let shard = format!("{group}.shard");
+    let proxy = FaultProxy::start(env().upstream).await;
+    let session_a = KubernetesSession::new(through(&proxy)).unwrap();
+    let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let node = |session: &KubernetesSession, owner: &str| {
+        let member = session.lease(retry_settings(&format!("{group}.member.{owner}"), owner));
+        let shard = session.lease(retry_settings(&shard, owner));
+        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+        (member, shard)
+    };
+    let (member_a, shard_a) = node(&session_a, "a");
+    let (member_b, shard_b) = node(&session_b, "b");
+    assert!(member_a.acquire().await.unwrap());
+    assert!(shard_a.acquire().await.unwrap());
+    assert_eq!(shard_a.bound_to().as_deref(), Some(member_a.name()));
+    assert!(member_b.acquire().await.unwrap());
+    let member_lost = Arc::new(AtomicBool::new(false));
+    let _told = member_a.on_lost({
+        let lost = Arc::clone(&member_lost);
+        move |_| lost.store(true, Ordering::SeqCst)
+    });
+    timed_out_release_is_retried(&proxy, &shard, &shard_a, Arc::new(shard_b), || {
+        member_a.check_alive() && !member_lost.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(member_a.release().await.unwrap());
+    assert!(member_b.release().await.unwrap());
+}
+
+/// A plain lease whose release timed out (its outcome unknown) costs no TTL once the API server
+/// answers again: the lease removes the claim itself, and a contender gets it within two renewal
+/// intervals of the heal (issue 37, item 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_timed_out_costs_no_ttl() {
+    let _f = KubeFixture::new().await;
+    let name = unique("release-retry");
+    let proxy = FaultProxy::start(env().upstream).await;
+    let session_a = KubernetesSession::new(through(&proxy)).unwrap();
+    let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let a = session_a.lease(retry_settings(&name, "a"));
+    let b = session_b.lease(retry_settings(&name, "b"));
+    assert!(a.acquire().await.unwrap());
+    timed_out_release_is_retried(&proxy, &name, &a, Arc::new(b), || true).await;
+}
