@@ -410,16 +410,21 @@ impl KubernetesBackend {
 }
 
 impl KubernetesBackend {
-    /// Until when `current`, a bound record held by `holder`, stays held, as this process judges
-    /// its member record: `None` once the member object is gone, released, holding another
-    /// incarnation or holder, or expired (the member's duration passed since this process first
-    /// received its version).
+    /// Until when a bound record held by `holder`, bound to `binding`, stays held, as this
+    /// process judges its member record: `None` once the member object is gone, released,
+    /// holding another incarnation or holder, or expired (the member's duration passed since this
+    /// process first received its version).
     ///
     /// The member's object is not the one a claim writes, so the compare-and-swap of the claim
-    /// cannot tell a member renewed since this process last saw it: an expiry judged from the
-    /// namespace watch (which may lag) is confirmed by a read of the member object, and holds
-    /// only if it still shows the version that expired. Every other way to be free is final (an
-    /// incarnation released or replaced never lives again), and needs no read.
+    /// cannot tell what happened to the member meanwhile, and the namespace watch may lag (after
+    /// a broken watch resumes, the changes it missed arrive after it counts as synced again): a
+    /// view can show an *older* incarnation, a release before the holder's new claim, or no
+    /// object before its creation. So only "held" is taken from the watch's view (a lagging view
+    /// only makes it more careful); every "free" is confirmed by a read of the member object
+    /// (a quorum read: the object as it is now). In that read, any other holder or incarnation,
+    /// a release or no object means the bound incarnation is over for good (an incarnation never
+    /// lives again); the bound incarnation itself is free only once its version has stood for the
+    /// member's duration since this process first received it.
     async fn bound_until(
         &self,
         api: &Api<LeaseObject>,
@@ -428,31 +433,20 @@ impl KubernetesBackend {
     ) -> Result<Option<Instant>, KubernetesError> {
         let object = super::object_name(binding.member());
         let now = Instant::now();
-        let judge = |record: Option<&GroupRecord>| -> Option<Option<Instant>> {
-            let Some(record) = record else {
-                return Some(None);
-            };
-            if record.holder.as_deref() != Some(holder)
-                || record.incarnation.as_deref() != Some(binding.incarnation())
-            {
-                return Some(None);
-            }
-            match record.expires_at {
-                Some(until) if now < until => Some(Some(until)),
-                // Expired as far as this view shows: to be confirmed by a read.
-                _ => None,
-            }
+        let holds = |record: &GroupRecord| {
+            record.holder.as_deref() == Some(holder)
+                && record.incarnation.as_deref() == Some(binding.incarnation())
         };
-        let seen = self.hub.record_of(&self.namespace, &object);
-        let seen_version = match &seen {
-            Some(Some((record, version))) => match judge(Some(record)) {
-                Some(until) => return Ok(until),
-                None => version.clone(),
-            },
-            Some(None) => return Ok(None),
-            None => None,
+        let seen_version = match self.hub.record_of(&self.namespace, &object) {
+            Some(Some((record, version))) if holds(&record) => {
+                if let Some(until) = record.expires_at.filter(|until| now < *until) {
+                    return Ok(Some(until));
+                }
+                // Expired as this view shows: confirmed below if the member is still at it.
+                version
+            }
+            _ => None,
         };
-        // No current view of the member, or an expiry to confirm: read it.
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let read = api
             .get_opt(&object)
@@ -461,10 +455,15 @@ impl KubernetesBackend {
         let Some(member) = read else {
             return Ok(None);
         };
+        let record = GroupRecord::new(holder_of(&member).map(str::to_owned), None, None)
+            .with_incarnation(incarnation_of(&member));
+        if !holds(&record) {
+            return Ok(None);
+        }
         let version = member.metadata.resource_version.clone();
         if seen_version.is_some() && version == seen_version {
-            // The version that expired is still the member's: its holder has not renewed since,
-            // so its deadline (and every bound deadline) has passed.
+            // The version that expired in this process's view is still the member's: its holder
+            // has not renewed since, so its deadline (and every bound deadline) has passed.
             return Ok(None);
         }
         // A version this process may not have timed yet: from when it first received it (by
@@ -485,13 +484,8 @@ impl KubernetesBackend {
                     .map_or(at, |watched| watched.min(at))
             }
         };
-        let record = GroupRecord::new(
-            holder_of(&member).map(str::to_owned),
-            None,
-            Some(first_seen + duration_of(&member)),
-        )
-        .with_incarnation(incarnation_of(&member));
-        Ok(judge(Some(&record)).flatten())
+        let until = first_seen + duration_of(&member);
+        Ok((now < until).then_some(until))
     }
 
     async fn try_acquire_inner(
