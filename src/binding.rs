@@ -266,10 +266,4 @@ impl Anchor {
             child.ended(reason.clone());
         }
     }
-
-    /// How many bound tenures are attached (some may have ended since the last renewal).
-    #[cfg(test)]
-    pub(crate) fn attached(&self) -> usize {
-        self.lock().children.len()
-    }
 }

@@ -984,20 +984,13 @@ impl<L: Lease> Lease for BoundLease<L> {
     fn settings(&self) -> &LeaseSettings {
         self.lease.settings()
     }
-    fn acquire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
-        async move {
-            self.member_held().await?;
-            self.lease.acquire().await
-        }
+    async fn acquire(&self) -> Result<bool, LeaseError> {
+        self.member_held().await?;
+        self.lease.acquire().await
     }
-    fn acquire_within(
-        &self,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
-        async move {
-            self.member_held().await?;
-            self.lease.acquire_within(timeout).await
-        }
+    async fn acquire_within(&self, timeout: Duration) -> Result<bool, LeaseError> {
+        self.member_held().await?;
+        self.lease.acquire_within(timeout).await
     }
     fn release(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.lease.release()
