@@ -632,6 +632,77 @@ def t_placement(d):
     return table(["10,000 shards over 100 members", "time per placement"], rows, ["---", "---:"]) + "\n\n" + sources(used, labels)
 
 
+def t_simulation(d):
+    """Issue 37's simulation (`benches/simulation.rs`): one line per fleet size."""
+    recs = [r for r in d.all("simulation", "memory")]
+    if not recs:
+        return "(no results yet)"
+    rows, mem = [], []
+    for r in recs:
+        v, x = r["values"], r["values"]["result"]
+        n, s = v["nodes"], v["shards"]
+        ok = {c["id"]: c["met"] for c in r["checks"]}
+
+        def met(*ids):
+            return "yes" if all(ok.get(i) for i in ids) else "**no**"
+
+        def cost(p):
+            c = x[p]
+            med, top = c["reconcile_per_node_median"], c["reconcile_per_node_max"]
+            return [
+                f"{c['virtual_s']:.1f} s",
+                f"{c['wall_s']:.1f} s (CPU {c['cpu_s']:.1f} s)",
+                f"{med['count']:,} in {med['ms']:,.0f} ms / {top['count']:,} in {top['ms']:,.0f} ms",
+            ]
+
+        size = f"{n} × {s:,}"
+        q = (s // (n + 1), -(-s // (n + 1)))
+        rows += [
+            [size, f"start ({n} nodes at once)" if not v.get("start_spread_ms") else
+             f"start (one node every {v['start_spread_ms'] / n:.0f} ms)",
+             (f"{x['low']} shards on every node" if x["low"] == x["high"]
+              else f"{x['low']}–{x['high']} shards per node"), "±1 (⌊S/N⌋ or ⌈S/N⌉)",
+             met("sim-spread", "sim-overlaps"), *cost("start")],
+            [size, f"steady, {v['intervals']} renewal intervals",
+             f"{x['per_interval']:.2f} writes per interval ({x['writes']} in all), {x['steady_moved']} moved",
+             f"= {n} (the member renewals)", met("sim-writes-per-interval", "sim-steady-moved"),
+             *cost("steady")],
+            [size, f"join of node {n + 1}", f"{x['join_moved']} moved, all to the joiner",
+             f"its quota, {q[0]} or {q[1]}", met("sim-join-moved", "sim-join-quota", "sim-join-to-joiner"),
+             *cost("join")],
+            [size, "graceful leave (`Shutdown`)", f"{x['leave_moved']} moved",
+             f"exactly its {x['leaver_held']}", met("sim-leave-moved", "sim-leave-exact"), *cost("leave")],
+            [size, "crash (the store never answers it again)",
+             f"{x['crash_moved']} moved, all running {x['crash_beyond_ttl_ms']:.0f} ms after its member lease expired",
+             f"exactly its {x['crashed_held']}", met("sim-crash-moved", "sim-crash-exact", "sim-overlaps"),
+             *cost("crash")],
+        ]
+        grown = x["rss_settled"] - x["rss_empty"]
+        one = x["steady_one_reconcile_ms"]
+        mem.append([
+            size,
+            f"{x['rss_empty'] / 1e6:.1f} MB → {x['rss_settled'] / 1e6:.1f} MB",
+            f"{grown / n / 1e6:.2f} MB" + (f" (its group view: {x['view_bytes'] / 1e6:.2f} MB)" if "view_bytes" in x else ""),
+            f"{grown / s / 1e3:.1f} KB",
+            f"{one:.2f} ms",
+            f"{one * n:.0f} ms ({one * n / (v['renewal_s'] * 1e3) * 100:.2f} % of a core)",
+            str(x["overlaps"]),
+        ])
+    header = ["nodes × shards", "phase", "result", "target", "met?", "on the fleet's clock",
+              "real time (whole fleet)", "reconciles per node: median node / busiest node"]
+    mem_header = ["nodes × shards", "process RSS: empty → settled", "per node", "per shard",
+                  "one reconcile that changes nothing (median node)",
+                  "per node and renewal interval, renewals spread (N × that)", "overlaps"]
+    labels = {id(r): r["variant"] for r in recs}
+    return (
+        table(header, rows, ["---", "---", "---", "---", "---", "---:", "---:", "---:"])
+        + "\n\n"
+        + table(mem_header, mem, ["---", "---:", "---:", "---:", "---:", "---:", "---:"])
+        + "\n\n"
+        + sources(recs, labels)
+    )
+
+
 METRICS_OVERHEAD = [
     ("renewal", "one renewal (timer, store call, deadline; with the feature also its four metrics)"),
     ("check_alive", "`check_alive` (records nothing by design)"),
@@ -726,6 +797,7 @@ TABLES = {
     "scale": t_scale,
     "throughput": t_throughput,
     "placement": t_placement,
+    "simulation": t_simulation,
     "metrics": t_metrics,
 }
 

@@ -274,7 +274,9 @@ impl Report {
 fn command(bench: &str) -> String {
     let mut env: Vec<String> = std::env::vars()
         .filter(|(k, _)| {
-            (k.starts_with("BENCH_") && k != "BENCH_RESULTS_FILE") || k.starts_with("SCALE_")
+            (k.starts_with("BENCH_") && k != "BENCH_RESULTS_FILE")
+                || k.starts_with("SCALE_")
+                || k.starts_with("SIM_")
         })
         .map(|(k, v)| format!("{k}={v}"))
         .collect();

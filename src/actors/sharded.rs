@@ -777,6 +777,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if self.shutting_down {
             return;
         }
+        // A `trace` span, free unless a subscriber enables it: `benches/simulation.rs` times each
+        // node's reconciles with it (100 nodes × 10,000 shards, BENCHMARKS.md).
+        let _span =
+            tracing::trace_span!("reconcile", group = %self.group, node = %self.node).entered();
         if let Some(handle) = self.wake.take() {
             ctx.cancel_future(handle);
         }
