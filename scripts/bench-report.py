@@ -701,6 +701,34 @@ def t_simulation(d):
         + "\n\n"
         + sources(recs, labels)
     )
+def t_group_watch(d):
+    """The group watch at 10,000 shards (benches/group_watch.rs): one column per backend."""
+    runs = [(name, d.get("group_watch", backend, "10000x100")) for backend, name in
+            (("kubernetes", "Kubernetes"), ("etcd", "etcd"))]
+    runs = [(name, r) for name, r in runs if r]
+    if not runs:
+        return "(not measured yet)"
+    lat = lambda s: f"{s['median']:.2f} ms (p99 {s['p99']:.1f} ms)"
+    rows = [
+        ("objects in the group (shards + members)",
+         lambda r: f"{r['values']['objects']:,} ({r['values']['shards']:,} + {r['values']['members']})"),
+        ("`watch_group` to the first synced snapshot",
+         lambda r: f"{r['values']['list_ms']:.0f} ms"
+         + (f", {r['values']['list_requests']} list requests" if r["values"].get("list_requests") is not None
+            else ", one range request")),
+        ("memory per object: resident (heap in use)",
+         lambda r: f"{r['values']['rss_per_object_bytes']:,.0f} B ({r['values']['heap_per_object_bytes']:,.0f} B)"),
+        ("a write of one record → `changed()` shows it, median", lambda r: lat(r["stats"]["delivery"])),
+        ("the same, the reader holding the previous snapshot", lambda r: lat(r["stats"]["delivery_reader_holding"])),
+        ("the write's own round trip", lambda r: lat(r["stats"]["write"])),
+        ("`GroupSnapshot::live_holder` of a shard (Kubernetes: bound, its member record read too)", lambda r: f"{r['values']['live_holder_ns']:.0f} ns"),
+        ("full scan (`live_holder` of every record)", lambda r: f"{r['values']['scan_ms']:.2f} ms"),
+        ("a copy of the snapshot", lambda r: f"{r['values']['copy_ms']:.2f} ms"),
+    ]
+    body = [[what] + [f(r) for _, r in runs] for what, f in rows]
+    header = ["10,000 shards × 100 members, one session"] + [name for name, _ in runs]
+    used = [r for _, r in runs]
+    return table(header, body, ["---"] + ["---:"] * len(runs)) + "\n\n" + sources(used)
 
 
 METRICS_OVERHEAD = [
@@ -798,6 +826,7 @@ TABLES = {
     "throughput": t_throughput,
     "placement": t_placement,
     "simulation": t_simulation,
+    "group_watch": t_group_watch,
     "metrics": t_metrics,
 }
 

@@ -155,6 +155,7 @@ else
         bench scale-kubernetes-30s --all-features --bench scale -- kubernetes 1000 --check
     bench scale-etcd --all-features --bench scale -- etcd 10000 --check
     bench scale-etcd-1000 --all-features --bench scale -- etcd 1000 --check
+    bench group-watch --all-features --bench group_watch -- kubernetes etcd --check
     bench in-memory --bench in_memory
     bench metrics-off --bench metrics
     bench metrics-on --features metrics --bench metrics

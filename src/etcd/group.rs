@@ -137,7 +137,7 @@ impl GroupFeeds {
         let fold = Fold {
             key,
             strip,
-            records: BTreeMap::new(),
+            listed: None,
             sender,
             holders: Arc::clone(&self.holders),
         };
@@ -165,13 +165,17 @@ impl Drop for Feed {
     }
 }
 
-/// The records of a group, folded from a range and the watch events after it.
+/// The records of a group, folded from a range and the watch events after it. They live in the
+/// snapshot the sender holds, changed in place (copied only while a reader still holds the
+/// previous snapshot), as the Kubernetes index keeps its groups: one copy of the group, and a
+/// change costs O(log n), not a copy of the group (`benches/group_watch.rs`).
 struct Fold {
     /// The group's key prefix (the session's prefix and the group's).
     key: Vec<u8>,
     /// The length of the session's key prefix, taken off keys to get lease names.
     strip: usize,
-    records: BTreeMap<String, GroupRecord>,
+    /// The records of the range in progress, published (as synced) once its watch is created.
+    listed: Option<BTreeMap<String, GroupRecord>>,
     sender: GroupSender,
     holders: Arc<HolderLeases>,
 }
@@ -184,40 +188,75 @@ impl Fold {
     /// The group as listed; published (as synced) once its watch is created.
     fn listed(&mut self, kvs: &[KeyValue]) {
         kvs.iter().for_each(|kv| self.holders.saw(kv));
-        self.records = kvs
-            .iter()
-            .map(|kv| (self.name(kv.key()), record(kv)))
-            .collect();
+        self.listed = Some(
+            kvs.iter()
+                .map(|kv| (self.name(kv.key()), record(kv)))
+                .collect(),
+        );
+    }
+
+    /// The watch of the range is created: the listed records are the group, synced.
+    fn created(&mut self) {
+        match self.listed.take() {
+            Some(records) => {
+                self.sender
+                    .send_replace(Arc::new(GroupSnapshot::new(records, true)));
+            }
+            None => self
+                .sender
+                .send_modify(|snapshot| Arc::make_mut(snapshot).set_synced(true)),
+        }
     }
 
     fn apply(&mut self, events: &[Event]) {
-        for event in events {
-            let Some(kv) = event.kv() else { continue };
-            let name = self.name(kv.key());
-            match event.event_type() {
-                EventType::Put => {
-                    self.holders.saw(kv);
-                    self.records.insert(name, record(kv));
-                }
-                // Released, expired with its etcd lease, or deleted by hand.
-                EventType::Delete => {
-                    self.records.remove(&name);
+        let changes: Vec<(String, Option<GroupRecord>)> = events
+            .iter()
+            .filter_map(|event| {
+                let kv = event.kv()?;
+                let name = self.name(kv.key());
+                Some(match event.event_type() {
+                    EventType::Put => {
+                        self.holders.saw(kv);
+                        (name, Some(record(kv)))
+                    }
+                    // Released, expired with its etcd lease, or deleted by hand.
+                    EventType::Delete => (name, None),
+                })
+            })
+            .collect();
+        self.change(changes);
+    }
+
+    /// Applies `changes` (a record, or `None`: the key is gone) to the published records, in
+    /// place, and publishes them as synced.
+    fn change(&self, changes: Vec<(String, Option<GroupRecord>)>) {
+        self.sender.send_modify(|snapshot| {
+            let snapshot = Arc::make_mut(snapshot);
+            let records = snapshot.records_mut();
+            for (name, record) in changes {
+                match record {
+                    Some(record) => {
+                        records.insert(name, record);
+                    }
+                    None => {
+                        records.remove(&name);
+                    }
                 }
             }
-        }
-        self.publish(true);
+            snapshot.set_synced(true);
+        });
     }
 
     /// The records may lag the store from now on, until the next list.
-    fn unsynced(&self) {
-        if self.sender.borrow().is_synced() {
-            self.publish(false);
-        }
-    }
-
-    fn publish(&self, synced: bool) {
-        self.sender
-            .send_replace(Arc::new(GroupSnapshot::new(self.records.clone(), synced)));
+    fn unsynced(&mut self) {
+        self.listed = None;
+        self.sender.send_if_modified(|snapshot| {
+            let synced = snapshot.is_synced();
+            if synced {
+                Arc::make_mut(snapshot).set_synced(false);
+            }
+            synced
+        });
     }
 }
 
@@ -307,7 +346,7 @@ async fn round<S: GroupSource>(session: &Weak<S>, fold: &mut Fold) -> Ended {
         };
         match watch.next().await {
             // Listed, and followed from the list's revision on.
-            Some(HubEvent::Created { .. }) => fold.publish(true),
+            Some(HubEvent::Created { .. }) => fold.created(),
             Some(HubEvent::Events(events)) => fold.apply(&events),
             Some(HubEvent::Canceled {
                 compact_revision, ..
@@ -358,11 +397,19 @@ mod tests {
         let fold = Fold {
             key: b"/p/g-".to_vec(),
             strip: 3,
-            records: BTreeMap::new(),
+            listed: None,
             sender,
             holders: Arc::default(),
         };
         (fold, receiver)
+    }
+
+    fn held(holder: &str, revision: i64) -> Option<GroupRecord> {
+        Some(GroupRecord::new(
+            Some(holder.into()),
+            Some(token_of(revision)),
+            None,
+        ))
     }
 
     #[test]
@@ -375,11 +422,7 @@ mod tests {
     #[test]
     fn losing_sync_keeps_the_records_and_says_so_once() {
         let (mut fold, mut receiver) = fold();
-        fold.records.insert(
-            "g-0".into(),
-            GroupRecord::new(Some("a".into()), Some(token_of(5)), None),
-        );
-        fold.publish(true);
+        fold.change(vec![("g-0".into(), held("a", 5))]);
         receiver.borrow_and_update();
         fold.unsynced();
         assert!(receiver.has_changed().unwrap());
@@ -388,5 +431,49 @@ mod tests {
         assert_eq!(snapshot.records().len(), 1, "{snapshot:?}");
         fold.unsynced();
         assert!(!receiver.has_changed().unwrap(), "no second snapshot");
+    }
+
+    /// A change is made to the published snapshot in place: the group is not copied per change
+    /// (at 10,000 records every watch response copied the whole map, and the fold kept a second
+    /// copy of it), except while a reader still holds the previous snapshot, which keeps what it
+    /// read.
+    #[test]
+    fn changes_are_made_in_place_unless_a_reader_holds_the_snapshot() {
+        let (fold, mut receiver) = fold();
+        fold.change((0..3).map(|i| (format!("g-{i}"), held("a", i))).collect());
+        let first = Arc::as_ptr(&receiver.borrow_and_update());
+        fold.change(vec![("g-1".into(), held("b", 7)), ("g-2".into(), None)]);
+        assert!(receiver.has_changed().unwrap());
+        let snapshot = receiver.borrow_and_update().clone();
+        assert_eq!(Arc::as_ptr(&snapshot), first, "changed in place");
+        assert!(snapshot.is_synced());
+        assert_eq!(snapshot.get("g-1"), held("b", 7).as_ref());
+        assert_eq!(snapshot.records().len(), 2);
+
+        // A reader holds this snapshot: the next change goes to a copy, and the reader's
+        // snapshot stays as it was.
+        fold.change(vec![("g-0".into(), held("c", 8))]);
+        let next = receiver.borrow_and_update().clone();
+        assert_ne!(Arc::as_ptr(&next), Arc::as_ptr(&snapshot));
+        assert_eq!(snapshot.get("g-0"), held("a", 0).as_ref());
+        assert_eq!(next.get("g-0"), held("c", 8).as_ref());
+    }
+
+    /// A range replaces the records only when its watch is created, and a failure before that
+    /// forgets it.
+    #[test]
+    fn a_listing_is_published_when_its_watch_is_created() {
+        let (mut fold, mut receiver) = fold();
+        fold.change(vec![("g-0".into(), held("a", 1))]);
+        receiver.borrow_and_update();
+        fold.listed = Some(BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]));
+        fold.unsynced();
+        assert_eq!(fold.listed, None);
+        fold.listed = Some(BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]));
+        receiver.borrow_and_update();
+        fold.created();
+        let snapshot = receiver.borrow_and_update().clone();
+        assert!(snapshot.is_synced());
+        assert_eq!(snapshot.records().keys().collect::<Vec<_>>(), ["g-1"]);
     }
 }
