@@ -307,9 +307,10 @@ mod tests {
     use kube::Client;
 
     use super::*;
-    use crate::backend::LeaseBackend;
+    use crate::backend::{AcquireAttempt, LeaseBackend};
     use crate::kubernetes::record::tests::object;
     use crate::kubernetes::WATCH_FLOOR;
+    use std::sync::atomic::Ordering;
 
     #[tokio::test]
     async fn observation_clock_restarts_only_on_a_new_version() {
@@ -463,6 +464,66 @@ mod tests {
         }
         assert!(backend.watch_stats().watch_requests >= 3);
         assert_eq!(backend.watch_stats().listings, 1, "no relist");
+    }
+
+    /// A contender whose namespace watch lags (here: its listing shows the member object at an
+    /// older incarnation, as a watch that resumed after a break shows it until the changes it
+    /// missed arrive) must not count a bound shard free: the member object as it is now (a read)
+    /// holds the incarnation the shard is bound to, so the shard is held, and no claim is sent.
+    /// (The chaos run that found it: a node resumed from a blackhole claimed three shards of a
+    /// live node.)
+    #[tokio::test(start_paused = true)]
+    async fn a_bound_record_is_not_freed_by_a_lagging_view_of_its_member() {
+        let claims = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (claims2, reads2) = (Arc::clone(&claims), Arc::clone(&reads));
+        let max = i32::MAX;
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let line = format!("{} {}", request.method(), request.uri());
+            let (claims, reads) = (Arc::clone(&claims2), Arc::clone(&reads2));
+            async move {
+                let body = |json: String| FakeBody {
+                    data: Some(bytes::Bytes::from(json)),
+                    forever: false,
+                    end: None,
+                };
+                let answer = if line.contains("watch=true") {
+                    FakeBody {
+                        data: None,
+                        forever: true,
+                        end: None,
+                    }
+                } else if line.starts_with("GET ") && line.contains("/leases/g.member.a") {
+                    // The member as it is now: its fourth tenure, the one the shard is bound to.
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    body(r#"{"metadata":{"name":"g.member.a","namespace":"ns","uid":"u1","resourceVersion":"60"},"spec":{"holderIdentity":"a","leaseDurationSeconds":15,"leaseTransitions":4}}"#.to_owned())
+                } else if line.starts_with("GET ") {
+                    // The listing: the shard bound to the member's fourth tenure, and the member
+                    // as the lagging watch has it, at its third.
+                    body(format!(
+                        r#"{{"kind":"LeaseList","apiVersion":"coordination.k8s.io/v1","metadata":{{"resourceVersion":"61"}},"items":[{{"metadata":{{"name":"g.0","namespace":"ns","resourceVersion":"61","annotations":{{"actix-coordination/bound-to":"g.member.a","actix-coordination/bound-incarnation":"u1/4"}}}},"spec":{{"holderIdentity":"a","leaseDurationSeconds":{max},"leaseTransitions":7}}}},{{"metadata":{{"name":"g.member.a","namespace":"ns","uid":"u1","resourceVersion":"40"}},"spec":{{"holderIdentity":"a","leaseDurationSeconds":15,"leaseTransitions":3}}}}]}}"#
+                    ))
+                } else {
+                    claims.fetch_add(1, Ordering::SeqCst);
+                    body(
+                        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":500}"#
+                            .to_owned(),
+                    )
+                };
+                Ok::<_, std::convert::Infallible>(http::Response::new(answer))
+            }
+        });
+        let client = Client::new(service, "ns");
+        let backend = KubernetesBackend::with_client("g.0", client, "ns").unwrap();
+        listed(&backend).await;
+        let settings = LeaseSettings::new("g.0", "b").unwrap();
+        let attempt = backend.try_acquire(&settings).await.unwrap();
+        assert!(
+            matches!(&attempt, AcquireAttempt::HeldByOther { holder: Some(h), .. } if h == "a"),
+            "{attempt:?}"
+        );
+        assert_eq!(claims.load(Ordering::SeqCst), 0, "no claim was sent");
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "the member was read");
     }
 
     /// Subscribes (on the runtime this runs on, when the backend's watch ended or there is
