@@ -614,7 +614,11 @@ impl<B: LeaseBackend> ManagedLease<B> {
             if let Some(error) = ops.unreleased.as_ref().and_then(Unreleased::pending) {
                 return Err(error);
             }
-            ops.unreleased = None;
+            // A failed release's claim that has surely expired by now is nobody's (a bound one
+            // does not expire: the backend is asked to remove it below).
+            if ops.unreleased.take().is_some() && shared.bound.get().is_none() {
+                return Ok(true);
+            }
             // A claim whose answer never arrived may still block others: the backend removes it.
             let settings = &shared.settings;
             let outcome = timeout(

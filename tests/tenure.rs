@@ -516,9 +516,10 @@ async fn an_abandoned_acquire_releases_its_claim() {
 }
 
 /// A `release` that fails (outcome unknown) must not let the next `release` claim success while
-/// the record is still held: it answers the same error until the record has surely expired
-/// (TTL plus the drift margin after the failure), then `Ok(true)`. An `acquire` that reaches the
-/// store meanwhile supersedes it.
+/// the record is still held: while the store stays unreachable it answers the same error until
+/// the record has surely expired (TTL plus the drift margin after the failure), then `Ok(true)`.
+/// Once the store answers again, the lease releases the claim itself (no TTL wait) and the next
+/// `release` says so. An `acquire` that reaches the store meanwhile supersedes it.
 #[tokio::test(start_paused = true)]
 async fn a_failed_release_is_not_followed_by_a_false_success() {
     let store = InMemoryStore::new();
@@ -550,9 +551,8 @@ async fn a_failed_release_is_not_followed_by_a_false_success() {
         Some("a"),
         "the record stays"
     );
-    // The store is reachable again, but this instance has nothing left to release with: until
-    // the record expires, every release reports the failure.
-    store.set_owner_fault("a", None);
+    // The store stays unreachable for `a`: until the record expires, every release reports the
+    // failure, and the record keeps others out.
     sleep_until(failed_at + TTL - Duration::from_millis(1)).await;
     let again = a.release().await.unwrap_err();
     assert_eq!(format!("{again:?}"), format!("{error:?}"), "the same error");
@@ -566,6 +566,28 @@ async fn a_failed_release_is_not_followed_by_a_false_success() {
     sleep_until(until).await;
     assert!(a.release().await.unwrap());
     assert!(b.acquire().await.unwrap());
+    assert!(b.release().await.unwrap());
+    store.set_owner_fault("a", None);
+
+    // This time the store answers again soon: the lease releases the claim itself, long before
+    // its TTL, and the next release says so; the next owner gets it at once.
+    assert!(a.acquire().await.unwrap());
+    store.set_owner_fault("a", Some(InMemoryFault::Unavailable));
+    assert!(a.release().await.is_err());
+    let failed_at = Instant::now();
+    sleep(Duration::from_millis(500)).await;
+    store.set_owner_fault("a", None);
+    let healed = Instant::now();
+    while store.holder(LEASE).is_some() {
+        assert!(
+            Instant::now() < healed + settings("a").renewal_interval(),
+            "not released within a renewal interval of the store answering again"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(Instant::now() < failed_at + TTL, "before its TTL");
+    assert!(a.release().await.unwrap(), "released, and it says so");
+    assert!(b.acquire().await.unwrap(), "at once");
     assert!(b.release().await.unwrap());
 
     // An acquire that reached the store answers for the record: the failure is forgotten.
