@@ -290,8 +290,12 @@ pub trait Lease: Send + Sync + 'static {
     /// [`LeaseError`] when it is unknown whether the backend released the lease; it then expires
     /// after its TTL at the latest. Until then every further `release` answers that same error
     /// (never `Ok(true)` while the record may still be held), unless an `acquire` reached the
-    /// store meanwhile; once the TTL (plus the clock drift margin) has passed since the failure,
-    /// `release` answers `Ok(true)`. The same holds for a claim that a dropped `acquire` made and
+    /// store meanwhile, or the lease released the claim itself (leases built on
+    /// [`ManagedLease`](crate::ManagedLease) ask the store again with a backoff, through
+    /// [`LeaseBackend::release_unanswered`](crate::LeaseBackend::release_unanswered), so that the
+    /// next owner waits no TTL once the store answers); once the TTL (plus the clock drift
+    /// margin) has passed since the failure, `release` answers `Ok(true)` (a bound lease's record
+    /// does not expire: it is removed from the store first). The same holds for a claim that a dropped `acquire` made and
     /// whose release in the background failed. Called outside a Tokio runtime:
     /// [`LeaseError::NoRuntime`], and nothing changes (a tenure stays held and renewed).
     ///

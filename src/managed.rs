@@ -76,7 +76,11 @@ const WATCH_BACKOFF_START: Duration = Duration::from_millis(100);
 ///
 /// A `release` whose backend call fails (outcome unknown) leaves the record possibly held until
 /// its TTL: every `release` after it answers the same error until then (see [`Lease::release`]),
-/// so that `Ok(true)` always means "not held by us in the store".
+/// so that `Ok(true)` always means "not held by us in the store". Meanwhile a task asks the
+/// backend to remove the claim ([`LeaseBackend::release_unanswered`]), from 100 ms after the
+/// failure, doubling up to the renewal interval, until it did (the next `release` then answers
+/// `Ok(true)`), a new tenure started, or the claim has surely expired; for a bound lease, whose
+/// record never expires while its member lives, for as long as the member lives.
 ///
 /// # Counters
 ///
