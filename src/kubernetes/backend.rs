@@ -847,9 +847,8 @@ impl LeaseBackend for KubernetesBackend {
             let version = tenure.lease.metadata.resource_version.clone();
             let acquired = self.remember_release(&tenure);
             let deleted = self.delete_retired(version).await;
-            self.forget_release(acquired.clone(), &deleted);
+            self.forget_release(acquired, &deleted);
             if let Some(outcome) = deleted? {
-                self.forget_release(acquired, &Ok::<(), KubernetesError>(()));
                 return Ok(outcome);
             }
             self.release_inner(settings, tenure, Giving::Release).await
