@@ -58,6 +58,17 @@ pub struct GroupRecord {
     /// own (`expires_at` is `None`) and is held exactly while the member record shows that
     /// incarnation held by the same holder; [`GroupSnapshot::live_holder`] judges it so.
     pub bound_to: Option<Binding>,
+    /// When the record's own writer says its claim ends: the renewal time it wrote plus its
+    /// duration, on the **writer's** wall clock (`None` where the backend keeps no such time, or
+    /// for a bound record). Never used to decide exclusivity (that is `expires_at`, on the
+    /// observer's own clock); only as a hint of liveness for placement
+    /// ([`live_member`](Self::live_member)).
+    pub stale_after: Option<std::time::SystemTime>,
+    /// The record's version in the store, where it is a number (Kubernetes' `resourceVersion`).
+    pub(crate) revision: Option<u64>,
+    /// Since which version of the store the writer's watch has received every change as it
+    /// happened; `None` when it does not say (see the sharded workers' placement of orphans).
+    pub(crate) watching_since: Option<u64>,
 }
 
 impl GroupRecord {
@@ -74,7 +85,49 @@ impl GroupRecord {
             metadata: None,
             incarnation: None,
             bound_to: None,
+            stale_after: None,
+            revision: None,
+            watching_since: None,
         }
+    }
+
+    /// The record with its version in the store and its writer's `watching_since`.
+    pub(crate) fn with_watch_facts(
+        mut self,
+        revision: Option<u64>,
+        watching_since: Option<u64>,
+    ) -> Self {
+        self.revision = revision;
+        self.watching_since = watching_since;
+        self
+    }
+
+    /// The record with the end of its claim as its writer states it (see
+    /// [`stale_after`](Self::stale_after)).
+    pub fn with_stale_after(mut self, stale_after: Option<std::time::SystemTime>) -> Self {
+        self.stale_after = stale_after;
+        self
+    }
+
+    /// The holder, if it counts as a live member at `now` (this process's monotonic clock) and
+    /// `wall` (its wall clock): its claim has not expired by [`live_holder`](Self::live_holder),
+    /// **and** its writer's own end of the claim ([`stale_after`](Self::stale_after)) has not
+    /// passed on this process's wall clock.
+    ///
+    /// The observed-time rule alone keeps a record alive for a full duration from when this
+    /// process first received it, which is right for exclusivity (no clock but one's own is
+    /// trusted) but wrong for choosing where work goes: a node that just started (or resumed
+    /// from a freeze) receives the record of a member that died long ago as if it had just been
+    /// written, and would count that member live for one more TTL — placing shards on it, or
+    /// handing shards over to it, where nobody would run them until a TTL passed. The writer's
+    /// renewal time tells such a record apart. A clock skew can only make a live member look
+    /// dead to this process (if the skew exceeds the time left on its claim): that costs
+    /// balance, never exclusivity, since every claim is still judged by the observed-time rule.
+    pub fn live_member(&self, now: Instant, wall: std::time::SystemTime) -> Option<&str> {
+        let holder = self.live_holder(now)?;
+        self.stale_after
+            .is_none_or(|stale| wall < stale)
+            .then_some(holder)
     }
 
     /// The record with the incarnation of its current tenure.
@@ -322,6 +375,29 @@ mod tests {
         assert_eq!(snapshot.with_prefix("h").count(), 0);
         assert_eq!(snapshot.next_expiry(now), Some(now + ttl));
         assert_eq!(snapshot.next_expiry(now + ttl), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_whose_writer_says_its_claim_ended_is_no_member_however_recently_first_seen() {
+        use std::time::SystemTime;
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let ttl = Duration::from_secs(3);
+        // First received just now (a listing, or a watch event delayed by a freeze): held for a
+        // TTL by this process's clock, which exclusivity follows...
+        let record = |stale_after| {
+            GroupRecord::new(Some("a".into()), None, Some(now + ttl)).with_stale_after(stale_after)
+        };
+        let dead = record(Some(wall - Duration::from_secs(20)));
+        assert_eq!(dead.live_holder(now), Some("a"));
+        // ...but its writer renewed it last 23 s ago: no member to place work on.
+        assert_eq!(dead.live_member(now, wall), None);
+        let live = record(Some(wall + Duration::from_secs(2)));
+        assert_eq!(live.live_member(now, wall), Some("a"));
+        assert_eq!(live.live_member(now, wall + Duration::from_secs(2)), None);
+        // A record without the writer's time (etcd, in memory) is judged by its expiry alone.
+        assert_eq!(record(None).live_member(now, wall), Some("a"));
+        assert_eq!(record(None).live_member(now + ttl, wall), None);
     }
 
     #[tokio::test]

@@ -110,6 +110,26 @@ impl Placer {
         members: &[impl AsRef<str>],
         holder: impl Fn(&str) -> Option<&'h str>,
     ) -> Vec<Option<usize>> {
+        self.place_where(shards, members, holder, |_, _| true)
+    }
+
+    /// [`place`](Self::place), where a shard left over for step 4 (free, held by a member that
+    /// is gone, or over a quota) goes only to a member `may_take(shard index, member index)`
+    /// allows, when one does: to the ideal member if allowed and with room, else to the allowed
+    /// member with room and the highest score, else to the allowed member with the highest score
+    /// even over its quota (the next placement, once that member holds it, hands the extra shard
+    /// on: one move more, for a shard that runs sooner); when no member is allowed, as
+    /// [`place`](Self::place). With `may_take` always true this is [`place`](Self::place).
+    ///
+    /// [`ShardedWorkers`](crate::ShardedWorkers) allows a dead member's shards only to the
+    /// members that can claim them on time (see its docs).
+    pub fn place_where<'h>(
+        &mut self,
+        shards: &[&str],
+        members: &[impl AsRef<str>],
+        holder: impl Fn(&str) -> Option<&'h str>,
+        may_take: impl Fn(usize, usize) -> bool,
+    ) -> Vec<Option<usize>> {
         let n = shards.len();
         // The distinct members, sorted by id, with their index in `members`.
         let mut by_id: BTreeMap<&str, usize> = BTreeMap::new();
@@ -176,12 +196,18 @@ impl Placer {
             if target[s].is_some() {
                 continue;
             }
-            let j = if taken[ideal[s]] < quota[ideal[s]] {
+            let allowed = |j: usize| may_take(s, index[j]);
+            let best = |filter: &dyn Fn(usize) -> bool| {
+                (0..m)
+                    .filter(|&j| filter(j))
+                    .max_by_key(|&j| (score(s, j), std::cmp::Reverse(j)))
+            };
+            let j = if taken[ideal[s]] < quota[ideal[s]] && allowed(ideal[s]) {
                 ideal[s]
             } else {
-                (0..m)
-                    .filter(|&j| taken[j] < quota[j])
-                    .max_by_key(|&j| (score(s, j), std::cmp::Reverse(j)))
+                best(&|j| taken[j] < quota[j] && allowed(j))
+                    .or_else(|| best(&allowed))
+                    .or_else(|| best(&|j| taken[j] < quota[j]))
                     .expect("the quotas add up to the number of shards")
             };
             target[s] = Some(j);

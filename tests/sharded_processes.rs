@@ -17,6 +17,8 @@
 //! shard) and are not asserted beyond "much faster than the TTL" and "within TTL + slack": the
 //! figures belong in benchmarks.
 
+#[path = "sharded_processes/churn.rs"]
+mod churn;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -191,6 +193,8 @@ struct Node {
     partial: String,
     /// Whether it was killed (its workers are gone without a `stop`).
     dead: bool,
+    /// When it was killed, or first seen exited (`CLOCK_MONOTONIC` ns).
+    ended_ns: Option<u128>,
 }
 
 impl Drop for Node {
@@ -263,6 +267,7 @@ impl Fleet {
             read: 0,
             partial: String::new(),
             dead: false,
+            ended_ns: None,
         });
     }
 
@@ -294,6 +299,7 @@ impl Fleet {
         for node in &mut self.nodes {
             if !node.dead {
                 if let Ok(Some(status)) = node.child.try_wait() {
+                    node.ended_ns.get_or_insert_with(now_ns);
                     assert!(
                         status.success(),
                         "{} exited with {status}: {}",
@@ -419,6 +425,7 @@ impl Fleet {
         node.child.kill().unwrap();
         node.child.wait().unwrap();
         node.dead = true;
+        node.ended_ns = Some(at);
         self.poll();
         self.running.retain(|_, (o, _)| o != owner);
         at
@@ -439,6 +446,7 @@ impl Fleet {
                     tail(&node.log)
                 );
                 node.dead = true;
+                node.ended_ns.get_or_insert_with(now_ns);
                 break;
             }
             assert!(

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
 
 mod leaving;
+mod on_time;
 
 /// The default of [`ShardedSettings::max_handovers`].
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
@@ -50,18 +51,19 @@ pub fn member_lease_name(group: &str, owner: &str) -> String {
     format!("{group}{GROUP_SEPARATOR}{MEMBER_INFIX}{owner}")
 }
 
-/// The live member a record of the member prefix `prefix` shows at `now`: a member lease is
-/// named after its holder (`<prefix><owner>`, held by `<owner>`), so a record whose live holder
-/// is not the name's suffix (a lease someone else named so, held by a node of its own) is no
-/// member.
+/// The live member a record of the member prefix `prefix` shows at `now` (and `wall`, see
+/// [`GroupRecord::live_member`]): a member lease is named after its holder (`<prefix><owner>`,
+/// held by `<owner>`), so a record whose live holder is not the name's suffix (a lease someone
+/// else named so, held by a node of its own) is no member.
 fn live_member<'a>(
     prefix: &str,
     name: &'a str,
     record: &'a GroupRecord,
     now: Instant,
+    wall: SystemTime,
 ) -> Option<&'a str> {
     let owner = name.strip_prefix(prefix)?;
-    (record.live_holder(now)? == owner).then_some(owner)
+    (record.live_member(now, wall)? == owner).then_some(owner)
 }
 
 /// What a shard's worker learns when it is started.
@@ -374,6 +376,8 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     lease_for: LeaseFor<L>,
     /// The member lease's TTL: how long a handover counts at most.
     ttl: Duration,
+    /// The member lease's renewal interval (when a member counts as quiet: see `on_time`).
+    renewal: Duration,
     factory: WorkerFactory<A>,
     settings: ShardedSettings,
     watch: GroupWatch,
@@ -389,14 +393,20 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
-    /// The last placement: its members, holders and targets.
+    /// The last placement: its members, holders, rule for orphans, and targets.
     placed: Option<Placement>,
     /// The placement's memory (the ideal assignment of the last members).
     placer: Placer,
 }
 
-/// Members, holders per shard, and the target (an index into the members) per shard.
-type Placement = (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>);
+/// Members, holders per shard, who may take which orphan, and the target (an index into the
+/// members) per shard.
+type Placement = (
+    Vec<String>,
+    Vec<Option<String>>,
+    on_time::OnTime,
+    Vec<Option<usize>>,
+);
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Shards `"0"` to `count - 1` of `group`; see [`new`](Self::new).
@@ -519,6 +529,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         metrics::sharded_registered(&label);
         Ok(Self {
             ttl: member_lease.settings().ttl(),
+            renewal: member_lease.settings().renewal_interval(),
             group,
             node,
             member_prefix,
@@ -680,13 +691,21 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         let members: Vec<String> = members.into_iter().collect();
         let holders = self.holders(snapshot, now);
-        if let Some((m, h, targets)) = &self.placed {
-            if *m == members && *h == holders {
+        let on_time = on_time::OnTime::new(
+            snapshot,
+            self.shards.iter().map(|s| s.name.as_str()),
+            &holders,
+            &members,
+            &self.member_prefix,
+            (now, self.ttl, self.renewal),
+        );
+        if let Some((m, h, o, targets)) = &self.placed {
+            if *m == members && *h == holders && *o == on_time {
                 return (members, holders, targets.clone());
             }
         }
-        let targets = self.place(&members, &holders);
-        self.placed = Some((members.clone(), holders.clone(), targets.clone()));
+        let targets = self.place(&members, &holders, &on_time);
+        self.placed = Some((members.clone(), holders.clone(), on_time, targets.clone()));
         (members, holders, targets)
     }
 
@@ -710,16 +729,23 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// The live members other than this node in `snapshot` at `now`, sorted (see
     /// [`live_member`]).
     fn other_members(&self, snapshot: &GroupSnapshot, now: Instant) -> Vec<String> {
+        let wall = SystemTime::now();
         snapshot
             .with_prefix(&self.member_prefix)
-            .filter_map(|(name, record)| live_member(&self.member_prefix, name, record, now))
+            .filter_map(|(name, record)| live_member(&self.member_prefix, name, record, now, wall))
             .filter(|member| *member != self.node)
             .map(str::to_owned)
             .collect()
     }
 
-    /// The target of every shard (an index into `members`) for these members and holders.
-    fn place(&mut self, members: &[String], holders: &[Option<String>]) -> Vec<Option<usize>> {
+    /// The target of every shard (an index into `members`) for these members and holders, an
+    /// orphan only on a member that can claim it on time (see the `on_time` module).
+    fn place(
+        &mut self,
+        members: &[String],
+        holders: &[Option<String>],
+        on_time: &on_time::OnTime,
+    ) -> Vec<Option<usize>> {
         let by_id: HashMap<&str, &str> = self
             .shards
             .iter()
@@ -727,8 +753,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .filter_map(|(shard, holder)| Some((shard.id.as_str(), holder.as_deref()?)))
             .collect();
         let ids: Vec<&str> = self.shards.iter().map(|s| s.id.as_str()).collect();
-        self.placer
-            .place(&ids, members, |id| by_id.get(id).copied())
+        self.placer.place_where(
+            &ids,
+            members,
+            |id| by_id.get(id).copied(),
+            |shard, member| on_time.may_take(shard, member),
+        )
     }
 
     /// `owner` as a handover target: it counts while its member record is live in its name.
@@ -892,10 +922,23 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             self.set_eligible(index, false, ctx);
             self.handing_over.insert(index, now);
         }
-        // Wake at the next expiry in the view and at the end of the oldest handover.
+        // Wake at the next expiry in the view, when a member's own end of claim passes (see
+        // `GroupRecord::live_member`), and at the end of the oldest handover.
+        let wall = SystemTime::now();
+        let stale = snapshot
+            .with_prefix(&self.member_prefix)
+            .filter_map(|(_, record)| record.stale_after?.duration_since(wall).ok())
+            .map(|left| now + left)
+            .min();
+        let quiet = on_time::OnTime::next_quiet(
+            snapshot.with_prefix(&self.member_prefix).map(|(_, r)| r),
+            (now, self.ttl, self.renewal),
+        );
         let next = snapshot
             .next_expiry(now)
             .into_iter()
+            .chain(stale)
+            .chain(quiet)
             .chain(self.handing_over.values().map(|since| *since + self.ttl))
             .min();
         if let Some(at) = next {

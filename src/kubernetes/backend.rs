@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use super::observed::{Observed, State};
 use super::record::{
     bind, binding_of, clear_handed, duration_of, duration_secs, holder_of, incarnation_of,
-    now_micro, post_params, preferred_of, released, released_to, slim, transitions_of,
+    now_micro, post_params, preferred_of, released, released_to, set_watching_since, slim,
+    transitions_of,
 };
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
@@ -282,6 +283,7 @@ impl KubernetesBackend {
         lease: &LeaseObject,
     ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.creates.fetch_add(1, Ordering::Relaxed);
+        let lease = &self.with_watching_since(lease);
         let sent = Instant::now();
         let created = api
             .create(&post_params(), lease)
@@ -296,12 +298,22 @@ impl KubernetesBackend {
         lease: &LeaseObject,
     ) -> Result<Arc<LeaseObject>, KubernetesError> {
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let lease = &self.with_watching_since(lease);
         let sent = Instant::now();
         let updated = api
             .replace(&self.object, &post_params(), lease)
             .await
             .map_err(|e| self.write_error("update", e))?;
         Ok(self.wrote(self.observe_shared(Arc::new(slim(updated))), sent))
+    }
+
+    /// `lease` as written: with how long this process's watch of the namespace has run without
+    /// a gap ([`WATCHING_SINCE_ANNOTATION`](super::record::WATCHING_SINCE_ANNOTATION)), so that
+    /// the nodes of a group can tell which members judge a record's expiry on time.
+    fn with_watching_since(&self, lease: &LeaseObject) -> LeaseObject {
+        let mut lease = lease.clone();
+        set_watching_since(&mut lease, self.hub.watching_since(&self.namespace));
+        lease
     }
 
     /// Logs that the write sent at `sent` produced `written` (see the `handover` module).

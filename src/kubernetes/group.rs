@@ -35,7 +35,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::record::{
-    binding_of, duration_of, handed_after, holder_of, incarnation_of, newer, older,
+    binding_of, duration_of, handed_after, holder_of, incarnation_of, newer, older, revision_of,
+    stale_after, watching_since_of,
 };
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
@@ -89,6 +90,8 @@ impl Seen {
             record: GroupRecord::new(holder, token, expires_at)
                 .with_metadata(super::record::metadata_of(lease).map(str::to_owned))
                 .with_incarnation(incarnation_of(lease))
+                .with_stale_after(stale_after(lease).filter(|_| binding.is_none()))
+                .with_watch_facts(revision_of(lease), watching_since_of(lease))
                 .with_binding(binding),
             by_holder: handed_after(lease).is_none(),
         })
@@ -183,6 +186,11 @@ pub(super) struct Index {
     listed: bool,
     groups: Vec<Group>,
     last_id: u64,
+    /// The newest numeric `resourceVersion` received (listed or changed).
+    newest: u64,
+    /// The newest version when the watch last became current (a listing ended, or it resumed):
+    /// every later version reached it as a change. `None` while it is not current.
+    watching_since: Option<u64>,
 }
 
 impl Index {
@@ -246,6 +254,25 @@ impl Index {
             .then(|| self.objects.get(object).and_then(|s| s.version.as_deref()))
     }
 
+    /// Since which version the watch has received every change as it happened (see
+    /// [`WATCHING_SINCE_ANNOTATION`](super::record::WATCHING_SINCE_ANNOTATION)), while it is
+    /// current.
+    ///
+    /// After a failure the watch resumes from where it was, and the changes written meanwhile
+    /// arrive late but above this version: a member that died during such an outage may be
+    /// judged on time by this process when it is not (a longer gap for its shards, never two
+    /// holders).
+    pub(super) fn watching_since(&self) -> Option<u64> {
+        self.watching_since.filter(|_| self.synced)
+    }
+
+    /// Notes the version of `lease`, received.
+    fn received(&mut self, lease: &LeaseObject) {
+        if let Some(version) = revision_of(lease) {
+            self.newest = self.newest.max(version);
+        }
+    }
+
     /// Removes group watch `id`.
     pub(super) fn unsubscribe(&mut self, id: u64) {
         self.groups.retain(|g| g.id != id);
@@ -274,6 +301,7 @@ impl Index {
     /// from where it was, with nothing missed, and the groups are current again.
     pub(super) fn resume(&mut self) {
         if self.listed && self.listing.is_none() && !std::mem::replace(&mut self.synced, true) {
+            self.watching_since = Some(self.newest);
             for group in &self.groups {
                 group.send(true);
             }
@@ -282,6 +310,7 @@ impl Index {
 
     /// Object `object` is `lease`, received at `at` (a change after the listing).
     pub(super) fn apply(&mut self, object: &str, lease: &LeaseObject, at: Instant) {
+        self.received(lease);
         let known = self.objects.get(object);
         let Some(seen) = Seen::of(object, lease, at, known) else {
             return;
@@ -317,6 +346,7 @@ impl Index {
 
     /// The listing in progress has `lease`, received at `at`.
     pub(super) fn listed(&mut self, object: &str, lease: &LeaseObject, at: Instant) {
+        self.received(lease);
         let known = self.objects.get(object);
         let listing = self.listing.get_or_insert_with(HashMap::new);
         // An object older than what is known keeps what is known.
@@ -331,6 +361,7 @@ impl Index {
     pub(super) fn end_listing(&mut self) {
         self.objects = self.listing.take().unwrap_or_default();
         self.synced = true;
+        self.watching_since = Some(self.newest);
         self.listed = true;
         self.groups.retain(|g| !g.sender.is_closed());
         for group in &self.groups {
@@ -426,6 +457,51 @@ mod tests {
             .collect()
     }
 
+    /// What a writer says of its watch (`watching-since`): the newest version of its last
+    /// listing, nothing while it fails, and the newest version received once it resumes; and
+    /// what the records show of their writers.
+    #[tokio::test(start_paused = true)]
+    async fn the_watch_says_since_when_it_received_every_change_as_it_happened() {
+        let mut index = Index::default();
+        let (_, mut group) = index.subscribe("g-");
+        assert_eq!(index.watching_since(), None, "not listed yet");
+        let mut member = object(None, "9", Some("a"), 1);
+        super::super::record::set_watching_since(&mut member, Some(Some(4)));
+        member.spec.as_mut().unwrap().renew_time = Some(super::super::record::now_micro());
+        listed(
+            &mut index,
+            &[("g-0", object(None, "5", Some("b"), 2)), ("g-m", member)],
+        );
+        assert_eq!(index.watching_since(), Some(9));
+        let record = group.borrow_and_update().get("g-m").unwrap().clone();
+        assert_eq!((record.revision, record.watching_since), (Some(9), Some(4)));
+        let stale = record
+            .stale_after
+            .expect("the writer's renewal time and duration");
+        let from_now = stale.duration_since(std::time::SystemTime::now()).unwrap();
+        assert!(from_now <= Duration::from_secs(3) && from_now > Duration::from_secs(2));
+        index.apply("g-0", &object(None, "12", Some("b"), 2), Instant::now());
+        assert_eq!(
+            index.watching_since(),
+            Some(9),
+            "changes came as they happened"
+        );
+        index.suspend();
+        assert_eq!(
+            index.watching_since(),
+            None,
+            "a failing watch watches nothing on time"
+        );
+        index.resume();
+        assert_eq!(index.watching_since(), Some(12));
+        // A writer whose watch was not synced says `none`: on time for nothing.
+        let mut unsynced = object(None, "13", Some("c"), 1);
+        super::super::record::set_watching_since(&mut unsynced, Some(None));
+        index.apply("g-c", &unsynced, Instant::now());
+        let record = group.borrow_and_update().get("g-c").unwrap().clone();
+        assert_eq!(record.watching_since, Some(u64::MAX));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn expiry_counts_from_when_a_version_was_first_received() {
         let mut index = Index::default();
@@ -464,6 +540,8 @@ mod tests {
         assert_eq!(
             record,
             GroupRecord::new(None, Some(FencingToken::new(2)), None)
+                .with_watch_facts(Some(7), None)
+                .with_stale_after(record.stale_after)
         );
     }
 

@@ -48,6 +48,14 @@ pub const HANDED_OVER_AFTER_ANNOTATION: &str = "actix-coordination/handed-over-a
 /// shows the incarnation [`BOUND_INCARNATION_ANNOTATION`] names, held by the same holder.
 pub const BOUND_TO_ANNOTATION: &str = "actix-coordination/bound-to";
 
+/// The annotation with which a writer says how long its namespace watch has run without a gap:
+/// the newest `resourceVersion` of a `Lease` of the namespace that the watch had when it last
+/// listed the namespace (or resumed), so that every later version reached it as a change, soon
+/// after it was written; `none` while its watch is not synced. Written with every claim and
+/// renewal; read by the nodes of a sharded group to place a dead member's shards on members
+/// that can claim them on time (see [`GroupRecord`](crate::GroupRecord) and `ShardedWorkers`).
+pub const WATCHING_SINCE_ANNOTATION: &str = "actix-coordination/watching-since";
+
 /// The annotation `<uid>/<leaseTransitions>`: the incarnation (the member tenure) of the member
 /// lease's object a bound record lives by.
 pub const BOUND_INCARNATION_ANNOTATION: &str = "actix-coordination/bound-incarnation";
@@ -239,6 +247,40 @@ pub(super) fn incarnation_of(lease: &LeaseObject) -> Option<String> {
     Some(format!("{uid}/{}", transitions_of(lease)))
 }
 
+/// The `resourceVersion` of `lease` as a number (`None` when it is not one).
+pub(super) fn revision_of(lease: &LeaseObject) -> Option<u64> {
+    lease.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// What [`WATCHING_SINCE_ANNOTATION`] of `lease` says: `None` without it (a writer that does not
+/// say: taken as watching all along), `Some(u64::MAX)` when it is not a number (its watch was
+/// not synced: it watched nothing on time).
+pub(super) fn watching_since_of(lease: &LeaseObject) -> Option<u64> {
+    let value = lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(WATCHING_SINCE_ANNOTATION)?;
+    Some(value.parse().unwrap_or(u64::MAX))
+}
+
+/// Sets [`WATCHING_SINCE_ANNOTATION`] of `lease` to `since`: `None` (no watch of the namespace
+/// runs here) removes it, `Some(None)` (a watch that is not synced) writes `none`.
+pub(super) fn set_watching_since(lease: &mut LeaseObject, since: Option<Option<u64>>) {
+    let Some(since) = since else {
+        if let Some(annotations) = lease.metadata.annotations.as_mut() {
+            annotations.remove(WATCHING_SINCE_ANNOTATION);
+        }
+        return;
+    };
+    let value = since.map_or_else(|| "none".to_owned(), |v| v.to_string());
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(WATCHING_SINCE_ANNOTATION.to_owned(), value);
+}
+
 /// `lease` handed over by `from` to `target`, after the handing holder saw version `version` of
 /// object `object` held by `target`: `target` is the holder, with the next `leaseTransitions`
 /// and a duration of `ttl`; no preference, no holder metadata.
@@ -410,6 +452,16 @@ pub(super) fn duration_of(lease: &LeaseObject) -> Duration {
         .unwrap_or(1)
         .max(1);
     Duration::from_secs(secs as u64)
+}
+
+/// When `lease`'s writer says its claim ends: its `renewTime` (else `acquireTime`) plus its
+/// duration, on the writer's wall clock (`None` without either time). A hint of liveness for
+/// placement only ([`GroupRecord::stale_after`](crate::GroupRecord)).
+pub(super) fn stale_after(lease: &LeaseObject) -> Option<std::time::SystemTime> {
+    let spec = lease.spec.as_ref()?;
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?;
+    let renewed = std::time::SystemTime::from(renewed.0);
+    renewed.checked_add(duration_of(lease))
 }
 
 /// The TTL in whole seconds, rounded up (a contender must never wait less than the TTL).

@@ -240,6 +240,19 @@ impl WatchHub {
         record
     }
 
+    /// Since which `resourceVersion` the running watch of `namespace` (none is started) has
+    /// received every change as it happened, while it is synced (see
+    /// [`Index::watching_since`](super::group::Index::watching_since)).
+    /// `None` when no watch of `namespace` runs, `Some(None)` while it is not synced.
+    pub(super) fn watching_since(&self, namespace: &str) -> Option<Option<u64>> {
+        let watch = lock(&self.watches).get(namespace).and_then(Weak::upgrade)?;
+        if watch.ended() {
+            return None;
+        }
+        let since = lock(&watch.state.index).watching_since();
+        Some(since)
+    }
+
     /// Subscribes to object `object` of `namespace`, starting that namespace's watch if no lease
     /// of this hub watches it yet.
     ///

@@ -156,7 +156,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .is_some_and(|(placed_for, _)| *placed_for == members);
         if !fresh {
             let holders = self.holders(&snapshot, now);
-            let targets = self.place(&members, &holders);
+            // The shards this node hands over are no orphans: each is handed to its target.
+            let targets = self.place(&members, &holders, &Default::default());
             self.leaving.placed = Some((members, targets));
         }
         let (members, targets) = self.leaving.placed.as_ref()?;

@@ -249,7 +249,8 @@ pub(crate) struct HandOverTo(pub(crate) Option<HandoverTarget>);
 pub(crate) struct HandoverTarget {
     owner: String,
     /// The group watch, and the target's member record in it: the target counts while that
-    /// record is live in its name.
+    /// record shows it a live member ([`GroupRecord::live_member`](crate::GroupRecord::live_member):
+    /// a member that died before this process first saw its record is no target).
     member: Option<(crate::group::GroupWatch, String)>,
 }
 
@@ -274,7 +275,10 @@ impl HandoverTarget {
     /// Whether the target still counts now (see the type's docs).
     pub(crate) fn counts(&self) -> bool {
         self.member.as_ref().is_none_or(|(watch, record)| {
-            watch.snapshot().live_holder(record, Instant::now()) == Some(self.owner.as_str())
+            let snapshot = watch.snapshot();
+            let member = snapshot.get(record);
+            member.and_then(|m| m.live_member(Instant::now(), std::time::SystemTime::now()))
+                == Some(self.owner.as_str())
         })
     }
 }
