@@ -30,28 +30,27 @@
 //! tenure ended, and the store checks skip that member tenure's leases meanwhile. Exclusion
 //! between owners is checked throughout.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_coordination::{
-    AcquireAttempt, Binding, FencingToken, InMemoryBackend, InMemoryError, InMemoryFault,
-    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseError, LeaseLost, LeaseSettings,
-    LostReason, LostSubscription, ManagedLease, ReleaseOutcome, RenewOutcome,
+    InMemoryStore, Lease, LeaseError, LeaseLost, LostReason, LostSubscription,
+};
+use common::model::{
+    cases, heal_and_settle, hex, lease, owner, paused_runtime, run_schedules, seed, Bug, Fault,
+    ModelLease, TTL,
 };
 use futures_util::future::select_all;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tokio::time::Instant;
 
 const OWNERS: usize = 3;
 const SHARDS: usize = 2;
-const TTL: Duration = Duration::from_secs(3);
-
-fn owner(i: usize) -> String {
-    format!("owner-{i}")
-}
 
 fn member_name(i: usize) -> String {
     format!("bmodel.member.{i}")
@@ -60,83 +59,6 @@ fn member_name(i: usize) -> String {
 fn shard_name(s: usize) -> String {
     format!("bmodel.shard.{s}")
 }
-
-/// The in-memory backend; with `broken`, a bound claim is written as a plain claim (a record
-/// with a TTL of its own, never renewed), the bug the model must catch.
-struct ModelBackend {
-    inner: InMemoryBackend,
-    broken: bool,
-}
-
-impl LeaseBackend for ModelBackend {
-    type Tenure = InMemoryTenure;
-    type Error = InMemoryError;
-
-    async fn try_acquire(
-        &self,
-        settings: &LeaseSettings,
-    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
-        self.inner.try_acquire(settings).await
-    }
-
-    fn binds(&self) -> bool {
-        self.inner.binds()
-    }
-
-    fn incarnation(&self, tenure: &InMemoryTenure) -> Option<String> {
-        self.inner.incarnation(tenure)
-    }
-
-    async fn try_acquire_bound(
-        &self,
-        settings: &LeaseSettings,
-        binding: &Binding,
-    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
-        if self.broken {
-            self.inner.try_acquire(settings).await
-        } else {
-            self.inner.try_acquire_bound(settings, binding).await
-        }
-    }
-
-    async fn renew(
-        &self,
-        settings: &LeaseSettings,
-        tenure: &mut InMemoryTenure,
-    ) -> Result<RenewOutcome, InMemoryError> {
-        self.inner.renew(settings, tenure).await
-    }
-
-    async fn release(
-        &self,
-        settings: &LeaseSettings,
-        tenure: InMemoryTenure,
-    ) -> Result<ReleaseOutcome, InMemoryError> {
-        self.inner.release(settings, tenure).await
-    }
-
-    async fn watch_lost(
-        &self,
-        settings: &LeaseSettings,
-        token: FencingToken,
-    ) -> Result<LostReason, InMemoryError> {
-        self.inner.watch_lost(settings, token).await
-    }
-
-    fn store_id(&self) -> Option<String> {
-        self.inner.store_id()
-    }
-
-    fn notifies_changes(&self) -> bool {
-        self.inner.notifies_changes()
-    }
-
-    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
-        self.inner.wait_for_change(settings, not_after).await
-    }
-}
-
-type ModelLease = Arc<ManagedLease<ModelBackend>>;
 
 /// One step of a schedule.
 #[derive(Debug, Clone)]
@@ -157,23 +79,6 @@ enum Op {
     ForceTake(usize),
     /// Lets this many milliseconds of virtual time pass.
     Advance(u64),
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    Partition,
-    Pause,
-    ResponseLost,
-}
-
-impl Fault {
-    fn in_memory(self) -> InMemoryFault {
-        match self {
-            Fault::Partition => InMemoryFault::Unavailable,
-            Fault::Pause => InMemoryFault::Hang,
-            Fault::ResponseLost => InMemoryFault::ResponseLost,
-        }
-    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -242,27 +147,6 @@ struct Owner {
     subscriptions: Vec<LostSubscription>,
 }
 
-fn settings(name: String, owner: String) -> LeaseSettings {
-    LeaseSettings::builder(name, owner)
-        .ttl(TTL)
-        .renewal_interval(Duration::from_secs(1))
-        .operation_timeout(Duration::from_millis(800))
-        .acquire_retries(1)
-        .acquire_retry_delay(Duration::from_millis(100))
-        .build()
-        .unwrap()
-}
-
-fn lease(store: &InMemoryStore, name: String, i: usize, broken: bool) -> ModelLease {
-    Arc::new(ManagedLease::from_backend(
-        settings(name, owner(i)),
-        ModelBackend {
-            inner: InMemoryBackend::new(store),
-            broken,
-        },
-    ))
-}
-
 fn subscribe(lease: &ModelLease, name: Name, history: &Arc<Mutex<History>>) -> LostSubscription {
     let history = Arc::clone(history);
     lease.on_lost(move |lost: &LeaseLost| {
@@ -278,13 +162,14 @@ fn subscribe(lease: &ModelLease, name: Name, history: &Arc<Mutex<History>>) -> L
 }
 
 fn build(store: &InMemoryStore, i: usize, broken: bool, history: &Arc<Mutex<History>>) -> Owner {
-    let member = lease(store, member_name(i), i, broken);
+    let bug = broken.then_some(Bug::BoundClaimAsPlain);
+    let member = lease(store, &member_name(i), i, bug);
     let anchor = member
         .binding_anchor()
         .expect("the in-memory backend binds");
     let shards: Vec<ModelLease> = (0..SHARDS)
         .map(|s| {
-            let shard = lease(store, shard_name(s), i, broken);
+            let shard = lease(store, &shard_name(s), i, bug);
             shard.bind_to(&anchor).expect("bound");
             shard
         })
@@ -415,12 +300,7 @@ fn run(ops: &[Op], mode: Mode) -> Result<(), TestCaseError> {
         broken,
         store_checks,
     } = mode;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    paused_runtime().block_on(async {
         let store = InMemoryStore::new();
         let history = Arc::new(Mutex::new(History::default()));
         let mut owners: Vec<Owner> = (0..OWNERS)
@@ -577,10 +457,7 @@ fn run(ops: &[Op], mode: Mode) -> Result<(), TestCaseError> {
         }
         // Settle: heal everything and let every tenure renew or end, so that each involuntary
         // end has been reported.
-        for i in 0..OWNERS {
-            store.heal(&owner(i));
-        }
-        tokio::time::sleep(TTL * 2).await;
+        heal_and_settle(&store, OWNERS).await;
         let leases: Vec<Leases> = owners.iter().map(|o| o.leases.clone()).collect();
         check(
             &store,
@@ -687,38 +564,10 @@ fn count(history: &History) {
     }
 }
 
-fn seed() -> [u8; 32] {
-    match std::env::var("MODEL_SEED") {
-        Ok(hex) => {
-            let bytes: Vec<u8> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("MODEL_SEED: hex"))
-                .collect();
-            bytes.try_into().expect("MODEL_SEED: 64 hex digits")
-        }
-        Err(_) => std::array::from_fn(|_| fastrand::u8(..)),
-    }
-}
-
-fn hex(seed: &[u8; 32]) -> String {
-    seed.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Runs `cases` schedules of up to 40 steps from `seed`; the failure (shrunk to a minimal
 /// schedule) as text.
 fn check_schedules(cases: u32, seed: [u8; 32], mode: Mode) -> Result<(), String> {
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    runner
-        .run(&proptest::collection::vec(op(), 1..40), |ops| {
-            run(&ops, mode)
-        })
-        .map_err(|e| e.to_string())
+    run_schedules(op(), 40, cases, seed, |ops| run(ops, mode))
 }
 
 const CORRECT: Mode = Mode {
@@ -728,10 +577,7 @@ const CORRECT: Mode = Mode {
 
 #[test]
 fn bound_leases_live_and_die_with_their_member_on_random_schedules() {
-    let cases = std::env::var("MODEL_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(800);
+    let cases = cases("MODEL_CASES", 800);
     let seed = seed();
     let started = std::time::Instant::now();
     if let Err(failure) = check_schedules(cases, seed, CORRECT) {

@@ -30,80 +30,26 @@
 //! with every failure. Each check is shown to fail on a deliberately broken renewal (one that
 //! reports success when the store did not answer).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_coordination::{
-    AcquireAttempt, FencingToken, InMemoryBackend, InMemoryError, InMemoryFault, InMemoryLease,
-    InMemoryStore, InMemoryTenure, Lease, LeaseBackend, LeaseLost, LeaseSettings, LostReason,
-    LostSubscription, ManagedLease, ReleaseOutcome, RenewOutcome,
+    FencingToken, InMemoryLease, InMemoryStore, Lease, LeaseLost, LeaseSettings, LostSubscription,
+    ManagedLease,
+};
+use common::model::{
+    cases, heal_and_settle, hex, lease, paused_runtime, run_schedules, seed, Bug, Fault,
+    ModelBackend, TTL,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tokio::time::Instant;
 
 const NAME: &str = "model";
 const OWNERS: usize = 3;
-const TTL: Duration = Duration::from_secs(3);
-
-/// The in-memory backend; with `broken`, a renewal that the store did not answer is reported as a
-/// success (the bug the model must catch).
-struct ModelBackend {
-    inner: InMemoryBackend,
-    broken: bool,
-}
-
-impl LeaseBackend for ModelBackend {
-    type Tenure = InMemoryTenure;
-    type Error = InMemoryError;
-
-    async fn try_acquire(
-        &self,
-        settings: &LeaseSettings,
-    ) -> Result<AcquireAttempt<InMemoryTenure>, InMemoryError> {
-        self.inner.try_acquire(settings).await
-    }
-
-    async fn renew(
-        &self,
-        settings: &LeaseSettings,
-        tenure: &mut InMemoryTenure,
-    ) -> Result<RenewOutcome, InMemoryError> {
-        match self.inner.renew(settings, tenure).await {
-            Err(_) if self.broken => Ok(RenewOutcome::Renewed { valid_from: None }),
-            other => other,
-        }
-    }
-
-    async fn release(
-        &self,
-        settings: &LeaseSettings,
-        tenure: InMemoryTenure,
-    ) -> Result<ReleaseOutcome, InMemoryError> {
-        self.inner.release(settings, tenure).await
-    }
-
-    async fn watch_lost(
-        &self,
-        settings: &LeaseSettings,
-        token: FencingToken,
-    ) -> Result<LostReason, InMemoryError> {
-        self.inner.watch_lost(settings, token).await
-    }
-
-    fn store_id(&self) -> Option<String> {
-        self.inner.store_id()
-    }
-
-    fn notifies_changes(&self) -> bool {
-        self.inner.notifies_changes()
-    }
-
-    async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
-        self.inner.wait_for_change(settings, not_after).await
-    }
-}
 
 /// One step of a schedule.
 #[derive(Debug, Clone)]
@@ -118,27 +64,6 @@ enum Op {
     Heal(usize),
     /// Lets this many milliseconds of virtual time pass.
     Advance(u64),
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    Partition,
-    Pause,
-    ResponseLost,
-    SlowAnswer(u64),
-    Delay(u64),
-}
-
-impl Fault {
-    fn in_memory(self) -> InMemoryFault {
-        match self {
-            Fault::Partition => InMemoryFault::Unavailable,
-            Fault::Pause => InMemoryFault::Hang,
-            Fault::ResponseLost => InMemoryFault::ResponseLost,
-            Fault::SlowAnswer(ms) => InMemoryFault::SlowAnswer(Duration::from_millis(ms)),
-            Fault::Delay(ms) => InMemoryFault::Delay(Duration::from_millis(ms)),
-        }
-    }
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -183,21 +108,12 @@ struct Node {
 }
 
 fn node(store: &InMemoryStore, owner: usize, broken: bool, history: &Arc<Mutex<History>>) -> Node {
-    let settings = LeaseSettings::builder(NAME, format!("owner-{owner}"))
-        .ttl(TTL)
-        .renewal_interval(Duration::from_secs(1))
-        .operation_timeout(Duration::from_millis(800))
-        .acquire_retries(1)
-        .acquire_retry_delay(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let lease = Arc::new(ManagedLease::from_backend(
-        settings,
-        ModelBackend {
-            inner: InMemoryBackend::new(store),
-            broken,
-        },
-    ));
+    let lease = lease(
+        store,
+        NAME,
+        owner,
+        broken.then_some(Bug::RenewalWithoutAnswer),
+    );
     let lost = lease.on_lost({
         let history = Arc::clone(history);
         move |lost: &LeaseLost| {
@@ -238,12 +154,7 @@ fn check_exclusion(store: &InMemoryStore, nodes: &[Node], history: &Mutex<Histor
 
 /// Runs one schedule; `Err` with every violation found.
 fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    paused_runtime().block_on(async {
         let store = InMemoryStore::new();
         let history = Arc::new(Mutex::new(History::default()));
         let mut nodes: Vec<Node> = (0..OWNERS)
@@ -340,10 +251,7 @@ fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
         }
         // Settle: heal everything and let every tenure end or renew, so that each involuntary end
         // has been reported.
-        for i in 0..OWNERS {
-            store.heal(&format!("owner-{i}"));
-        }
-        tokio::time::sleep(TTL * 2).await;
+        heal_and_settle(&store, OWNERS).await;
         check_exclusion(&store, &nodes, &history, "after settling");
         checker.abort();
         let alive: BTreeSet<u64> = nodes
@@ -383,49 +291,6 @@ fn run(ops: &[Op], broken: bool) -> Result<(), TestCaseError> {
     })
 }
 
-fn seed() -> [u8; 32] {
-    match std::env::var("MODEL_SEED") {
-        Ok(hex) => {
-            let bytes: Vec<u8> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("MODEL_SEED: hex"))
-                .collect();
-            bytes.try_into().expect("MODEL_SEED: 64 hex digits")
-        }
-        Err(_) => std::array::from_fn(|_| fastrand::u8(..)),
-    }
-}
-
-fn hex(seed: &[u8; 32]) -> String {
-    seed.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Runs `cases` schedules of steps drawn from `step` (up to `max_len` each) from `seed`
-/// through `schedule`; the failure (shrunk to a minimal schedule) as text.
-fn run_schedules<S: Strategy>(
-    step: S,
-    max_len: usize,
-    cases: u32,
-    seed: [u8; 32],
-    schedule: impl Fn(&[S::Value]) -> Result<(), TestCaseError>,
-) -> Result<(), String>
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    runner
-        .run(&proptest::collection::vec(step, 1..max_len), |ops| {
-            schedule(&ops)
-        })
-        .map_err(|e| e.to_string())
-}
-
 /// Runs `cases` schedules of up to 40 steps from `seed`.
 fn check(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
     run_schedules(op(), 40, cases, seed, |ops| run(ops, broken))
@@ -433,10 +298,7 @@ fn check(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> {
 
 #[test]
 fn the_contract_holds_on_random_schedules_of_faults() {
-    let cases = std::env::var("MODEL_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(5_000);
+    let cases = cases("MODEL_CASES", 5_000);
     let seed = seed();
     let started = std::time::Instant::now();
     if let Err(failure) = check(cases, seed, false) {
@@ -516,10 +378,7 @@ impl ActorWorld {
 
     /// Heals every owner and lets the actors run for two more TTLs.
     async fn heal_and_run_on(&self) {
-        for i in 0..OWNERS {
-            self.store.heal(&format!("owner-{i}"));
-        }
-        tokio::time::sleep(TTL * 2).await;
+        heal_and_settle(&self.store, OWNERS).await;
     }
 
     /// Adds the work done to `total`; `Err` with every violation found.
@@ -645,10 +504,7 @@ fn check_actors(cases: u32, seed: [u8; 32], broken: bool) -> Result<(), String> 
 }
 
 fn actor_cases() -> u32 {
-    std::env::var("MODEL_ACTOR_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(500)
+    cases("MODEL_ACTOR_CASES", 500)
 }
 
 #[test]
@@ -1203,10 +1059,7 @@ fn run_with_runtimes(ops: &[RuntimeOp]) -> Result<(), TestCaseError> {
 
 #[test]
 fn every_tenure_of_a_runtime_that_stops_ends_and_is_reported_once() {
-    let cases = std::env::var("MODEL_RUNTIME_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(40);
+    let cases = cases("MODEL_RUNTIME_CASES", 40);
     let seed = seed();
     if let Err(failure) = run_schedules(runtime_op(), 12, cases, seed, run_with_runtimes) {
         panic!(

@@ -19,6 +19,7 @@ use actix_coordination::{
     DEFAULT_SHUTDOWN_HANDOVERS,
 };
 use common::run_paused;
+use common::sharded_cases::until;
 use tokio::time::{sleep, Instant};
 
 const GROUP: &str = "ingest";
@@ -147,16 +148,6 @@ fn running(log: &Log) -> BTreeMap<String, String> {
         }
     }
     running
-}
-
-/// Waits (virtual time) until `done` holds, checking every 5 ms; answers the instant it did.
-async fn until(within: Duration, what: &str, done: impl Fn() -> bool) -> Instant {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
-    Instant::now()
 }
 
 /// No shard ever ran on two nodes at once, and each new worker of a shard ran under a higher

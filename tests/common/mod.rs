@@ -17,6 +17,7 @@ pub mod etcd_cluster;
 #[cfg(feature = "kubernetes")]
 pub mod k8s;
 pub mod logs;
+pub mod model;
 #[cfg(all(feature = "etcd", feature = "kubernetes"))]
 pub mod netns;
 pub mod proxy;

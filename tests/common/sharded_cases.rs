@@ -188,7 +188,8 @@ pub fn running(log: &Log) -> BTreeMap<String, String> {
     running
 }
 
-/// Waits until `done` holds, checking every 5 ms; panics after `within`.
+/// Waits until `done` holds, checking every 5 ms (Tokio's clock: virtual time under a paused
+/// clock); panics after `within`, and answers the instant it held.
 pub async fn until(within: Duration, what: &str, mut done: impl FnMut() -> bool) -> Instant {
     let deadline = Instant::now() + within;
     while !done() {
