@@ -10,7 +10,10 @@
 //! `reconcile` (what it does on every change of the group: its view, its targets, its
 //! competing) is timed alone, in the thread's CPU time (what it costs a core, however loaded the
 //! machine), through its `trace` span `reconcile` (field `node`), by a `tracing` layer of this
-//! bench that enables that span and nothing else.
+//! bench that enables that span and nothing else. Each phase reports the reconciles per node
+//! (median and busiest node) and one reconcile's CPU time, median and p90 over every node's
+//! reconciles of the phase: in the steady window every reconcile is one that has nothing to do
+//! (member renewals only), so its median and p90 are the cost of a no-op reconcile at S shards.
 //!
 //! Phases (each "settled": every shard held in the store by a live node and its worker running
 //! there and nowhere else, every node holding ⌊S/N⌋ or ⌈S/N⌉):
@@ -89,7 +92,14 @@ struct Spent {
     max: Duration,
 }
 
-type Ledger = Arc<Mutex<HashMap<String, Spent>>>;
+/// Per node what it spent, and every reconcile's CPU time (for the per-call median and p90).
+#[derive(Default)]
+struct Spending {
+    per_node: HashMap<String, Spent>,
+    calls: Vec<Duration>,
+}
+
+type Ledger = Arc<Mutex<Spending>>;
 
 struct ReconcileTimer(Ledger);
 
@@ -144,7 +154,8 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ReconcileTimer {
         };
         let took = thread_cpu_time().saturating_sub(entered.0);
         let mut ledger = self.0.lock().unwrap();
-        let spent = ledger.entry(node.0.clone()).or_default();
+        ledger.calls.push(took);
+        let spent = ledger.per_node.entry(node.0.clone()).or_default();
         spent.count += 1;
         spent.total += took;
         spent.max = spent.max.max(took);
@@ -199,6 +210,8 @@ struct Cost {
     checking: Duration,
     /// Per node (sorted by total): reconciles and their CPU time.
     per_node: Vec<Spent>,
+    /// Every reconcile's CPU time, sorted.
+    calls: Vec<Duration>,
 }
 
 struct Meter {
@@ -211,7 +224,7 @@ struct Meter {
 
 impl Meter {
     fn start(ledger: &Ledger, fleet: &Fleet) -> Self {
-        ledger.lock().unwrap().clear();
+        *ledger.lock().unwrap() = Spending::default();
         Self {
             ledger: Arc::clone(ledger),
             wall: std::time::Instant::now(),
@@ -222,14 +235,17 @@ impl Meter {
     }
 
     fn stop(self, fleet: &Fleet) -> Cost {
-        let mut per_node: Vec<Spent> = self.ledger.lock().unwrap().values().copied().collect();
+        let mut spending = std::mem::take(&mut *self.ledger.lock().unwrap());
+        let mut per_node: Vec<Spent> = spending.per_node.values().copied().collect();
         per_node.sort_by_key(|s| s.total);
+        spending.calls.sort();
         Cost {
             virtual_time: self.at.elapsed(),
             wall: self.wall.elapsed(),
             cpu: cpu_time() - self.cpu,
             checking: fleet.checking.get() - self.checking,
             per_node,
+            calls: spending.calls,
         }
     }
 }
@@ -244,6 +260,14 @@ impl Cost {
             .get(self.per_node.len() / 2)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// The `p`-th percentile (0–100) of one reconcile's CPU time, over every node's.
+    fn call(&self, p: usize) -> Duration {
+        if self.calls.is_empty() {
+            return Duration::ZERO;
+        }
+        self.calls[((self.calls.len() - 1) * p).div_ceil(100)]
     }
 
     fn max_node(&self) -> Spent {
@@ -262,7 +286,8 @@ impl Cost {
         format!(
             "{:.1} s on the fleet's clock, {:.2} s real ({:.2} s of it the bench's checks), \
              CPU {:.2} s; reconciles per node: median {} taking {:.1} ms of CPU, most {} taking \
-             {:.1} ms (all nodes: {all}, longest one {:.2} ms)",
+             {:.1} ms (all nodes: {all}, one reconcile: median {:.3} ms, p90 {:.3} ms, longest \
+             {:.2} ms)",
             self.virtual_time.as_secs_f64(),
             self.wall.as_secs_f64(),
             self.checking.as_secs_f64(),
@@ -271,6 +296,8 @@ impl Cost {
             ms(med.total),
             max.count,
             ms(max.total),
+            ms(self.call(50)),
+            ms(self.call(90)),
             ms(longest),
         )
     }
@@ -286,6 +313,8 @@ impl Cost {
             "reconcile_per_node_median": { "count": med.count, "ms": ms(med.total) },
             "reconcile_per_node_max": { "count": max.count, "ms": ms(max.total) },
             "reconcile_longest_ms": ms(self.per_node.iter().map(|s| s.max).max().unwrap_or_default()),
+            "reconcile_call_median_ms": ms(self.call(50)),
+            "reconcile_call_p90_ms": ms(self.call(90)),
         })
     }
 }

@@ -659,6 +659,8 @@ def t_simulation(d):
                 f"{c['virtual_s']:.1f} s",
                 f"{c['wall_s']:.1f} s (CPU {c['cpu_s']:.1f} s)",
                 f"{med['count']:,} in {med['ms']:,.0f} ms / {top['count']:,} in {top['ms']:,.0f} ms",
+                (f"{c['reconcile_call_median_ms']:.3f} ms / {c['reconcile_call_p90_ms']:.3f} ms"
+                 if "reconcile_call_median_ms" in c else "–"),
             ]
 
         size = f"{n} × {s:,}"
@@ -695,13 +697,14 @@ def t_simulation(d):
             str(x["overlaps"]),
         ])
     header = ["nodes × shards", "phase", "result", "target", "met?", "on the fleet's clock",
-              "real time (whole fleet)", "reconciles per node: median node / busiest node"]
+              "real time (whole fleet)", "reconciles per node: median node / busiest node",
+              "one reconcile (CPU): median / p90, all nodes"]
     mem_header = ["nodes × shards", "process RSS: empty → settled", "per node", "per shard",
                   "one reconcile that changes nothing (median node)",
                   "per node and renewal interval, renewals spread (N × that)", "overlaps"]
     labels = {id(r): r["variant"] for r in recs}
     return (
-        table(header, rows, ["---", "---", "---", "---", "---", "---:", "---:", "---:"])
+        table(header, rows, ["---", "---", "---", "---", "---", "---:", "---:", "---:", "---:"])
         + "\n\n"
         + table(mem_header, mem, ["---", "---:", "---:", "---:", "---:", "---:", "---:"])
         + "\n\n"

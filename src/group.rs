@@ -1,8 +1,9 @@
 //! Watching a group of lease records at once: who is alive and who holds what, from one watch.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -161,31 +162,205 @@ impl GroupRecord {
 }
 
 /// The records of a group at one moment, by lease name (the full name, prefix included).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// A snapshot also knows which records changed since an earlier snapshot of the same watch
+/// ([`changes_since`](Self::changes_since), within its last changes: up to 1,024), so that a
+/// consumer can fold in what changed instead of looking at every record again, and where the
+/// next expiry is without a look at every record ([`next_expiry`](Self::next_expiry)).
+#[derive(Clone)]
 pub struct GroupSnapshot {
     records: BTreeMap<String, GroupRecord>,
     synced: bool,
+    /// Which state of which watch this is: see [`SnapshotVersion`].
+    version: SnapshotVersion,
+    /// The names changed by the last `changed.len()` versions, oldest first.
+    changed: VecDeque<String>,
+    /// The expiries of the records with a holder, counted (`None` after
+    /// [`records_mut`](Self::records_mut): built again at the next tracked change).
+    expiries: Option<BTreeMap<Instant, u32>>,
+}
+
+/// One state of the snapshots of one watch: [`GroupSnapshot::changes_since`] tells what changed
+/// after it.
+///
+/// A version names a *line* of snapshots (each one made with [`GroupSnapshot::new`] or
+/// `default` starts its own, as does every change it cannot tell record by record) and a count
+/// of the changes along it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotVersion {
+    line: u64,
+    changes: u64,
+}
+
+impl SnapshotVersion {
+    /// A line of snapshots no other shares.
+    fn new_line() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self {
+            line: NEXT.fetch_add(1, Ordering::Relaxed),
+            changes: 0,
+        }
+    }
+}
+
+/// How many changed names a snapshot remembers at most (and at least `MIN_CHANGE_LOG`, or the
+/// number of its records if that is more): a consumer further behind looks at every record.
+const MAX_CHANGE_LOG: usize = 1024;
+const MIN_CHANGE_LOG: usize = 64;
+
+impl Default for GroupSnapshot {
+    fn default() -> Self {
+        Self::new(BTreeMap::new(), false)
+    }
+}
+
+/// Two snapshots are equal when they show the same records and the same `synced`, whatever
+/// their versions.
+impl PartialEq for GroupSnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.synced == other.synced && self.records == other.records
+    }
+}
+
+impl Eq for GroupSnapshot {}
+
+impl fmt::Debug for GroupSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupSnapshot")
+            .field("records", &self.records)
+            .field("synced", &self.synced)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// The expiry a record counts with in [`GroupSnapshot::next_expiry`].
+fn expiry(record: &GroupRecord) -> Option<Instant> {
+    record.holder.as_ref().and(record.expires_at)
+}
+
+fn count_expiries<'a>(records: impl Iterator<Item = &'a GroupRecord>) -> BTreeMap<Instant, u32> {
+    let mut expiries = BTreeMap::new();
+    for at in records.filter_map(expiry) {
+        *expiries.entry(at).or_insert(0) += 1;
+    }
+    expiries
 }
 
 impl GroupSnapshot {
     /// A snapshot of `records`; `synced` tells whether the watch has listed the whole group yet.
+    /// It starts a line of its own ([`SnapshotVersion`]).
     pub fn new(records: BTreeMap<String, GroupRecord>, synced: bool) -> Self {
-        Self { records, synced }
+        Self {
+            expiries: Some(count_expiries(records.values())),
+            records,
+            synced,
+            version: SnapshotVersion::new_line(),
+            changed: VecDeque::new(),
+        }
     }
 
-    /// For backend implementers: the records, to change in place. Sending a change of one record
-    /// costs O(log n), not a copy of the group, with
-    /// `sender.send_modify(|s| Arc::make_mut(s).records_mut().insert(..))`: the snapshot is copied
-    /// only while a reader still holds the previous one.
+    /// For backend implementers: records `record` as lease `name`'s (replacing its previous one,
+    /// which is answered), remembered as a change of `name` ([`changes_since`](Self::changes_since)).
+    /// Sending a change of one record costs O(log n), not a copy of the group, with
+    /// `sender.send_modify(|s| { Arc::make_mut(s).insert(..); })`: the snapshot is copied only
+    /// while a reader still holds the previous one.
+    pub fn insert(&mut self, name: String, record: GroupRecord) -> Option<GroupRecord> {
+        self.track_expiries();
+        self.count(expiry(&record), 1);
+        let old = self.records.insert(name.clone(), record);
+        self.count(old.as_ref().and_then(expiry), -1);
+        self.log(name);
+        old
+    }
+
+    /// For backend implementers: removes lease `name`'s record (answered), remembered as a change
+    /// of `name`; see [`insert`](Self::insert).
+    pub fn remove(&mut self, name: &str) -> Option<GroupRecord> {
+        self.track_expiries();
+        let old = self.records.remove(name)?;
+        self.count(expiry(&old), -1);
+        self.log(name.to_owned());
+        Some(old)
+    }
+
+    /// For backend implementers: the records, to change in place as one wishes. Prefer
+    /// [`insert`](Self::insert) and [`remove`](Self::remove): a snapshot cannot tell what was
+    /// changed here, so the next look of every consumer ([`changes_since`](Self::changes_since))
+    /// is at every record, and so is the next [`next_expiry`](Self::next_expiry).
     pub fn records_mut(&mut self) -> &mut BTreeMap<String, GroupRecord> {
+        self.new_line();
+        self.expiries = None;
         &mut self.records
     }
 
-    /// For backend implementers: marks whether the watch has listed the whole group.
+    /// For backend implementers: marks whether the watch has listed the whole group (a change
+    /// of it starts a new line of versions: a consumer looks at every record again).
     pub fn set_synced(&mut self, synced: bool) {
-        self.synced = synced;
+        if self.synced != synced {
+            self.synced = synced;
+            self.new_line();
+        }
     }
 
+    fn new_line(&mut self) {
+        self.version = SnapshotVersion::new_line();
+        self.changed.clear();
+    }
+
+    /// Counts the expiries again if a change through `records_mut` left them uncounted.
+    fn track_expiries(&mut self) {
+        if self.expiries.is_none() {
+            self.expiries = Some(count_expiries(self.records.values()));
+        }
+    }
+
+    fn count(&mut self, at: Option<Instant>, delta: i32) {
+        let (Some(at), Some(expiries)) = (at, self.expiries.as_mut()) else {
+            return;
+        };
+        if delta > 0 {
+            *expiries.entry(at).or_insert(0) += 1;
+        } else if let Some(n) = expiries.get_mut(&at) {
+            *n -= 1;
+            if *n == 0 {
+                expiries.remove(&at);
+            }
+        }
+    }
+
+    fn log(&mut self, name: String) {
+        self.version.changes += 1;
+        let cap = self.records.len().clamp(MIN_CHANGE_LOG, MAX_CHANGE_LOG);
+        while self.changed.len() >= cap {
+            self.changed.pop_front();
+        }
+        self.changed.push_back(name);
+    }
+
+    /// This snapshot's version: pass it to [`changes_since`](Self::changes_since) of a later
+    /// snapshot of the same watch.
+    pub fn version(&self) -> SnapshotVersion {
+        self.version
+    }
+
+    /// The names of the records changed (inserted, replaced or removed) after the snapshot of
+    /// version `since`, oldest first, a name once per change (a record whose change undid an
+    /// earlier one is named too); `None` when this snapshot cannot tell: `since` is of another
+    /// line (another watch, a new listing, a change of `synced`, a change made through
+    /// [`records_mut`](Self::records_mut)) or further back than the changes it remembers. Then
+    /// any record may have changed.
+    ///
+    /// Time changes nothing here: a record that expired without a change is not named (see
+    /// [`next_expiry`](Self::next_expiry)).
+    pub fn changes_since(&self, since: SnapshotVersion) -> Option<impl Iterator<Item = &str>> {
+        if since.line != self.version.line || since.changes > self.version.changes {
+            return None;
+        }
+        let behind = usize::try_from(self.version.changes - since.changes).ok()?;
+        let skip = self.changed.len().checked_sub(behind)?;
+        Some(self.changed.iter().skip(skip).map(String::as_str))
+    }
     /// Whether the watch has listed the whole group: before that, a missing record means nothing.
     pub fn is_synced(&self) -> bool {
         self.synced
@@ -234,14 +409,21 @@ impl GroupSnapshot {
     }
 
     /// The earliest instant after `now` at which a live record expires: when the snapshot's
-    /// meaning changes without a new snapshot.
+    /// meaning changes without a new snapshot. O(log n) (after a change through
+    /// [`records_mut`](Self::records_mut), O(n) until the next tracked change).
     pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
-        self.records
-            .values()
-            .filter(|r| r.holder.is_some())
-            .filter_map(|r| r.expires_at)
-            .filter(|at| *at > now)
-            .min()
+        match &self.expiries {
+            Some(expiries) => expiries
+                .range((std::ops::Bound::Excluded(now), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(at, _)| *at),
+            None => self
+                .records
+                .values()
+                .filter_map(expiry)
+                .filter(|at| *at > now)
+                .min(),
+        }
     }
 }
 
@@ -398,6 +580,86 @@ mod tests {
         // A record without the writer's time (etcd, in memory) is judged by its expiry alone.
         assert_eq!(record(None).live_member(now, wall), Some("a"));
         assert_eq!(record(None).live_member(now + ttl, wall), None);
+    }
+
+    fn changes(snapshot: &GroupSnapshot, since: SnapshotVersion) -> Option<Vec<&str>> {
+        snapshot.changes_since(since).map(Iterator::collect)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_names_the_records_changed_since_an_earlier_version_and_counts_expiries() {
+        let now = Instant::now();
+        let held =
+            |at: u64| GroupRecord::new(Some("a".into()), None, Some(now + Duration::from_secs(at)));
+        let mut snapshot = GroupSnapshot::new(BTreeMap::from([("g-0".to_owned(), held(5))]), true);
+        let start = snapshot.version();
+        assert_eq!(changes(&snapshot, start), Some(vec![]));
+        assert_eq!(snapshot.insert("g-1".into(), held(3)), None);
+        assert_eq!(snapshot.insert("g-0".into(), held(9)), Some(held(5)));
+        let middle = snapshot.version();
+        assert_eq!(snapshot.remove("g-1"), Some(held(3)));
+        assert_eq!(snapshot.remove("g-1"), None, "nothing removed: no change");
+        assert_eq!(changes(&snapshot, start), Some(vec!["g-1", "g-0", "g-1"]));
+        assert_eq!(changes(&snapshot, middle), Some(vec!["g-1"]));
+        // The expiries follow every change: g-0's first one and g-1's are gone.
+        assert_eq!(
+            snapshot.next_expiry(now),
+            Some(now + Duration::from_secs(9))
+        );
+        snapshot.insert(
+            "g-2".into(),
+            GroupRecord::new(None, None, Some(now + Duration::from_secs(1))),
+        );
+        assert_eq!(
+            snapshot.next_expiry(now),
+            Some(now + Duration::from_secs(9)),
+            "released"
+        );
+        // Another snapshot's version, a change of `synced` or of the records in place: any
+        // record may have changed.
+        let other = GroupSnapshot::new(BTreeMap::new(), true);
+        assert_eq!(changes(&snapshot, other.version()), None);
+        let before = snapshot.version();
+        snapshot.set_synced(true);
+        assert_eq!(
+            changes(&snapshot, before),
+            Some(vec![]),
+            "no change of `synced`"
+        );
+        snapshot.set_synced(false);
+        assert_eq!(changes(&snapshot, before), None);
+        let before = snapshot.version();
+        snapshot.records_mut().insert("g-3".into(), held(2));
+        assert_eq!(changes(&snapshot, before), None);
+        assert_eq!(
+            snapshot.next_expiry(now),
+            Some(now + Duration::from_secs(2))
+        );
+        let after = snapshot.version();
+        snapshot.remove("g-3");
+        assert_eq!(changes(&snapshot, after), Some(vec!["g-3"]));
+        assert_eq!(
+            snapshot.next_expiry(now),
+            Some(now + Duration::from_secs(9))
+        );
+        // Further back than the changes it remembers: it cannot tell.
+        let old = snapshot.version();
+        for i in 0..MIN_CHANGE_LOG {
+            snapshot.insert("g-0".into(), held(10 + i as u64));
+        }
+        assert_eq!(
+            changes(&snapshot, old).map(|c| c.len()),
+            Some(MIN_CHANGE_LOG)
+        );
+        snapshot.insert("g-0".into(), held(5));
+        assert_eq!(changes(&snapshot, old), None);
+        assert_eq!(
+            snapshot.next_expiry(now),
+            Some(now + Duration::from_secs(5))
+        );
+        // Equality is the records' and `synced`'s, whatever the versions.
+        let copy = GroupSnapshot::new(snapshot.records().clone(), snapshot.is_synced());
+        assert_eq!(copy, snapshot);
     }
 
     #[tokio::test]

@@ -149,7 +149,9 @@ pub use actors::{
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use binding::{Binding, BindingAnchor};
-pub use group::{group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch};
+pub use group::{
+    group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch, SnapshotVersion,
+};
 pub use health::{HealthCheck, LeaseReport, NotReady, Unhealthy, DEFAULT_HEALTH_TOLERANCE};
 pub use lease::{
     BoxError, FencingToken, Lease, LeaseError, LeaseLost, LostHandlers, LostReason,

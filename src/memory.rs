@@ -404,9 +404,7 @@ impl StoreState {
             if name.starts_with(prefix.as_str()) {
                 // In place (O(log n)) unless a reader still holds the previous snapshot.
                 sender.send_modify(|snapshot| {
-                    Arc::make_mut(snapshot)
-                        .records_mut()
-                        .insert(name.to_owned(), record.clone());
+                    Arc::make_mut(snapshot).insert(name.to_owned(), record.clone());
                 });
             }
         }

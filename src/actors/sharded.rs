@@ -22,6 +22,7 @@ use crate::tenure::{Tenure, TenureGuard};
 
 mod leaving;
 mod on_time;
+mod view;
 
 /// The default of [`ShardedSettings::max_handovers`].
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
@@ -393,20 +394,12 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
-    /// The last placement: its members, holders, rule for orphans, and targets.
-    placed: Option<Placement>,
+    /// The group as this node sees it, folded change by change, and what the next reconcile
+    /// looks at.
+    view: view::View,
     /// The placement's memory (the ideal assignment of the last members).
     placer: Placer,
 }
-
-/// Members, holders per shard, who may take which orphan, and the target (an index into the
-/// members) per shard.
-type Placement = (
-    Vec<String>,
-    Vec<Option<String>>,
-    on_time::OnTime,
-    Vec<Option<usize>>,
-);
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Shards `"0"` to `count - 1` of `group`; see [`new`](Self::new).
@@ -527,6 +520,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             })?;
         let label = LeaseLabel::new(&group);
         metrics::sharded_registered(&label);
+        let view = view::View::new(shards.iter().map(|shard| shard.name.as_str()));
         Ok(Self {
             ttl: member_lease.settings().ttl(),
             renewal: member_lease.settings().renewal_interval(),
@@ -548,7 +542,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             leaving: leaving::Leaving::default(),
             label,
             held_reported: 0,
-            placed: None,
+            view,
             placer: Placer::default(),
         })
     }
@@ -590,6 +584,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     });
                     tracing::warn!(group = %self.group, shard = %shard.id, error = &error as &dyn std::error::Error, retry_in = ?pause, "cannot build the shard's lease: not competing for it yet");
                     self.shards[index].eligible = false;
+                    self.view.unstarted.insert(index);
                     self.retry_backoff =
                         Some((pause * 2).min(self.settings.shard.max_error_backoff.max(pause)));
                     if self.retry.is_none() {
@@ -617,6 +612,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let shard = &mut self.shards[index];
         shard.lease = Some(lease);
         shard.manager = Some(manager);
+        self.view.watched.insert(index);
     }
 
     /// Shuts down the manager of a shard this node neither targets nor holds, then drops it and
@@ -670,43 +666,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             handle_signals: false,
             ..self.settings.shard.clone()
         }
-    }
-
-    /// The live members, holders and targets of the current view.
-    ///
-    /// The targets are computed again only when the members or the holders changed: a group
-    /// watch delivers every renewal of every record (on Kubernetes a renewal is a write), and
-    /// those change neither.
-    fn view(
-        &mut self,
-        snapshot: &GroupSnapshot,
-        now: Instant,
-    ) -> (Vec<String>, Vec<Option<String>>, Vec<Option<usize>>) {
-        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
-        // This node's own membership is what its member lease says now (the view may lag).
-        if self.member_lease.check_alive() {
-            members.insert(self.node.clone());
-        } else {
-            members.remove(&self.node);
-        }
-        let members: Vec<String> = members.into_iter().collect();
-        let holders = self.holders(snapshot, now);
-        let on_time = on_time::OnTime::new(
-            snapshot,
-            self.shards.iter().map(|s| s.name.as_str()),
-            &holders,
-            &members,
-            &self.member_prefix,
-            (now, self.ttl, self.renewal),
-        );
-        if let Some((m, h, o, targets)) = &self.placed {
-            if *m == members && *h == holders && *o == on_time {
-                return (members, holders, targets.clone());
-            }
-        }
-        let targets = self.place(&members, &holders, &on_time);
-        self.placed = Some((members.clone(), holders.clone(), on_time, targets.clone()));
-        (members, holders, targets)
     }
 
     /// Who holds each shard: this node for the shards it holds, else the live holder in the
@@ -832,9 +791,16 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             );
         }
         let now = Instant::now();
-        let (members, holders, targets) = self.view(&snapshot, now);
+        // The view, folded from the records that changed since the last look (or from every
+        // record when it cannot tell what changed: `view.rs`); the shards to look at are those
+        // for which the walk of every shard could do anything (`View::take_visits`).
+        self.refresh_view(&snapshot, now);
+        let visits = self.view.take_visits(self.shards.len());
+        #[cfg(debug_assertions)]
+        self.check_view(&snapshot, now, &visits);
         let mut candidates = Vec::new();
-        for (index, target) in targets.iter().enumerate() {
+        for index in visits {
+            let target = self.view.targets[index];
             let held = self.shards[index].held();
             // A record handed to this node (newer than any tenure it had) that it does not
             // hold: take it up, so that it neither stays held in this node's name nor goes
@@ -847,13 +813,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     record.live_holder(now) == Some(self.node.as_str())
                         && record.token > shard.last_token
                 });
-            let Some(target) = *target else {
+            let Some(target) = target else {
                 if handed_here {
                     self.set_eligible(index, true, ctx);
                 }
                 continue; // no member at all: leave everything else as it is
             };
-            if members[target] == self.node || handed_here {
+            if Some(target) == self.view.me || handed_here {
                 self.handing_over.remove(&index);
                 self.set_eligible(index, true, ctx);
             } else if held && self.shards[index].eligible {
@@ -866,6 +832,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let node = &self.node;
         let label = &self.label;
         let ttl = self.ttl;
+        let holders = &self.view.holders;
         self.handing_over.retain(|&index, since| {
             let taken = holders[index].as_ref().is_some_and(|h| h != node);
             if taken {
@@ -873,9 +840,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             }
             !taken && now < *since + ttl
         });
-        // Count the shards this node stopped holding since the last look, and what it holds.
+        // Count the shards this node stopped holding since the last look, and what it holds
+        // (only a watched shard has a lease, or was held at the last count).
         let mut held_now = 0;
-        for (index, shard) in self.shards.iter_mut().enumerate() {
+        for &index in &self.view.watched {
+            let shard = &mut self.shards[index];
             let held = shard.held();
             held_now += usize::from(held);
             if held {
@@ -892,10 +861,15 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             }
             shard.was_held = held;
         }
+        let shards = &self.shards;
+        self.view.watched.retain(|&index| {
+            let shard = &shards[index];
+            shard.lease.is_some() || shard.manager.is_some() || shard.was_held
+        });
         self.report_held(held_now);
         // Drop what this node no longer needs: shards it neither targets nor holds (nor is
         // handing over).
-        let idle: Vec<usize> = (0..self.shards.len())
+        let idle: Vec<usize> = (self.view.watched.iter().copied())
             .filter(|&index| {
                 let shard = &self.shards[index];
                 shard.manager.is_some()
@@ -912,7 +886,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             if self.handing_over.len() >= self.settings.max_handovers {
                 break;
             }
-            let target = targets[index].map(|t| members[t].clone());
+            let target = self.view.targets[index].map(|t| self.view.members[t].clone());
             tracing::info!(group = %self.group, shard = %self.shards[index].id, ?target, "handing the shard over");
             if let Some(manager) = &self.shards[index].manager {
                 manager.do_send(HandOverTo(
@@ -1093,11 +1067,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
         if !snapshot.is_synced() {
             return GroupView::default();
         }
-        let (members, holders, targets) = self.view(&snapshot, Instant::now());
+        self.refresh_view(&snapshot, Instant::now());
+        let (members, holders, targets) =
+            (&self.view.members, &self.view.holders, &self.view.targets);
         let ids = self.shards.iter().map(|s| s.id.clone());
         GroupView {
             synced: true,
-            holders: ids.clone().zip(holders).collect(),
+            holders: ids.clone().zip(holders.iter().cloned()).collect(),
             targets: ids
                 .zip(targets.iter().map(|t| t.map(|j| members[j].clone())))
                 .collect(),
@@ -1112,7 +1088,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<GetGroupView> for Sharded
                 .filter(|shard| shard.manager.is_some())
                 .map(|shard| shard.id.clone())
                 .collect(),
-            members,
+            members: members.clone(),
         }
     }
 }

@@ -232,14 +232,13 @@ impl Fold {
     fn change(&self, changes: Vec<(String, Option<GroupRecord>)>) {
         self.sender.send_modify(|snapshot| {
             let snapshot = Arc::make_mut(snapshot);
-            let records = snapshot.records_mut();
             for (name, record) in changes {
                 match record {
                     Some(record) => {
-                        records.insert(name, record);
+                        snapshot.insert(name, record);
                     }
                     None => {
-                        records.remove(&name);
+                        snapshot.remove(&name);
                     }
                 }
             }

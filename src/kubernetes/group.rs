@@ -385,14 +385,13 @@ impl Index {
                 let mut modified = false;
                 if was && old_lease != new_lease.filter(|_| is) {
                     if let Some(lease) = old_lease.filter(|l| snapshot.get(l).is_some()) {
-                        Arc::make_mut(snapshot).records_mut().remove(lease);
+                        Arc::make_mut(snapshot).remove(lease);
                         modified = true;
                     }
                 }
                 if let (true, Some(new), Some(lease)) = (is, new, new_lease) {
                     if snapshot.get(lease) != Some(&new.record) {
-                        let records = Arc::make_mut(snapshot).records_mut();
-                        records.insert(lease.to_owned(), new.record.clone());
+                        Arc::make_mut(snapshot).insert(lease.to_owned(), new.record.clone());
                         modified = true;
                     }
                 }

@@ -87,13 +87,9 @@ impl OnTime {
             .iter()
             .map(|r| r.and_then(|r| r.watching_since))
             .collect();
-        let heard_within = ttl.saturating_sub(renewal + renewal / 2);
         let quiet: Vec<bool> = records
             .iter()
-            .map(|r| {
-                r.and_then(|r| r.expires_at)
-                    .is_some_and(|at| at.saturating_duration_since(now) < heard_within)
-            })
+            .map(|r| r.is_some_and(|r| Self::is_quiet(r, (now, ttl, renewal))))
             .collect();
         let mut on_time = Self {
             orphan,
@@ -113,6 +109,17 @@ impl OnTime {
             })
             .collect();
         on_time
+    }
+
+    /// Whether `record` (a member's) is quiet at `now` (see [`new`](Self::new)).
+    pub(super) fn is_quiet(
+        record: &crate::group::GroupRecord,
+        (now, ttl, renewal): (Instant, Duration, Duration),
+    ) -> bool {
+        let heard_within = ttl.saturating_sub(renewal + renewal / 2);
+        record
+            .expires_at
+            .is_some_and(|at| at.saturating_duration_since(now) < heard_within)
     }
 
     /// When the next member turns quiet (for a wake-up: nothing is received then).

@@ -1,0 +1,548 @@
+//! The group as one [`ShardedWorkers`] node sees it (members, holders, targets), kept up to date
+//! change by change, and which shards a reconcile must look at.
+//!
+//! A group watch delivers every write of every record: on Kubernetes with bound shards, every
+//! member renewal (one per node per renewal interval). Such a change moves no member, no holder
+//! and no target, and a reconcile that walked every shard of the group for it cost 5.6 ms at
+//! 10,000 shards (BENCHMARKS.md, `benches/simulation.rs`), 100 times per interval with 100
+//! nodes. Here a reconcile folds in only the records the snapshot names as changed since the one
+//! folded last ([`GroupSnapshot::changes_since`]), and looks only at the shards that can call for
+//! an action:
+//!
+//! * the shards this node has something of (a lease or a manager, or a tenure it held at the last
+//!   count): their tenures change without a record changing;
+//! * the shards whose record changed (a record handed to this node);
+//! * the shards targeted here, whenever the targets were placed again;
+//! * the shards whose lease could not be built (tried again).
+//!
+//! Any other shard has no lease here and so is not eligible, is not targeted here, and its record
+//! named no tenure handed here when it was last looked at (else it would have been taken up):
+//! the full walk would do nothing with it.
+//!
+//! Everything else is looked at in full, as before: the first look, a snapshot of another line
+//! (a new listing, a change of `synced`, a change the backend made without saying which record),
+//! a reconcile further behind than the snapshot's memory of changes, a change of this node's own
+//! membership, a member record whose meaning changed (its live holder, incarnation or binding:
+//! a member came, went, or restarted, and the shards bound to it with it), a shard record bound to
+//! something other than a member record, and **time**: a record's expiry between the last look and
+//! this one (a member that stopped renewing drops out with no event), found in O(log n) with
+//! [`GroupSnapshot::next_expiry`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, SystemTime};
+
+use actix::prelude::*;
+use tokio::time::Instant;
+
+use super::on_time::OnTime;
+use super::ShardedWorkers;
+use crate::group::{GroupRecord, GroupSnapshot, SnapshotVersion};
+use crate::lease::Lease;
+
+/// What a member record means for the others: its live holder, as a member
+/// ([`GroupRecord::live_member`]) and for the shards bound to it, its incarnation, whether it is
+/// bound, and what the placement of orphans reads of it (see the `on_time` module): since when
+/// its watch ran, and whether it is quiet.
+#[derive(Debug, PartialEq, Eq)]
+struct MemberSeen {
+    holder: Option<String>,
+    member: Option<String>,
+    incarnation: Option<String>,
+    bound: bool,
+    watching_since: Option<u64>,
+    quiet: bool,
+}
+
+/// The instants of a look: this process's monotonic and wall clocks, and the group's TTL and
+/// renewal interval (when a member is quiet).
+#[derive(Clone, Copy)]
+pub(super) struct At {
+    pub(super) now: Instant,
+    pub(super) wall: SystemTime,
+    pub(super) ttl: Duration,
+    pub(super) renewal: Duration,
+}
+
+impl MemberSeen {
+    fn of(record: &GroupRecord, at: At) -> Self {
+        Self {
+            holder: record.live_holder(at.now).map(str::to_owned),
+            member: record.live_member(at.now, at.wall).map(str::to_owned),
+            incarnation: record.incarnation.clone(),
+            bound: record.bound_to.is_some(),
+            watching_since: record.watching_since,
+            quiet: OnTime::is_quiet(record, (at.now, at.ttl, at.renewal)),
+        }
+    }
+
+    fn means(&self, record: &GroupRecord, at: At) -> bool {
+        *self == Self::of(record, at)
+    }
+}
+
+/// Whether `record` (a member's) changes its meaning with no event between `from` and `to`: its
+/// expiry, its writer's end of claim, or the moment it turns quiet.
+fn turns_between(record: &GroupRecord, from: At, to: At) -> bool {
+    let expiry = record
+        .expires_at
+        .is_some_and(|e| from.now < e && e <= to.now);
+    let stale = record
+        .stale_after
+        .is_some_and(|s| from.wall < s && s <= to.wall);
+    let quiet = OnTime::is_quiet(record, (from.now, from.ttl, from.renewal))
+        != OnTime::is_quiet(record, (to.now, to.ttl, to.renewal));
+    expiry || stale || quiet
+}
+
+/// One node's view of its group, folded from its group watch.
+pub(super) struct View {
+    /// The snapshot folded in last, and when (its expiries were judged at that instant); `None`
+    /// before the first look.
+    seen: Option<(SnapshotVersion, At)>,
+    /// Who may take which orphan, as the targets were placed for.
+    on_time: OnTime,
+    /// Whether this node's member lease was alive at the last look.
+    me_alive: bool,
+    /// The member records (by lease name) at the last look.
+    member_records: BTreeMap<String, MemberSeen>,
+    /// A shard record bound to something other than a member record: then every look is full.
+    bound_elsewhere: bool,
+    /// The live members, sorted.
+    pub(super) members: Vec<String>,
+    /// This node's index in `members`.
+    pub(super) me: Option<usize>,
+    /// Per shard, its holder: this node when it holds it, else the live holder in the view.
+    pub(super) holders: Vec<Option<String>>,
+    /// Per shard, its target (an index into `members`).
+    pub(super) targets: Vec<Option<usize>>,
+    /// The members the targets were placed for (`None`: never placed).
+    placed_members: Option<Vec<String>>,
+    /// The holders the targets were placed for, where `holders` differs since.
+    unplaced: HashMap<usize, Option<String>>,
+    /// The shards' indices in the order of their lease names.
+    by_name: Vec<u32>,
+    /// The next reconcile looks at every shard.
+    visit_all: bool,
+    /// Shards the next reconcile looks at besides `watched` and `unstarted`.
+    to_visit: BTreeSet<usize>,
+    /// Shards this node has something of: a lease or a manager, or a tenure it held at the last
+    /// count (added when a manager starts, dropped once the shard has none of these).
+    pub(super) watched: BTreeSet<usize>,
+    /// Shards whose lease could not be built at the last try.
+    pub(super) unstarted: BTreeSet<usize>,
+    /// Looks at the group: folded from every record, and change by change (for tests).
+    #[cfg(test)]
+    looks: (u64, u64),
+}
+
+impl View {
+    /// The view of a group whose shards have these lease names (nothing seen yet).
+    pub(super) fn new<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> Self {
+        let names: Vec<&str> = names.collect();
+        let mut by_name: Vec<u32> = (0..names.len() as u32).collect();
+        by_name.sort_unstable_by_key(|&i| names[i as usize]);
+        Self {
+            seen: None,
+            on_time: OnTime::default(),
+            me_alive: false,
+            member_records: BTreeMap::new(),
+            bound_elsewhere: false,
+            members: Vec::new(),
+            me: None,
+            holders: Vec::new(),
+            targets: Vec::new(),
+            placed_members: None,
+            unplaced: HashMap::new(),
+            by_name,
+            visit_all: true,
+            to_visit: BTreeSet::new(),
+            watched: BTreeSet::new(),
+            unstarted: BTreeSet::new(),
+            #[cfg(test)]
+            looks: (0, 0),
+        }
+    }
+
+    /// Sets the holder of shard `index`, remembering what the targets were placed for.
+    fn set_holder(&mut self, index: usize, holder: Option<String>) {
+        if self.holders[index] != holder {
+            let old = std::mem::replace(&mut self.holders[index], holder);
+            self.unplaced.entry(index).or_insert(old);
+        }
+    }
+
+    /// The shards the next reconcile looks at, in index order (and forgets them).
+    pub(super) fn take_visits(&mut self, shards: usize) -> Vec<usize> {
+        let unstarted = std::mem::take(&mut self.unstarted);
+        let to_visit = std::mem::take(&mut self.to_visit);
+        if std::mem::take(&mut self.visit_all) {
+            return (0..shards).collect();
+        }
+        let mut visit: Vec<usize> = (to_visit.into_iter())
+            .chain(self.watched.iter().copied())
+            .chain(unstarted)
+            .collect();
+        visit.sort_unstable();
+        visit.dedup();
+        visit
+    }
+}
+
+impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
+    /// The instants of a look at `now` (see [`At`]).
+    fn at(&self, now: Instant) -> At {
+        At {
+            now,
+            wall: SystemTime::now(),
+            ttl: self.ttl,
+            renewal: self.renewal,
+        }
+    }
+
+    /// The index of the shard whose lease is `name`.
+    fn shard_index(&self, name: &str) -> Option<usize> {
+        let by_name = &self.view.by_name;
+        by_name
+            .binary_search_by(|&i| self.shards[i as usize].name.as_str().cmp(name))
+            .ok()
+            .map(|at| by_name[at] as usize)
+    }
+
+    /// The holder of shard `index` (see [`holders`](Self::holders)).
+    fn holder<'a>(
+        &'a self,
+        index: usize,
+        snapshot: &'a GroupSnapshot,
+        now: Instant,
+    ) -> Option<&'a str> {
+        let shard = &self.shards[index];
+        if shard.held() {
+            return Some(&self.node);
+        }
+        snapshot
+            .live_holder(&shard.name, now)
+            .filter(|holder| *holder != self.node)
+    }
+
+    /// Brings the view up to `snapshot` at `now`: the changed records only when the snapshot
+    /// can name them and nothing else can have changed (see the module docs), else every record;
+    /// then the targets, placed again when the members or the holders differ from what they were
+    /// placed for.
+    pub(super) fn refresh_view(&mut self, snapshot: &GroupSnapshot, now: Instant) {
+        let me_alive = self.member_lease.check_alive();
+        let at = self.at(now);
+        let changed = self.changed_shards(snapshot, at, me_alive);
+        let full = changed.is_none();
+        match changed {
+            Some(changed) => {
+                let look: Vec<usize> = changed.iter().chain(&self.view.watched).copied().collect();
+                for index in look {
+                    let holder = self.holder(index, snapshot, now);
+                    if self.view.holders[index].as_deref() != holder {
+                        let holder = holder.map(str::to_owned);
+                        self.view.set_holder(index, holder);
+                    }
+                }
+                self.view.to_visit.extend(changed);
+                #[cfg(test)]
+                {
+                    self.view.looks.1 += 1;
+                }
+            }
+            None => self.fold_all(snapshot, at, me_alive),
+        }
+        self.view.seen = Some((snapshot.version(), at));
+        let view = &self.view;
+        let stale = view.placed_members.as_ref() != Some(&view.members)
+            || view
+                .unplaced
+                .iter()
+                .any(|(&index, placed)| view.holders[index] != *placed);
+        if self.view.unplaced.capacity() > 1024 {
+            // A fold of many changes (at a start): give the memory back.
+            self.view.unplaced = HashMap::new();
+        } else if !self.view.unplaced.is_empty() {
+            self.view.unplaced.clear();
+        }
+        // Who may take which orphan changes only with the members, the holders, or a member's
+        // meaning (each of which makes this look a full one, or the targets stale).
+        let on_time = (stale || full).then(|| {
+            OnTime::new(
+                snapshot,
+                self.shards.iter().map(|s| s.name.as_str()),
+                &self.view.holders,
+                &self.view.members,
+                &self.member_prefix,
+                (now, self.ttl, self.renewal),
+            )
+        });
+        let stale = stale || on_time.as_ref().is_some_and(|o| *o != self.view.on_time);
+        if let Some(on_time) = on_time {
+            self.view.on_time = on_time;
+        }
+        if stale {
+            let members = std::mem::take(&mut self.view.members);
+            let holders = std::mem::take(&mut self.view.holders);
+            let on_time = std::mem::take(&mut self.view.on_time);
+            self.view.targets = self.place(&members, &holders, &on_time);
+            self.view.on_time = on_time;
+            self.view.members = members;
+            self.view.holders = holders;
+            self.view.placed_members = Some(self.view.members.clone());
+            // The shards targeted here now are looked at (each one targeted here before is
+            // watched, or unstarted).
+            let view = &mut self.view;
+            if let Some(me) = view.me.filter(|_| !view.visit_all) {
+                let mine = view.targets.iter().enumerate();
+                let mine = mine
+                    .filter(|(_, target)| **target == Some(me))
+                    .map(|(i, _)| i);
+                view.to_visit.extend(mine);
+            }
+        }
+    }
+
+    /// The shards whose records changed since the last look, when nothing else can have
+    /// changed the view; `None` when the view must be folded from every record.
+    fn changed_shards(
+        &self,
+        snapshot: &GroupSnapshot,
+        at: At,
+        me_alive: bool,
+    ) -> Option<Vec<usize>> {
+        let view = &self.view;
+        let now = at.now;
+        let (version, then) = view.seen?;
+        if me_alive != view.me_alive || view.bound_elsewhere {
+            return None;
+        }
+        // A record whose expiry passed since the last look changed its meaning with no event.
+        if snapshot
+            .next_expiry(then.now)
+            .is_some_and(|expiry| expiry <= now)
+        {
+            return None;
+        }
+        // So did a member whose writer's end of claim passed, or that turned quiet (a walk of
+        // the members, not of the shards).
+        if snapshot
+            .with_prefix(&self.member_prefix)
+            .any(|(_, record)| turns_between(record, then, at))
+        {
+            return None;
+        }
+        let mut changed = Vec::new();
+        for name in snapshot.changes_since(version)? {
+            let record = snapshot.get(name);
+            if name.starts_with(self.member_prefix.as_str()) {
+                let same = match (view.member_records.get(name), record) {
+                    (Some(seen), Some(record)) => seen.means(record, at),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !same {
+                    return None;
+                }
+            } else if let Some(index) = self.shard_index(name) {
+                let binding = record.and_then(|record| record.bound_to.as_ref());
+                if binding.is_some_and(|b| !b.member().starts_with(self.member_prefix.as_str())) {
+                    return None;
+                }
+                changed.push(index);
+            }
+        }
+        Some(changed)
+    }
+
+    /// Folds the view from every record of `snapshot`, and has the next reconcile look at every
+    /// shard.
+    fn fold_all(&mut self, snapshot: &GroupSnapshot, at: At, me_alive: bool) {
+        let now = at.now;
+        let prefix = self.member_prefix.as_str();
+        self.view.member_records = snapshot
+            .with_prefix(prefix)
+            .map(|(name, record)| (name.clone(), MemberSeen::of(record, at)))
+            .collect();
+        self.view.bound_elsewhere = self.shards.iter().any(|shard| {
+            snapshot
+                .get(&shard.name)
+                .and_then(|record| record.bound_to.as_ref())
+                .is_some_and(|binding| !binding.member().starts_with(prefix))
+        });
+        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
+        // This node's own membership is what its member lease says now (the view may lag).
+        if me_alive {
+            members.insert(self.node.clone());
+        } else {
+            members.remove(&self.node);
+        }
+        self.view.members = members.into_iter().collect();
+        self.view.me = self.view.members.iter().position(|m| *m == self.node);
+        self.view.me_alive = me_alive;
+        let holders = self.holders(snapshot, now);
+        if self.view.holders.len() == holders.len() {
+            for (index, holder) in holders.into_iter().enumerate() {
+                self.view.set_holder(index, holder);
+            }
+        } else {
+            self.view.holders = holders;
+            self.view.placed_members = None;
+        }
+        self.view.visit_all = true;
+        #[cfg(test)]
+        {
+            self.view.looks.0 += 1;
+        }
+    }
+
+    /// Debug builds: checks the view against the walk of every shard at `now`, and that each
+    /// shard left out of `visits` is one the walk would do nothing with (no lease, no manager,
+    /// not eligible, not targeted here, no record handed here).
+    #[cfg(debug_assertions)]
+    pub(super) fn check_view(&self, snapshot: &GroupSnapshot, now: Instant, visits: &[usize]) {
+        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
+        if self.member_lease.check_alive() {
+            members.insert(self.node.clone());
+        } else {
+            members.remove(&self.node);
+        }
+        let members: Vec<String> = members.into_iter().collect();
+        assert_eq!(self.view.members, members, "the view's members");
+        assert_eq!(self.view.placed_members.as_ref(), Some(&members));
+        assert_eq!(
+            self.view.holders,
+            self.holders(snapshot, now),
+            "the view's holders"
+        );
+        let mut visits = visits.iter().peekable();
+        for (index, shard) in self.shards.iter().enumerate() {
+            if visits.next_if(|&&visit| visit == index).is_some() {
+                continue;
+            }
+            let handed_here = snapshot.get(&shard.name).is_some_and(|record| {
+                record.live_holder(now) == Some(self.node.as_str())
+                    && record.token > shard.last_token
+            });
+            let target = self.view.targets[index];
+            assert!(
+                shard.lease.is_none()
+                    && shard.manager.is_none()
+                    && !shard.eligible
+                    && !shard.was_held
+                    && !handed_here
+                    && (target.is_none() || target != self.view.me),
+                "shard {} left out of a reconcile that had something to do with it",
+                shard.id
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use tokio::time::sleep;
+
+    use super::ShardedWorkers;
+    use crate::lease::Lease;
+    use crate::{GetShards, InMemoryLease, InMemoryStore, LeaseSettings, ShardInfo};
+
+    const TTL: Duration = Duration::from_secs(6);
+
+    struct Worker;
+
+    impl Actor for Worker {
+        type Context = Context<Self>;
+    }
+
+    /// How many looks at the group a node took: from every record, and change by change.
+    #[derive(Message)]
+    #[rtype(result = "(u64, u64)")]
+    struct Looks;
+
+    impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Looks> for ShardedWorkers<A, L> {
+        type Result = MessageResult<Looks>;
+
+        fn handle(&mut self, _: Looks, _: &mut Context<Self>) -> Self::Result {
+            MessageResult(self.view.looks)
+        }
+    }
+
+    type Node = Addr<ShardedWorkers<Worker, InMemoryLease>>;
+
+    fn node(store: &InMemoryStore, owner: &str) -> Node {
+        let (store, owner) = (store.clone(), owner.to_owned());
+        ShardedWorkers::with_count(
+            "g",
+            12,
+            move |name: &str| {
+                store.lease(
+                    LeaseSettings::builder(name, &owner)
+                        .ttl(TTL)
+                        .renewal_interval(Duration::from_secs(2))
+                        .build()
+                        .unwrap(),
+                )
+            },
+            |_: &ShardInfo, _: &mut Context<Worker>| Worker,
+        )
+        .unwrap()
+        .start()
+    }
+
+    /// Waits (at most a minute of the paused clock) until every node runs `each` shards.
+    async fn until_each_runs(nodes: &[&Node], each: usize) {
+        for _ in 0..600 {
+            let mut all = true;
+            for node in nodes {
+                all &= node.send(GetShards).await.unwrap().len() == each;
+            }
+            if all {
+                return;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the nodes did not settle on {each} shards each");
+    }
+
+    fn run_paused<F: std::future::Future>(f: F) -> F::Output {
+        actix_rt::System::with_tokio_rt(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .expect("tokio runtime")
+        })
+        .block_on(f)
+    }
+
+    /// Member renewals are folded in record by record (no look at every record); a member whose
+    /// lease expires with no event (its process frozen: no write, no release) is still noticed
+    /// at its expiry, and its shards move. Were the change-by-change look to skip the expiry,
+    /// the shards would stay with the frozen node: the others' renewals change nothing else.
+    #[test]
+    fn renewals_are_folded_record_by_record_and_an_expiry_with_no_event_still_moves_shards() {
+        run_paused(async {
+            let store = InMemoryStore::new();
+            let (a, b, c) = (node(&store, "a"), node(&store, "b"), node(&store, "c"));
+            until_each_runs(&[&a, &b, &c], 4).await;
+            sleep(TTL).await;
+            let before = a.send(Looks).await.unwrap();
+            // Three intervals of renewals only: nothing moves, nothing is looked at in full.
+            sleep(Duration::from_secs(6)).await;
+            let after = a.send(Looks).await.unwrap();
+            assert_eq!(after.0, before.0, "renewals looked at every record");
+            assert!(
+                after.1 >= before.1 + 3,
+                "renewals reached the node: {after:?}"
+            );
+            until_each_runs(&[&a, &b, &c], 4).await;
+            // c freezes: its member lease expires a TTL after its last renewal, with no event.
+            store.pause("c");
+            until_each_runs(&[&a, &b], 6).await;
+            assert!(a.send(Looks).await.unwrap().0 > after.0);
+        });
+    }
+}
