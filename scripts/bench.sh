@@ -21,6 +21,11 @@
 #                               300 faults per backend (CHAOS_FAULTS), etcd and Kubernetes at once
 #                               (about 40 minutes on 2 cores); every shard checked on its own;
 #                               prints the table of docs/chaos/RESULTS.md
+#   scripts/bench.sh churn      sharded nodes under a seeded churn of joins, SIGTERMs, SIGKILLs and
+#                               SIGSTOPs (tests/sharded_processes/churn.rs): CHURN_SECS (300) per
+#                               backend and seed, for each of CHURN_SEEDS ("37 1 3"), etcd and
+#                               Kubernetes one after the other (about 35 minutes); prints the spans
+#                               without a worker of each run; a span past TTL + 1 s fails it
 #
 # Every bench runs with --check: the script goes on after a bench that missed a target or failed,
 # and exits with status 1 at the end if any did (a documented known miss does not count).
@@ -30,10 +35,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=${1:-full}
 case $mode in
-    full | quick | chaos | chaos-long | chaos-sharded | rollouts) ;;
+    full | quick | chaos | chaos-long | chaos-sharded | rollouts | churn) ;;
     --inner) ;;
     *)
-        sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
@@ -107,6 +112,18 @@ rollouts() {
 if [[ $mode == rollouts ]]; then
     rollouts
     exit $?
+fi
+
+if [[ $mode == churn ]]; then
+    log=$out/churn.log
+    echo "=== churn: ${CHURN_SECS:-300} s per backend and seed, seeds ${CHURN_SEEDS:-37 1 3} ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
+    status=0
+    for seed in ${CHURN_SEEDS:-37 1 3}; do
+        CHURN_SECS=${CHURN_SECS:-300} CHURN_SEED=$seed cargo test --all-features --test sharded_processes \
+            -- churn_leaves --test-threads=1 --nocapture 2>&1 | tee -a "$log" || status=1
+    done
+    grep -E '^(etcd|kubernetes): churn of' "$log"
+    exit $status
 fi
 
 if [[ $mode == chaos-sharded ]]; then

@@ -301,7 +301,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///   group (so that it can compute its targets and compete as soon as the others count it); the
 ///   live members are the holders of the member leases whose claims have not expired, each
 ///   holding the one named after it, seen from one [`GroupWatch`] of the whole group (one list
-///   and one watch, no request per member per interval). A node that crashes drops out when its member lease expires; a node
+///   and one watch, no request per member per interval); a member record whose own writer's end
+///   of claim has passed on this node's wall clock is no member for placement either
+///   ([`GroupRecord::live_member`](crate::GroupRecord::live_member): a node that just started or
+///   resumed receives a long-dead member's record as if it were new). A node that crashes drops out when its member lease expires; a node
 ///   shutting down gives its member lease up first, for good ([`Lease::retire`]: on Kubernetes
 ///   its object is deleted, so that identities that change on every rollout leave no objects
 ///   behind).
@@ -312,7 +315,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///   stops the worker and releases the lease, and the target, already waiting, claims it within a
 ///   round trip. At most [`ShardedSettings::max_handovers`] handovers of a node are in flight at
 ///   once (released and not yet seen claimed by their target), so a join never empties a node at
-///   once.
+///   once. A dead member's shards go only to members that can claim them on time: whose watch
+///   received the record deciding their expiry as it was written, preferring members heard from
+///   lately (Kubernetes; see [`Placer::place_where`](crate::Placer::place_where) and the
+///   `watching-since` annotation: a node that joined a moment before would wait a TTL from its
+///   own first sight of that record).
 /// * **A node pays for the shards it runs, not for the group.** A shard's lease and manager are
 ///   built when the node first targets the shard, and shut down and dropped once it neither
 ///   targets nor holds it (after a handover, once the target holds it): the group's other shards
