@@ -26,7 +26,10 @@
 //! a member came, went, or restarted, and the shards bound to it with it), a shard record bound to
 //! something other than a member record, and **time**: a record's expiry between the last look and
 //! this one (a member that stopped renewing drops out with no event), found in O(log n) with
-//! [`GroupSnapshot::next_expiry`].
+//! [`GroupSnapshot::next_expiry`], and a member record's writer's end of claim or its turning
+//! quiet (see the `on_time` module), found by a walk of the member records (not of the shards).
+//! Who may take which orphan is computed again on every full look and whenever the targets are
+//! placed again; the targets are placed again when it changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
