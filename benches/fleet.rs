@@ -8,11 +8,12 @@
 //! scripts/test-cluster.sh up target/bench-cluster && . target/bench-cluster/env
 //! cargo bench --all-features --bench fleet -- etcd --check
 //! cargo bench --all-features --bench fleet -- kubernetes --check
+//! cargo bench --all-features --bench fleet -- kubernetes large --check   # 16 × 4,096 (scenario 3)
 //! ```
 //!
-//! Every lease of these runs has a TTL of 30 s and a renewal interval of 10 s. Two scenarios run
-//! one after the other (`idle` as a second argument runs the first alone; the second needs the
-//! first's figures):
+//! Every lease of these runs has a TTL of 30 s and a renewal interval of 10 s. Scenario 1 always
+//! runs first (the others need the idle member's memory); then scenario 2, or with a second
+//! argument `idle` nothing more, or `large` scenario 3 instead of 2:
 //!
 //! 1. **idle member** (issue 24: "requests per minute of an idle member (0 periodic)"): a group of
 //!    one shard and two nodes; the holder starts first and runs the shard, then the idle member
@@ -48,8 +49,39 @@
 //!    grows with the number of nodes. To split it, one node alone first runs all 1,024 shards of
 //!    a group of its own (held `min(window, 30 s)`): with the fleet's median node (128 held) this
 //!    gives what a shard of the group costs each node and what holding it adds.
+//! 3. **large** (issue 37, "Done when": "16 nodes × 4,096 shards"): sixteen nodes of one group of
+//!    4,096 shards (`BENCH_LARGE_NODES`, `BENCH_LARGE_SHARDS`), shard leases bound to the member
+//!    lease (the example's default), workers stepping every 4 s (`--step-ms 4000`: 1,024 steps a
+//!    second in all, as in scenario 2). The nodes talk to a **server of their own**, so that its
+//!    counters count this fleet alone (other work may use the test cluster's API server and etcd
+//!    meanwhile): on Kubernetes a second kube-apiserver on the test cluster's etcd (as in
+//!    scenario 1), on etcd a one-member etcd the bench starts. They start at once; once every
+//!    shard runs, 256 on every node, and one more renewal interval has passed:
+//!    - **steady state**, a window of `BENCH_LARGE_WINDOW_SECS` (120): the writes the server
+//!      counted (Kubernetes: `apiserver_request_total{resource="leases"}` of every mutating verb,
+//!      `POST`, `PUT`, `PATCH`, `DELETE`, `DELETECOLLECTION`; etcd: the messages of `Txn`, `Put`,
+//!      `DeleteRange`, `LeaseGrant`, `LeaseRevoke`, `LeaseKeepAlive`) per renewal interval,
+//!      target ≤ 1.2 × nodes (19.2: one member renewal per node, with a fifth to spare); shards
+//!      lost and nodes off their count as in scenario 2 (target 0 and 0); memory per held shard
+//!      as in scenario 2 (the nodes' `VmRSS` minus sixteen idle members', over 4,096; ≤ 64 KB);
+//!    - **join**: a seventeenth node starts; the worker starts from its start until 5 s after
+//!      the fleet is balanced again (240 or 241 per node), target ≤ ⌈4,096 / 17⌉ = 241;
+//!    - **SIGKILL** of one node: per shard it ran, from the kill to the new worker's `start`
+//!      elsewhere (`CLOCK_MONOTONIC`, the nodes' event logs); target: the slowest within TTL + 1 s;
+//!    - **SIGTERM** of another: per shard it ran, from the signal to the new worker's `start`
+//!      elsewhere; target: the slowest (every shard running elsewhere) within 100 ms; also each
+//!      shard's own downtime (its worker's `stop` on the leaving node to that `start`).
+//!
+//!    Each phase waits for the balance (every shard on a live node, ⌊S/N⌋ or ⌈S/N⌉ each) at
+//!    most 600 s. Moves nobody asked for (starts of other shards) are reported too, and what
+//!    each of the three phases cost until the balance: the live nodes' and the server's CPU
+//!    time, the requests the server counted and, on Kubernetes, its own mean time per verb
+//!    (`apiserver_request_duration_seconds`), which tells a slow server from busy nodes.
 //!
 //! Environment: `BENCH_IDLE_WINDOW_SECS` (60), `BENCH_FLEET_WINDOW_SECS` (60),
+//! `BENCH_LARGE_WINDOW_SECS` (120), `BENCH_LARGE_NODES` (16), `BENCH_LARGE_SHARDS` (4,096),
+//! `BENCH_NODE_RUST_LOG` (the nodes' `RUST_LOG`, default `actix_coordination=warn`; their logs
+//! are `target/bench-fleet/BACKEND-SCENARIO-PID/NODE.log`),
 //! `BENCH_RESULTS_FILE` (the results file), and the test cluster's (`ACTIX_COORD_TEST_*`,
 //! written by `scripts/test-cluster.sh up DIR` to `DIR/env`).
 
@@ -62,7 +94,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use actix_coordination::placement_score;
-use common::{load_average, Check, Report};
+use common::{load_average, ms, summarize, Check, Report};
 use serde_json::json;
 use tokio::time::{sleep, Instant};
 
@@ -78,6 +110,14 @@ const FLEET_STEP_MS: u64 = 1000;
 const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 /// The target of memory per held shard (documented in BENCHMARKS.md).
 const MEMORY_PER_SHARD_TARGET_KB: f64 = 64.0;
+/// The large fleet (scenario `large`; `BENCH_LARGE_NODES`, `BENCH_LARGE_SHARDS` set others).
+const LARGE_NODES: usize = 16;
+const LARGE_SHARDS: usize = 4096;
+/// The worker's step period in the large fleet: as many steps a second in all as the fleet's
+/// (1,024), each logged.
+const LARGE_STEP_MS: u64 = 4000;
+/// How long the large fleet may take to balance, after its start and after each change.
+const LARGE_SETTLE_WITHIN: Duration = Duration::from_secs(600);
 
 fn env_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -110,12 +150,27 @@ fn mono_ns() -> u128 {
 fn node_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = env!("CARGO_MANIFEST_DIR");
-    let status = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    build
         .args(["build", "--quiet", "--release", "--all-features"])
         .args(["--example", "sharded_node"])
-        .current_dir(manifest)
-        .status()
-        .expect("run cargo build");
+        .current_dir(manifest);
+    // What cargo set for this bench's own run (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, ...):
+    // build scripts of dependencies (ring's) rerun when these change, so inherited they made
+    // this build recompile half the dependencies, and the next `cargo bench` again.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                &*name,
+                "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_BIN_NAME"
+            )
+        {
+            build.env_remove(&*name);
+        }
+    }
+    let status = build.status().expect("run cargo build");
     assert!(status.success(), "building the sharded_node example failed");
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -171,8 +226,12 @@ fn total(c: &Counters) -> f64 {
 
 /// One server the nodes talk to.
 enum Server {
-    /// An etcd member (its client URL), counted by its `/metrics`.
-    Etcd { endpoint: String },
+    /// An etcd member (its client URL), counted by its `/metrics`; `child` when the bench started
+    /// it.
+    Etcd {
+        endpoint: String,
+        child: Option<Child>,
+    },
     /// A kube-apiserver (its URL), counted by its `/metrics` with the admin token; `child` when
     /// the bench started it.
     Kubernetes { url: String, child: Option<Child> },
@@ -181,6 +240,9 @@ enum Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Server::Kubernetes {
+            child: Some(child), ..
+        }
+        | Server::Etcd {
             child: Some(child), ..
         } = self
         {
@@ -250,7 +312,7 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 impl Server {
     fn url_or_endpoint(&self) -> &str {
         match self {
-            Server::Etcd { endpoint } => endpoint,
+            Server::Etcd { endpoint, .. } => endpoint,
             Server::Kubernetes { url, .. } => url,
         }
     }
@@ -272,7 +334,7 @@ impl Server {
                     *out.entry(verb).or_default() += value.trim().parse::<f64>().unwrap();
                 }
             }
-            Server::Etcd { endpoint } => {
+            Server::Etcd { endpoint, .. } => {
                 let text = etcd_metrics_text(endpoint);
                 for (kind, prefix) in [
                     ("started", "grpc_server_started_total{"),
@@ -288,6 +350,32 @@ impl Server {
                             value.trim().parse::<f64>().unwrap();
                     }
                 }
+            }
+        }
+        out
+    }
+
+    /// The API server's own time spent on lease requests, by verb: `apiserver_request_duration_seconds`
+    /// sum (`VERB s`) and count (`VERB n`); empty on etcd.
+    fn durations(&self, dir: &Path) -> Counters {
+        let mut out = Counters::new();
+        let Server::Kubernetes { url, .. } = self else {
+            return out;
+        };
+        let text = kube_request(dir, "GET", &format!("{url}/metrics")).expect("metrics");
+        for (suffix, prefix) in [
+            ("s", "apiserver_request_duration_seconds_sum{"),
+            ("n", "apiserver_request_duration_seconds_count{"),
+        ] {
+            for (labels, value) in text
+                .lines()
+                .filter_map(|l| l.strip_prefix(prefix))
+                .filter_map(|rest| rest.split_once("} "))
+                .filter(|(labels, _)| label(labels, "resource") == Some("leases"))
+            {
+                let verb = label(labels, "verb").unwrap_or("?");
+                *out.entry(format!("{verb} {suffix}")).or_default() +=
+                    value.trim().parse::<f64>().unwrap();
             }
         }
         out
@@ -322,6 +410,83 @@ impl Server {
             Server::Etcd { .. } => "received LeaseKeepAlive",
         };
         counters.get(key).copied().unwrap_or(0.0)
+    }
+
+    /// The writes in `counters`: on Kubernetes every mutating verb (`POST`, `PUT`, `PATCH`,
+    /// `DELETE`, `DELETECOLLECTION`); on etcd the messages of every call that writes (`Txn`,
+    /// `Put`, `DeleteRange`, `LeaseGrant`, `LeaseRevoke`, `LeaseKeepAlive`).
+    fn writes(&self, counters: &Counters) -> Counters {
+        let writes: &[&str] = match self {
+            Server::Kubernetes { .. } => &["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"],
+            Server::Etcd { .. } => &[
+                "received Txn",
+                "received Put",
+                "received DeleteRange",
+                "received LeaseGrant",
+                "received LeaseRevoke",
+                "received LeaseKeepAlive",
+            ],
+        };
+        counters
+            .iter()
+            .filter(|(k, _)| writes.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// An etcd of its own (one member, data in `dir`, free ports), so that its counters count
+    /// one fleet alone; ready when this returns.
+    async fn private_etcd(dir: &Path) -> Server {
+        let port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (client, peer) = (port(), port());
+        let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(env_var("ACTIX_COORD_TEST_ETCD_BIN"))
+            .arg("--name=bench")
+            .arg(format!("--data-dir={}", dir.join("etcd-data").display()))
+            .arg(format!("--listen-client-urls={endpoint}"))
+            .arg(format!("--advertise-client-urls={endpoint}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=bench={peer_url}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start an etcd");
+        let server = Server::Etcd {
+            endpoint: endpoint.clone(),
+            child: Some(child),
+        };
+        let authority = endpoint.trim_start_matches("http://").to_owned();
+        let give_up = Instant::now() + Duration::from_secs(60);
+        loop {
+            let healthy = std::net::TcpStream::connect(&authority)
+                .and_then(|mut stream| {
+                    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+                    write!(stream, "GET /health HTTP/1.0\r\nHost: {authority}\r\n\r\n")?;
+                    let mut body = String::new();
+                    stream.read_to_string(&mut body)?;
+                    Ok(body.contains("\"health\":\"true\""))
+                })
+                .unwrap_or(false);
+            if healthy {
+                return server;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the bench's etcd is not healthy after 60 s (log: {})",
+                dir.join("etcd.log").display()
+            );
+            sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// A second kube-apiserver on the test cluster's etcd, certificate and tokens, on a free
@@ -372,7 +537,10 @@ impl Server {
                     .parse()
                     .ok()
             }
-            Server::Etcd { endpoint } => (*endpoint
+            Server::Etcd {
+                child: Some(child), ..
+            } => Some(child.id()),
+            Server::Etcd { endpoint, .. } => (*endpoint
                 == std::env::var("ACTIX_COORD_TEST_ETCD_ENDPOINT").ok()?)
             .then(|| {
                 std::env::var("ACTIX_COORD_TEST_ETCD_PID")
@@ -393,7 +561,7 @@ fn config(server: &Server, dir: &Path, prefix: &str) -> String {
         RENEWAL.as_secs()
     );
     match server {
-        Server::Etcd { endpoint } => format!(
+        Server::Etcd { endpoint, .. } => format!(
             "[leases.sharded]\nbackend = \"etcd\"\n{timing}\n[leases.sharded.etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"/actix-coordination-bench/fleet/{prefix}/\"\n"
         ),
         Server::Kubernetes { url, .. } => {
@@ -473,6 +641,8 @@ struct Event {
 struct Node {
     owner: String,
     child: Child,
+    /// Killed or stopped by the bench: no longer a member, its exit expected.
+    gone: bool,
     events: PathBuf,
     log: PathBuf,
     read: u64,
@@ -540,7 +710,11 @@ impl Fleet {
             .args(["--group", &self.group, "--shards", &self.shards.to_string()])
             .args(["--owner", owner, "--events", events.to_str().unwrap()])
             .args(["--step-ms", &step_ms.to_string()])
-            .env("RUST_LOG", "actix_coordination=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_NODE_RUST_LOG")
+                    .unwrap_or_else(|_| "actix_coordination=warn".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -550,6 +724,7 @@ impl Fleet {
         self.nodes.push(Node {
             owner: owner.into(),
             child,
+            gone: false,
             events,
             log: log_path,
             read: 0,
@@ -616,6 +791,56 @@ impl Fleet {
         counts
     }
 
+    /// Shards running per node that the bench has not killed or stopped, and how many run on
+    /// them in all (from the event logs).
+    fn live_counts(&self) -> (BTreeMap<String, usize>, usize) {
+        let mut counts: BTreeMap<String, usize> = self
+            .nodes
+            .iter()
+            .filter(|n| !n.gone)
+            .map(|n| (n.owner.clone(), 0))
+            .collect();
+        let mut on_live = 0;
+        for (owner, _) in self.running.values() {
+            if let Some(n) = counts.get_mut(owner) {
+                *n += 1;
+                on_live += 1;
+            }
+        }
+        (counts, on_live)
+    }
+
+    /// Waits until every shard runs on a live node, each running ⌊shards / nodes⌋ or
+    /// ⌈shards / nodes⌉ of them (what placement gives), polling every 50 ms; answers when (on
+    /// `CLOCK_MONOTONIC`), and panics after `within`.
+    async fn balanced(&mut self, what: &str, within: Duration) -> u128 {
+        let give_up = Instant::now() + within;
+        loop {
+            self.poll();
+            let (counts, on_live) = self.live_counts();
+            let (low, high) = (
+                self.shards / counts.len(),
+                self.shards.div_ceil(counts.len()),
+            );
+            if on_live == self.shards && counts.values().all(|n| (low..=high).contains(n)) {
+                return mono_ns();
+            }
+            for node in self.nodes.iter_mut().filter(|n| !n.gone) {
+                assert!(
+                    node.alive(),
+                    "{what}: {} exited (log: {})",
+                    node.owner,
+                    node.log.display()
+                );
+            }
+            assert!(
+                Instant::now() < give_up,
+                "{what}: not balanced within {within:?}: {on_live} shards running on live nodes, {counts:?}"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until `done` holds for the counts, polling every 200 ms; panics after `within`.
     async fn wait_for(
         &mut self,
@@ -630,7 +855,7 @@ impl Fleet {
             if done(&counts, self.running.len()) {
                 return;
             }
-            for node in &mut self.nodes {
+            for node in self.nodes.iter_mut().filter(|n| !n.gone) {
                 assert!(
                     node.alive(),
                     "{what}: {} exited (log: {})",
@@ -706,9 +931,11 @@ async fn idle_servers(backend: &str, dir: &Path) -> (Server, Server) {
             (
                 Server::Etcd {
                     endpoint: members[0].to_owned(),
+                    child: None,
                 },
                 Server::Etcd {
                     endpoint: members[1].to_owned(),
+                    child: None,
                 },
             )
         }
@@ -904,6 +1131,7 @@ fn fleet_server(backend: &str) -> Server {
         },
         _ => Server::Etcd {
             endpoint: env_var("ACTIX_COORD_TEST_ETCD_ENDPOINT"),
+            child: None,
         },
     }
 }
@@ -1115,13 +1343,456 @@ async fn fleet(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Scenario 3: sixteen nodes, 4,096 shards
+
+/// The large fleet's size (`BENCH_LARGE_NODES`, `BENCH_LARGE_SHARDS`): nodes, shards.
+fn large_size() -> (usize, usize) {
+    let var = |name: &str, default: usize| {
+        std::env::var(name).ok().map_or(default, |v| {
+            v.parse().unwrap_or_else(|_| panic!("{name} is a number"))
+        })
+    };
+    (
+        var("BENCH_LARGE_NODES", LARGE_NODES),
+        var("BENCH_LARGE_SHARDS", LARGE_SHARDS),
+    )
+}
+
+fn ns_ms(ns: u128) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// The first `start` of each shard of `shards` after `after` on a node other than `left`.
+fn first_starts_elsewhere(
+    fleet: &Fleet,
+    after: u128,
+    shards: &BTreeSet<usize>,
+    left: &str,
+) -> BTreeMap<usize, u128> {
+    let mut first = BTreeMap::new();
+    for e in fleet.events_after(after) {
+        if e.start && e.owner != left && shards.contains(&e.shard) {
+            first.entry(e.shard).or_insert(e.t_ns);
+        }
+    }
+    first
+}
+
+/// What one phase (a join, a kill, a shutdown) cost until the fleet was balanced again: the CPU
+/// time of the live nodes and of the server, the requests the server counted, and (Kubernetes)
+/// the time it spent on them by its own account.
+struct PhaseCpu {
+    pids: Vec<u32>,
+    nodes: f64,
+    server: Option<(u32, f64)>,
+    requests: Counters,
+    durations: Counters,
+    since: Instant,
+}
+
+impl PhaseCpu {
+    /// From now, for the nodes not killed or stopped.
+    fn start(fleet: &Fleet, server: &Server, dir: &Path) -> Self {
+        let pids: Vec<u32> = fleet
+            .nodes
+            .iter()
+            .filter(|n| !n.gone)
+            .map(Node::pid)
+            .collect();
+        Self {
+            nodes: pids.iter().map(|p| proc_cpu_secs(*p)).sum(),
+            pids,
+            server: server.pid().map(|pid| (pid, proc_cpu_secs(pid))),
+            requests: server.counters(dir),
+            durations: server.durations(dir),
+            since: Instant::now(),
+        }
+    }
+
+    /// Until now: the phase's seconds, the nodes' CPU seconds (all of them), the server's, its
+    /// requests by verb and the mean time it took for each verb's (ms).
+    fn end(&self, server: &Server, dir: &Path) -> serde_json::Value {
+        let wall = self.since.elapsed().as_secs_f64();
+        let nodes = self.pids.iter().map(|p| proc_cpu_secs(*p)).sum::<f64>() - self.nodes;
+        let server_cpu = self.server.map(|(pid, before)| proc_cpu_secs(pid) - before);
+        let requests = delta(&server.counters(dir), &self.requests);
+        let durations = delta(&server.durations(dir), &self.durations);
+        let mean_ms: BTreeMap<String, f64> = durations
+            .iter()
+            .filter_map(|(k, sum)| {
+                let verb = k.strip_suffix(" s")?;
+                let n = durations.get(&format!("{verb} n")).copied()?;
+                Some((verb.to_owned(), sum / n * 1000.0))
+            })
+            .collect();
+        json!({
+            "wall_s": wall,
+            "nodes_cpu_s": nodes,
+            "server_cpu_s": server_cpu,
+            "server_requests": requests,
+            "server_mean_ms": mean_ms,
+        })
+    }
+}
+
+/// The shards `owner` runs now (from the event logs).
+fn shards_of(fleet: &Fleet, owner: &str) -> BTreeSet<usize> {
+    fleet
+        .running
+        .iter()
+        .filter(|(_, (o, _))| o == owner)
+        .map(|(shard, _)| *shard)
+        .collect()
+}
+
+/// Worker starts after `after` of shards not in `shards` (moves nobody asked for).
+fn other_starts(fleet: &Fleet, after: u128, shards: &BTreeSet<usize>) -> usize {
+    fleet
+        .events_after(after)
+        .iter()
+        .filter(|e| e.start && !shards.contains(&e.shard))
+        .count()
+}
+
+async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
+    let (nodes, shards) = large_size();
+    let window = env_secs("BENCH_LARGE_WINDOW_SECS", 120);
+    let dir = run_dir(backend, "large");
+    // A server of the fleet's own, so that its counters count the fleet alone.
+    let server = match backend {
+        "kubernetes" => Server::second_apiserver(&dir).await,
+        _ => Server::private_etcd(&dir).await,
+    };
+    let run = format!("large-{}", std::process::id());
+    let group = format!("bench-{run}");
+    let config_path = dir.join("node.toml");
+    std::fs::write(&config_path, config(&server, &dir, &run)).unwrap();
+    let (low, high) = (shards / nodes, shards.div_ceil(nodes));
+    println!(
+        "fleet/{backend} large: {nodes} nodes × {shards} shards on {} (its own server; load {})",
+        server.url_or_endpoint(),
+        load_average()
+    );
+    let mut fleet = Fleet::new(bin, &dir, &group, shards);
+    let started = Instant::now();
+    let load_before = load_average();
+    for i in 1..=nodes {
+        fleet.spawn(&format!("node-{i}"), &config_path, LARGE_STEP_MS);
+    }
+    fleet
+        .balanced("every shard running, balanced", LARGE_SETTLE_WITHIN)
+        .await;
+    let settled_s = started.elapsed().as_secs_f64();
+    let starts_to_settle = fleet.events.iter().filter(|e| e.start).count();
+    println!(
+        "fleet/{backend} large: settled in {settled_s:.1} s ({starts_to_settle} worker starts for {shards} shards); one renewal interval, then a window of {window:?} (load {})",
+        load_average()
+    );
+
+    // 1. The steady state.
+    sleep(RENEWAL).await;
+    fleet.poll();
+    let from_ns = mono_ns();
+    let load_start = load_average();
+    let pids: Vec<u32> = fleet.nodes.iter().map(Node::pid).collect();
+    let cpu0: f64 = pids.iter().map(|p| proc_cpu_secs(*p)).sum();
+    let server_pid = server.pid();
+    let server_cpu0 = server_pid.map(proc_cpu_secs);
+    let requests0 = server.counters(&dir);
+    let w0 = Instant::now();
+    let give_up = w0 + window;
+    while Instant::now() < give_up {
+        sleep(Duration::from_secs(1)).await;
+        fleet.poll();
+    }
+    let elapsed = w0.elapsed().as_secs_f64();
+    let requests = delta(&server.counters(&dir), &requests0);
+    let cpu = pids.iter().map(|p| proc_cpu_secs(*p)).sum::<f64>() - cpu0;
+    let server_cpu = server_pid
+        .zip(server_cpu0)
+        .map(|(pid, before)| proc_cpu_secs(pid) - before);
+    let load_end = load_average();
+    let writes = server.writes(&requests);
+    let intervals = elapsed / RENEWAL.as_secs_f64();
+    let writes_per_interval = total(&writes) / intervals;
+    // Let a node's `runs N shard(s)` line (every 5 s) and the last events land.
+    sleep(Duration::from_secs(6)).await;
+    fleet.poll();
+    let rss: Vec<u64> = pids
+        .iter()
+        .map(|p| proc_status_bytes(*p, "VmRSS"))
+        .collect();
+    let hwm: Vec<u64> = pids
+        .iter()
+        .map(|p| proc_status_bytes(*p, "VmHWM"))
+        .collect();
+    let mut dead = Vec::new();
+    for node in &mut fleet.nodes {
+        if !node.alive() {
+            dead.push(node.owner.clone());
+        }
+    }
+    let moved = fleet.events_after(from_ns);
+    let lost_shards: BTreeSet<usize> = moved.iter().map(|e| e.shard).collect();
+    let counts = fleet.counts();
+    let own: Vec<Option<usize>> = fleet.nodes.iter().map(Node::own_count).collect();
+    let off = |n: usize| !(low..=high).contains(&n);
+    let wrong_nodes = counts.values().filter(|n| off(**n)).count()
+        + own.iter().filter(|n| n.is_none_or(off)).count()
+        + dead.len();
+    let rss_total: u64 = rss.iter().sum();
+    let per_shard = (rss_total as f64 - nodes as f64 * idle.rss_bytes as f64) / shards as f64;
+    let fmt_rates = |c: &Counters| {
+        c.iter()
+            .map(|(k, v)| format!("{k} {v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "fleet/{backend} large: window {elapsed:.1} s ({intervals:.1} renewal intervals): the server counted writes {} = {:.1} per renewal interval (all: {}); {} shards stopped or started ({}); counts {counts:?}; own counts {own:?}; dead {dead:?}",
+        fmt_rates(&writes),
+        writes_per_interval,
+        fmt_rates(&requests),
+        lost_shards.len(),
+        describe(&moved)
+    );
+    println!(
+        "fleet/{backend} large: RSS {} MB in all ({:?} MB each), idle member {:.1} MB: {:.1} KB per held shard; nodes' CPU {:.1} % of a core, server's {}; load {load_start} → {load_end}",
+        rss_total / 1_000_000,
+        rss.iter().map(|r| r / 1_000_000).collect::<Vec<_>>(),
+        idle.rss_bytes as f64 / 1e6,
+        per_shard / 1000.0,
+        cpu / elapsed * 100.0,
+        server_cpu.map_or("–".to_owned(), |c| format!("{:.1} % of a core", c / elapsed * 100.0)),
+    );
+
+    // 2. A join: a node more; the moves are the worker starts from its start until a short
+    // while after the balance (a shard moved twice counts twice).
+    let joiner = format!("node-{}", nodes + 1);
+    let quota = shards.div_ceil(nodes + 1);
+    let load_join = load_average();
+    let joined = mono_ns();
+    fleet.spawn(&joiner, &config_path, LARGE_STEP_MS);
+    let phase = PhaseCpu::start(&fleet, &server, &dir);
+    let join_balanced = fleet.balanced("the join", LARGE_SETTLE_WITHIN).await;
+    let join_cpu = phase.end(&server, &dir);
+    sleep(Duration::from_secs(5)).await;
+    fleet.poll();
+    let join_starts = fleet.events_after(joined);
+    let join_moves = join_starts.iter().filter(|e| e.start).count();
+    let to_joiner = join_starts
+        .iter()
+        .filter(|e| e.start && e.owner == joiner)
+        .count();
+    let join_ms = ns_ms(join_balanced - joined);
+    println!(
+        "fleet/{backend} large: the join of {joiner}: balanced {join_ms:.0} ms after its start; {join_moves} worker starts ({to_joiner} on it; at most {quota}); CPU until balanced {join_cpu} (load {load_join})"
+    );
+
+    // 3. A crash: SIGKILL; per shard of the node, the kill to the new worker's start.
+    let victim = "node-1";
+    let held = shards_of(&fleet, victim);
+    let load_kill = load_average();
+    let killed = mono_ns();
+    {
+        let node = fleet.nodes.iter_mut().find(|n| n.owner == victim).unwrap();
+        node.child.kill().unwrap();
+        node.child.wait().unwrap();
+        node.gone = true;
+    }
+    let phase = PhaseCpu::start(&fleet, &server, &dir);
+    fleet.poll();
+    fleet.running.retain(|_, (owner, _)| owner != victim);
+    fleet.balanced("the SIGKILL", LARGE_SETTLE_WITHIN).await;
+    let kill_cpu = phase.end(&server, &dir);
+    sleep(Duration::from_secs(2)).await;
+    fleet.poll();
+    let kill_ms: Vec<f64> = first_starts_elsewhere(&fleet, killed, &held, victim)
+        .values()
+        .map(|t| ns_ms(t - killed))
+        .collect();
+    assert_eq!(
+        kill_ms.len(),
+        held.len(),
+        "every shard of {victim} started elsewhere"
+    );
+    let kill = summarize(&kill_ms);
+    let kill_others = other_starts(&fleet, killed, &held);
+    println!(
+        "fleet/{backend} large: SIGKILL of {victim} ({} shards) → running elsewhere: {kill}; {kill_others} other shards started; CPU until balanced {kill_cpu} (load {load_kill})",
+        held.len()
+    );
+
+    // 4. A graceful shutdown: SIGTERM; per shard of the node, from the signal (and from its
+    // worker's stop there) to the new worker's start.
+    let leaver = "node-2";
+    let held = shards_of(&fleet, leaver);
+    let load_term = load_average();
+    let term = mono_ns();
+    let pid = {
+        let node = fleet.nodes.iter_mut().find(|n| n.owner == leaver).unwrap();
+        node.gone = true;
+        node.pid()
+    };
+    let phase = PhaseCpu::start(&fleet, &server, &dir);
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    fleet.balanced("the SIGTERM", LARGE_SETTLE_WITHIN).await;
+    let term_cpu = phase.end(&server, &dir);
+    let exit_within = Instant::now() + Duration::from_secs(60);
+    let exited = loop {
+        let node = fleet.nodes.iter_mut().find(|n| n.owner == leaver).unwrap();
+        if let Some(status) = node.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < exit_within,
+            "{leaver} did not exit within 60 s"
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exited.success(), "{leaver} exited with {exited}");
+    sleep(Duration::from_secs(2)).await;
+    fleet.poll();
+    let starts = first_starts_elsewhere(&fleet, term, &held, leaver);
+    assert_eq!(
+        starts.len(),
+        held.len(),
+        "every shard of {leaver} started elsewhere"
+    );
+    let mut stops: BTreeMap<usize, u128> = BTreeMap::new();
+    for e in fleet.events_after(term) {
+        if !e.start && e.owner == leaver && held.contains(&e.shard) {
+            stops.insert(e.shard, e.t_ns);
+        }
+    }
+    let term_ms: Vec<f64> = starts.values().map(|t| ns_ms(t - term)).collect();
+    let down_ms: Vec<f64> = starts
+        .iter()
+        .map(|(shard, t)| ns_ms(t - stops.get(shard).copied().unwrap_or(term)))
+        .collect();
+    let last_stop_ms = stops.values().max().map(|t| ns_ms(t - term));
+    let (term_sum, down) = (summarize(&term_ms), summarize(&down_ms));
+    let term_others = other_starts(&fleet, term, &held);
+    println!(
+        "fleet/{backend} large: SIGTERM of {leaver} ({} shards) → running elsewhere: {term_sum}; each shard's stop there → its start elsewhere: {down}; its last worker stopped {} after the signal; {term_others} other shards started; CPU of the other nodes until balanced {term_cpu} (load {load_term})",
+        held.len(),
+        last_stop_ms.map_or("–".to_owned(), |m| format!("{m:.1} ms"))
+    );
+
+    let server_kind = match backend {
+        "kubernetes" => "a kube-apiserver of its own on the test cluster's etcd",
+        _ => "an etcd of its own",
+    };
+    let steady = json!({
+        "window_s": elapsed,
+        "intervals": intervals,
+        "writes": writes,
+        "writes_per_interval": writes_per_interval,
+        "server_requests": requests,
+        "lost": lost_shards.len(),
+        "lost_shards": lost_shards,
+        "wrong_nodes": wrong_nodes,
+        "counts": counts,
+        "own_counts": own,
+        "rss_bytes": rss,
+        "hwm_bytes": hwm,
+        "idle_rss_bytes": idle.rss_bytes,
+        "memory_per_shard_bytes": per_shard,
+        "nodes_cpu_percent": cpu / elapsed * 100.0,
+        "server_cpu_percent": server_cpu.map(|c| c / elapsed * 100.0),
+    });
+    report.record(
+        "fleet-large",
+        backend,
+        None,
+        json!({
+            "reference": "sharded_node processes of one group on a server of their own (its counters count them alone): the steady state once every shard ran, balanced; then a join, a SIGKILL, a SIGTERM",
+            "stats": {
+                "kill": kill.json(),
+                "term": term_sum.json(),
+                "term_downtime": down.json(),
+            },
+            "values": {
+                "nodes": nodes,
+                "shards": shards,
+                "ttl_s": TTL.as_secs(),
+                "renewal_s": RENEWAL.as_secs(),
+                "step_ms": LARGE_STEP_MS,
+                "server": server_kind,
+                "settle_s": settled_s,
+                "starts_to_settle": starts_to_settle,
+                "steady": steady,
+                "join": {
+                    "ms": join_ms,
+                    "moves": join_moves,
+                    "to_joiner": to_joiner,
+                    "quota": quota,
+                    "cpu": join_cpu,
+                },
+                "kill": {
+                    "shards": kill_ms.len(),
+                    "other_starts": kill_others,
+                    "cpu": kill_cpu,
+                },
+                "term": {
+                    "shards": term_ms.len(),
+                    "cpu": term_cpu,
+                    "other_starts": term_others,
+                    "last_stop_ms": last_stop_ms,
+                },
+                "load": {
+                    "before": load_before,
+                    "window_start": load_start,
+                    "window_end": load_end,
+                    "join": load_join,
+                    "kill": load_kill,
+                    "term": load_term,
+                },
+            },
+        }),
+        &[
+            Check::at_most(
+                "large-writes-per-interval",
+                writes_per_interval,
+                1.2 * nodes as f64,
+                "writes / renewal interval",
+            ),
+            Check::exactly("large-lost", lost_shards.len() as f64, 0.0, "shards lost"),
+            Check::exactly("large-nodes", wrong_nodes as f64, 0.0, "nodes off their count"),
+            Check::at_most(
+                "large-memory-per-shard",
+                per_shard / 1000.0,
+                MEMORY_PER_SHARD_TARGET_KB,
+                "KB",
+            ),
+            Check::at_most("large-kill-max", kill.max, ms(TTL) + 1000.0, "ms"),
+            Check::at_most("large-term-max", term_sum.max, 100.0, "ms"),
+            Check::at_most(
+                "large-join-moves",
+                join_moves as f64,
+                quota as f64,
+                "worker starts",
+            ),
+        ],
+    );
+    drop(fleet);
+    if backend == "kubernetes" {
+        delete_kubernetes_leases(&dir, &group);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
     let usage =
-        "usage: cargo bench --all-features --bench fleet -- kubernetes|etcd [idle] [--check]";
+        "usage: cargo bench --all-features --bench fleet -- kubernetes|etcd [idle|large] [--check]";
     let backend = args.first().cloned().unwrap_or_else(|| panic!("{usage}"));
     assert!(
         ["kubernetes", "etcd"].contains(&backend.as_str()),
@@ -1138,8 +1809,11 @@ fn main() {
     runtime.block_on(async {
         // The idle member's resident memory is the fleet's baseline: it always runs.
         let idle = idle_member(&bin, &backend, &mut report).await;
-        if only.as_deref() != Some("idle") {
-            fleet(&bin, &backend, &idle, &mut report).await;
+        match only.as_deref() {
+            Some("idle") => {}
+            Some("large") => large(&bin, &backend, &idle, &mut report).await,
+            None => fleet(&bin, &backend, &idle, &mut report).await,
+            Some(other) => panic!("unknown scenario {other:?}: {usage}"),
         }
     });
     report.finish();

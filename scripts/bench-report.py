@@ -323,6 +323,40 @@ def t_targets(d):
     row("sharded workers: memory per held shard (8 processes × 1,024 shards)", "≤ 64 KB", memory,
         ["fleet-memory-per-shard"], ["fleet"])
 
+    # The large fleet (`benches/fleet.rs`, scenario `large`): 16 × 4,096 unless a run says else.
+    def large(cell):
+        def f(backend, recs):
+            return cell(recs[-1]["values"], recs[-1].get("stats", {}))
+        return f
+
+    def size(v):
+        return f"{v['nodes']} × {v['shards']:,}"
+
+    row("sharded workers: 16 processes × 4,096 shards, lease writes per renewal interval "
+        "(the server's own counters)", "≤ 1.2 × nodes (19.2)",
+        large(lambda v, s: f"{v['steady']['writes_per_interval']:.1f} "
+              f"({size(v)}, {v['ttl_s']} s / {v['renewal_s']} s)"),
+        ["large-writes-per-interval"], ["fleet-large"])
+    row("sharded workers: 16 processes × 4,096 shards held: shards lost, nodes off 256", "0, 0",
+        large(lambda v, s: f"{v['steady']['lost']} lost, {v['steady']['wrong_nodes']} nodes off "
+              f"{v['shards'] // v['nodes']} ({v['steady']['window_s']:.0f} s)"),
+        ["large-lost", "large-nodes"], ["fleet-large"])
+    row("sharded workers: memory per held shard (16 processes × 4,096 shards)", "≤ 64 KB",
+        large(lambda v, s: f"{v['steady']['memory_per_shard_bytes'] / 1000:.1f} KB"),
+        ["large-memory-per-shard"], ["fleet-large"])
+    row("sharded workers: SIGKILLed node's shards running elsewhere, slowest (16 × 4,096)",
+        "≤ TTL + 1 s",
+        large(lambda v, s: f"{ms(s['kill']['max'], 0)} (TTL {v['ttl_s']} s, "
+              f"{v['kill']['shards']} shards)"),
+        ["large-kill-max"], ["fleet-large"])
+    row("sharded workers: SIGTERMed node's shards running elsewhere, slowest (16 × 4,096)",
+        "≤ 100 ms",
+        large(lambda v, s: f"{ms(s['term']['max'], 0)} ({v['term']['shards']} shards)"),
+        ["large-term-max"], ["fleet-large"])
+    row("sharded workers: shards moved by a join (16 → 17 nodes, 4,096 shards)", "≤ 241",
+        large(lambda v, s: f"{v['join']['moves']} moves ({v['join']['to_joiner']} to the joiner)"),
+        ["large-join-moves"], ["fleet-large"])
+
     def scale(backend, recs):
         return "; ".join(
             f"{r['values']['leases']:,} held ({r['variant']}), {r['values']['lost']} lost"
@@ -543,6 +577,96 @@ def t_fleet(d):
               "watches opened", "its setup (before the window)", "its CPU", "load average"]
     out += "\n\n" + table(header, rows)
     return out + "\n\n" + sources(used)
+
+
+def t_fleet_large(d):
+    """Issue 37's fleet of real processes (`benches/fleet.rs`, scenario `large`)."""
+    recs = [r for backend, _ in BACKENDS for r in [d.get("fleet-large", backend)] if r]
+    if not recs:
+        return "(no results yet)"
+
+    def met(r, *ids):
+        cs = checks(r, *ids)
+        return "" if all(c["met"] for c in cs) else " (**missed**)"
+
+    def phase_cost(c):
+        """What a phase cost until balanced: CPU and the server's requests (its mean time)."""
+        if not c:
+            return "–"
+        server = c.get("server_cpu_s")
+        reqs = ", ".join(
+            f"{k.removeprefix('received ')} {x:.0f}"
+            + (f" ({c['server_mean_ms'][k]:.0f} ms)" if k in c.get("server_mean_ms", {}) else "")
+            for k, x in sorted(c.get("server_requests", {}).items())
+            if k not in ("WATCH", "LIST") and not k.startswith("started ") and x >= 0.5
+        )
+        return (f"{c['wall_s']:.1f} s: nodes {c['nodes_cpu_s']:.1f} s of CPU, server "
+                + (f"{server:.1f} s" if server is not None else "–")
+                + (f"; {reqs}" if reqs else ""))
+
+    def others_started(phase):
+        n = phase["other_starts"]
+        return f"; {n} other shards started" if n else ""
+
+    steady, changes = [], []
+    for r in recs:
+        v, st, s = r["values"], r["values"]["steady"], r["stats"]
+        name = BACKEND_NAME[r["backend"]]
+        rss = sorted(st["rss_bytes"])
+        per_node = v["shards"] // v["nodes"]
+        writes = ", ".join(f"{k.removeprefix('received ')} {x:.0f}"
+                           for k, x in sorted(st["writes"].items())) or "none"
+        others = ", ".join(f"{k.removeprefix('received ')} {x:.0f}"
+                           for k, x in sorted(st["server_requests"].items())
+                           if k not in st["writes"] and not k.startswith("started "))
+        server = st.get("server_cpu_percent")
+        load = v["load"]
+        steady.append([
+            name, f"{v['nodes']} × {v['shards']:,}", f"{v['ttl_s']} s / {v['renewal_s']} s",
+            v["server"], f"{v['settle_s']:.1f} s ({v['starts_to_settle']:,} starts)",
+            f"{st['window_s']:.0f} s ({st['intervals']:.1f} intervals)",
+            f"**{st['writes_per_interval']:.1f}**{met(r, 'large-writes-per-interval')} "
+            f"({writes}{'; not writes: ' + others if others else ''})",
+            f"**{st['lost']}**{met(r, 'large-lost')}", f"**{st['wrong_nodes']}**{met(r, 'large-nodes')}",
+            f"{rss[0] / 1e6:.1f}–{rss[-1] / 1e6:.1f} MB", f"{st['idle_rss_bytes'] / 1e6:.1f} MB",
+            f"**{st['memory_per_shard_bytes'] / 1000:.1f} KB**{met(r, 'large-memory-per-shard')}",
+            f"{st['nodes_cpu_percent']:.0f} %", f"{server:.0f} %" if server is not None else "–",
+            f"{load['window_start']} → {load['window_end']}",
+        ])
+        j, k, t = v["join"], v["kill"], v["term"]
+        changes.append([
+            name, f"{v['nodes']} × {v['shards']:,}", f"{v['ttl_s']} s / {v['renewal_s']} s",
+            f"**{j['moves']}**{met(r, 'large-join-moves')} of at most {j['quota']} "
+            f"({j['to_joiner']} to the joiner); balanced after {j['ms'] / 1000:.1f} s",
+            f"{k['shards']} shards: {ms(s['kill']['median'], 0)} / "
+            f"**{ms(s['kill']['max'], 0)}**{met(r, 'large-kill-max')}"
+            + others_started(k),
+            f"{t['shards']} shards: {ms(s['term']['median'], 0)} / "
+            f"**{ms(s['term']['max'], 0)}**{met(r, 'large-term-max')}"
+            + others_started(t),
+            f"{ms(s['term_downtime']['median'], 0)} / {ms(s['term_downtime']['max'], 0)}",
+            (f"{t['last_stop_ms']:.0f} ms" if t.get("last_stop_ms") is not None else "–"),
+            phase_cost(t.get("cpu")),
+            f"{load['join']} / {load['kill']} / {load['term']}",
+        ])
+    header = ["backend", "nodes × shards", "TTL / renewal", "the nodes' server",
+              "all running, balanced, after", "window",
+              "writes counted by the server per renewal interval (in the window, by verb)",
+              "shards lost", "nodes off their count", "RSS per node", "idle member's RSS",
+              "memory per held shard", "nodes' CPU (all, of one core)", "server's CPU",
+              "load average (window)"]
+    align = ["---", "---", "---", "---", "---:", "---:", "---", "---:", "---:", "---:", "---:",
+             "---:", "---:", "---:", "---"]
+    header2 = ["backend", "nodes × shards", "TTL / renewal",
+               "join of one more node: worker starts (target: its quota)",
+               "SIGKILL → running elsewhere, per shard: median / slowest (target TTL + 1 s)",
+               "SIGTERM → running elsewhere, per shard: median / slowest (target 100 ms)",
+               "SIGTERM: each shard's stop there → its start elsewhere, median / slowest",
+               "SIGTERM → the leaving node's last worker stopped",
+               "SIGTERM until balanced: the other nodes' CPU, the server's; its requests (its mean time)",
+               "load average (join / kill / term)"]
+    return (table(header, steady, align) + "\n\n" + table(header2, changes) + "\n\n"
+            + sources(recs))
 
 
 def t_guard(d):
@@ -830,6 +954,7 @@ TABLES = {
     "pause": t_pause,
     "sharded": t_sharded,
     "fleet": t_fleet,
+    "fleet_large": t_fleet_large,
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,

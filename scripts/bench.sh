@@ -4,7 +4,7 @@
 # traffic is counted), runs the benches against them and in memory, and always stops the servers.
 #
 # Usage:
-#   scripts/bench.sh            everything (about 60 minutes on 2 cores); then merges the results
+#   scripts/bench.sh            everything (about 80 minutes on 2 cores); then merges the results
 #                               into benches/data/results.jsonl and regenerates BENCHMARKS.md
 #   scripts/bench.sh quick      fewer rounds and shorter windows (about 20 minutes); writes a
 #                               preview, target/bench-results/BENCHMARKS.quick.md, not BENCHMARKS.md
@@ -58,6 +58,7 @@ if [[ $mode == quick ]]; then
     export BENCH_WINDOW_SECS=${BENCH_WINDOW_SECS:-20}
     export BENCH_SHARDED_ROUNDS=${BENCH_SHARDED_ROUNDS:-2}
     export BENCH_IDLE_WINDOW_SECS=${BENCH_IDLE_WINDOW_SECS:-30} BENCH_FLEET_WINDOW_SECS=${BENCH_FLEET_WINDOW_SECS:-30}
+    export BENCH_LARGE_WINDOW_SECS=${BENCH_LARGE_WINDOW_SECS:-60}
 fi
 
 export BENCH_RESULTS_FILE=$PWD/$out/results.jsonl
@@ -158,6 +159,9 @@ bench sharded-kubernetes --all-features --bench sharded -- kubernetes --check
 bench sharded-etcd --all-features --bench sharded -- etcd --check
 bench fleet-etcd --all-features --bench fleet -- etcd --check
 bench fleet-kubernetes --all-features --bench fleet -- kubernetes --check
+# 16 nodes × 4,096 shards (issue 37), about 10 minutes each; the quick run a smaller window.
+bench fleet-large-kubernetes --all-features --bench fleet -- kubernetes large --check
+bench fleet-large-etcd --all-features --bench fleet -- etcd large --check
 if [[ $mode == quick ]]; then
     bench scale-memory --bench scale -- memory 10000 --check
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
