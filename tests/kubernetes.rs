@@ -2426,6 +2426,60 @@ async fn a_bound_release_that_timed_out_is_released_once_the_api_server_answers(
     assert!(member_b.release().await.unwrap());
 }
 
+/// The shard a retired member held (as a sharded node leaves: it deletes its member object) is
+/// claimed by a contender with no read of the member object: its namespace watch received the
+/// deletion, and an object's `uid` never lives again (16 nodes × 4,096 shards: every receiving
+/// node read each departed member once per shard before its claim, 512 `GET`s for 256 shards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_shard_of_a_retired_member_is_claimed_without_reading_the_member() {
+    let _f = KubeFixture::new().await;
+    let group = unique("retired-bound");
+    let shard = format!("{group}.shard");
+    let session_a = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let node = |session: &KubernetesSession, owner: &str| {
+        let member = session.lease(retry_settings(&format!("{group}.member.{owner}"), owner));
+        let shard = session.lease(retry_settings(&shard, owner));
+        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+        (member, shard)
+    };
+    let (member_a, shard_a) = node(&session_a, "a");
+    let (member_b, shard_b) = node(&session_b, "b");
+    assert!(member_a.acquire().await.unwrap());
+    assert!(shard_a.acquire().await.unwrap());
+    assert!(member_b.acquire().await.unwrap());
+    let shard_b = Arc::new(shard_b);
+    let waiting = tokio::spawn({
+        let shard_b = Arc::clone(&shard_b);
+        // Its member's object is not the one a waiting bound lease watches: it tries again at
+        // its retry delay (60 s here), or at the end of its wait, by then with the deletion in
+        // its session's watch.
+        async move { shard_b.acquire_within(Duration::from_secs(5)).await }
+    });
+    common::eventually(Duration::from_secs(4), "b waits, seeing a hold it", || {
+        shard_b.observed_holder().as_deref() == Some("a")
+    })
+    .await;
+    let before = shard_b.backend().stats();
+    assert!(
+        member_a.retire().await.unwrap(),
+        "a's member object deleted"
+    );
+    assert!(
+        !shard_a.check_alive(),
+        "the bound tenure ended with its member"
+    );
+    assert!(waiting.await.unwrap().unwrap(), "b claimed the shard");
+    let after = shard_b.backend().stats();
+    assert_eq!(
+        after.gets, before.gets,
+        "b read nothing before its claim: {before:?} → {after:?}"
+    );
+    assert_eq!(after.updates, before.updates + 1, "one write: b's claim");
+    assert!(shard_b.release().await.unwrap());
+    assert!(member_b.release().await.unwrap());
+}
+
 /// A plain lease whose release timed out (its outcome unknown) costs no TTL once the API server
 /// answers again: the lease removes the claim itself, and a contender gets it within two renewal
 /// intervals of the heal (issue 37, item 4).

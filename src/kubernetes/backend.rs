@@ -436,7 +436,8 @@ impl KubernetesBackend {
     /// (a quorum read: the object as it is now). In that read, any other holder or incarnation,
     /// a release or no object means the bound incarnation is over for good (an incarnation never
     /// lives again); the bound incarnation itself is free only once its version has stood for the
-    /// member's duration since this process first received it.
+    /// member's duration since this process first received it. A member object whose deletion
+    /// the namespace watch received (by its `uid`) needs no read: that object is gone for good.
     async fn bound_until(
         &self,
         api: &Api<LeaseObject>,
@@ -459,6 +460,14 @@ impl KubernetesBackend {
             }
             _ => None,
         };
+        // The bound incarnation's object was deleted (its holder retired it, as a sharded node
+        // does when it leaves): an object's `uid` never lives again, so no read is needed (a
+        // node leaving frees every shard bound to it, and each contender would read once per
+        // shard).
+        let uid = binding.incarnation().split('/').next().unwrap_or_default();
+        if !uid.is_empty() && self.hub.was_deleted(&self.namespace, uid) {
+            return Ok(None);
+        }
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let read = api
             .get_opt(&object)

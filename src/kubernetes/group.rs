@@ -191,7 +191,13 @@ pub(super) struct Index {
     /// The newest version when the watch last became current (a listing ended, or it resumed):
     /// every later version reached it as a change. `None` while it is not current.
     watching_since: Option<u64>,
+    /// The `uid`s of the objects whose deletion the watch received (the newest
+    /// [`DELETED_KEPT`]): an object's `uid` is never used again, so each is gone for good.
+    deleted: std::collections::VecDeque<String>,
 }
+
+/// How many deleted objects' `uid`s an [`Index`] keeps.
+const DELETED_KEPT: usize = 4096;
 
 impl Index {
     /// Adds a group watch of `prefix`: its id (for [`unsubscribe`](Self::unsubscribe)) and its
@@ -266,6 +272,12 @@ impl Index {
         self.watching_since.filter(|_| self.synced)
     }
 
+    /// Whether the watch received the deletion of the object with `uid` (among the newest
+    /// deletions it keeps): that object is gone for good, whatever a lagging view shows.
+    pub(super) fn was_deleted(&self, uid: &str) -> bool {
+        self.deleted.iter().rev().any(|d| d == uid)
+    }
+
     /// Notes the version of `lease`, received.
     fn received(&mut self, lease: &LeaseObject) {
         if let Some(version) = revision_of(lease) {
@@ -320,7 +332,13 @@ impl Index {
     }
 
     /// Object `object` was deleted (`version`: of the deletion, if known).
-    pub(super) fn delete(&mut self, object: &str, version: Option<&str>) {
+    pub(super) fn delete(&mut self, object: &str, version: Option<&str>, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            if self.deleted.len() == DELETED_KEPT {
+                self.deleted.pop_front();
+            }
+            self.deleted.push_back(uid.to_owned());
+        }
         let newer_known = self.objects.get(object).is_some_and(|known| {
             version
                 .zip(known.version.as_deref())
@@ -554,10 +572,13 @@ mod tests {
         index.apply("g-0", &object(None, "9", Some("a"), 3), Instant::now());
         assert_eq!(holders(&group), [("g-0".into(), Some("b".into()))]);
         // A deletion older than what is known (the object was created again since) is ignored.
-        index.delete("g-0", Some("8"));
+        // Its object (its first `uid`) is gone for good all the same.
+        index.delete("g-0", Some("8"), Some("uid-first"));
         assert_eq!(group.borrow().records().len(), 1);
-        index.delete("g-0", Some("11"));
+        assert!(index.was_deleted("uid-first"));
+        index.delete("g-0", Some("11"), Some("uid-second"));
         assert!(group.borrow_and_update().records().is_empty());
+        assert!(index.was_deleted("uid-second") && !index.was_deleted("uid-third"));
         // Created again.
         index.apply("g-0", &object(None, "12", Some("c"), 1), Instant::now());
         assert_eq!(holders(&group), [("g-0".into(), Some("c".into()))]);
@@ -665,7 +686,7 @@ mod tests {
         lower.borrow_and_update();
         index.apply("gx-0", &object(None, "5", None, 1), Instant::now());
         assert!(!lower.has_changed().unwrap());
-        index.delete(&mapped, None);
+        index.delete(&mapped, None, None);
         assert!(upper.borrow().records().is_empty());
     }
 

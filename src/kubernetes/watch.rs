@@ -253,6 +253,16 @@ impl WatchHub {
         Some(since)
     }
 
+    /// Whether the running watch of `namespace` (none is started) received the deletion of the
+    /// object with `uid` (see [`Index::was_deleted`](super::group::Index::was_deleted)).
+    pub(super) fn was_deleted(&self, namespace: &str, uid: &str) -> bool {
+        let Some(watch) = lock(&self.watches).get(namespace).and_then(Weak::upgrade) else {
+            return false;
+        };
+        let deleted = lock(&watch.state.index).was_deleted(uid);
+        deleted
+    }
+
     /// Subscribes to object `object` of `namespace`, starting that namespace's watch if no lease
     /// of this hub watches it yet.
     ///
@@ -723,7 +733,7 @@ async fn run(guard: EndWithTask, floor: Floor, namespace: String) {
             Event::Delete(lease) => {
                 if let Some(name) = lease.metadata.name.clone() {
                     let version = lease.metadata.resource_version;
-                    index.delete(&name, version.as_deref());
+                    index.delete(&name, version.as_deref(), lease.metadata.uid.as_deref());
                     state.deliver(&mut registry, &name, epoch, View::Absent { version }, at);
                 }
             }
