@@ -70,7 +70,9 @@
 //!   [`ShardRegion`] (a lease per hosted shard: [`HandOffShard`], [`GetHostedShards`]);
 //!   [`ShardedWorkers`] (N workers across the fleet, each exactly once: [`ShardInfo`],
 //!   [`ShardedSettings`], [`GetShards`], [`GetGroupView`]) on [`place`] and [`GroupWatch`]
-//!   ([`Lease::watch_group`]).
+//!   ([`Lease::watch_group`]); where a shard runs, on every node: [`ShardDirectory`],
+//!   [`ShardLocation`], [`LocateShard`]; which shard an entity belongs to: [`shard_for`],
+//!   [`ShardFunction`].
 //! * Operations: [`HealthCheck`] and [`LeaseReport`]; [`METRICS`], `describe_metrics` and the
 //!   histogram buckets (feature `metrics`); `AdminRoutes` and `GracefulShutdown` (feature `web`).
 //!
@@ -105,6 +107,7 @@ mod backend;
 #[cfg(any(feature = "kubernetes", feature = "etcd"))]
 mod backoff;
 mod binding;
+mod entity;
 mod finish;
 mod group;
 mod health;
@@ -129,9 +132,10 @@ pub use web::{
 };
 
 pub use actors::{
-    member_lease_name, shard_lease_name, GetGroupView, GetHostedShards, GetShards, GroupView,
-    HandOffShard, RunningShard, ShardInfo, ShardRegion, ShardedError, ShardedSettings,
-    ShardedWorkers, DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
+    member_lease_name, shard_lease_name, GetGroupView, GetHostedShards, GetShardDirectory,
+    GetShards, GroupView, HandOffShard, LocateError, LocateShard, RunningShard, ShardDirectory,
+    ShardInfo, ShardLocation, ShardRegion, ShardedError, ShardedSettings, ShardedWorkers,
+    DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
@@ -149,6 +153,7 @@ pub use actors::{
 };
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use binding::{Binding, BindingAnchor};
+pub use entity::{entity_hash, shard_for, ShardFunction, StableShardFunction};
 pub use group::{
     group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch, SnapshotVersion,
 };
@@ -225,10 +230,11 @@ pub mod prelude {
         FencingToken, GateError, GetFencingToken, GetGroupView, GetLeader, GetShards, GetSingleton,
         GetStatus, GetTenure, HandoverPolicy, HealthCheck, HostShard, InMemoryLease, InMemoryStore,
         LeaderInfo, Lease, LeaseActor, LeaseError, LeaseLost, LeaseProvider, LeaseSettings,
-        LostReason, RegisterRegion, Release, SetEligible, ShardAllocation, ShardCoordinator,
-        ShardInfo, ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings,
-        SingletonState, SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard,
-        TenureWatch, TransferLeadership, UnsubscribeLeaseLost,
+        LocateShard, LostReason, RegisterRegion, Release, SetEligible, ShardAllocation,
+        ShardCoordinator, ShardDirectory, ShardInfo, ShardLocation, ShardedWorkers, SharedLease,
+        Shutdown, SingletonInfo, SingletonSettings, SingletonState, SingletonStatus,
+        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, TransferLeadership,
+        UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
@@ -248,6 +254,10 @@ mod send_sync {
         // Leases, stores, settings and configuration.
         assert_send_sync::<LeaseSettings>();
         assert_send_sync::<Candidate>();
+        assert_send_sync::<ShardDirectory>();
+        assert_send_sync::<ShardLocation>();
+        assert_send_sync::<LocateError>();
+        assert_send_sync::<ShardedError>();
         assert_send_sync::<HandoverPolicy>();
         assert_send_sync::<CandidacyError>();
         assert_send_sync::<LeaderInfo>();

@@ -4,10 +4,17 @@ use std::collections::BTreeMap;
 
 /// The score of running `shard` on `member`: a stable 64-bit hash of both ids.
 pub fn placement_score(shard: &str, member: &str) -> u64 {
+    stable_hash(shard.bytes().chain([0]).chain(member.bytes()))
+}
+
+/// FNV-1a (64 bits) over `bytes`, finished with SplitMix64's finaliser: the crate's one stable
+/// hash, the same in every process, on every platform and in every version of this crate (the
+/// placement and the entity → shard function depend on it; both pin their outputs with tests).
+pub(crate) fn stable_hash(bytes: impl Iterator<Item = u8>) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;
-    for byte in shard.bytes().chain([0]).chain(member.bytes()) {
+    for byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(PRIME);
     }

@@ -55,6 +55,25 @@ let view = workers.send(GetGroupView).await?;       // members, holders and targ
 Ok(())
 }
 
+#[rustfmt::skip]
+async fn shard_location(provider: LeaseProvider, pod_name: String) -> Result {
+// README block
+let leases = provider.clone();
+let workers = ShardedWorkers::from_provider(&provider, "orders", "orders", (0..64).map(|i| i.to_string()), &pod_name,
+    |shard: &ShardInfo, _ctx| Partition { id: shard.shard.clone(), guard: shard.guard.clone() })?
+    .advertise("http://10.1.2.3:8080", move |s| leases.lease_with_settings("orders", s))?;
+let directory: ShardDirectory = workers.directory();    // Clone + Send + Sync: for request handlers
+let workers = workers.start();
+let location = directory.locate_entity("customer-42")?; // shard_for("customer-42", 64), then where it runs
+if location.here {
+    // serve it here, under the shard worker's guard
+} else if let Some(address) = &location.address {
+    // send it to the holder: `address` is its scheme, host and port
+}
+// end of README block
+Ok(())
+}
+
 struct Region;
 impl Actor for Region {
     type Context = Context<Self>;

@@ -1017,5 +1017,6 @@ mod every_backend {
         a_lease_named_like_a_member_makes_no_member
         groups_whose_names_extend_each_other_share_no_lease
         a_shard_handed_to_a_leaving_node_is_passed_on
+        every_node_locates_every_shard_with_its_holders_address
     );
 }

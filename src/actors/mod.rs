@@ -30,9 +30,9 @@ pub use lease_actor::{
 };
 pub use region::{GetHostedShards, HandOffShard, ShardRegion};
 pub use sharded::{
-    member_lease_name, shard_lease_name, GetGroupView, GetShards, GroupView, RunningShard,
-    ShardInfo, ShardedError, ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS,
-    DEFAULT_SHUTDOWN_HANDOVERS,
+    member_lease_name, shard_lease_name, GetGroupView, GetShardDirectory, GetShards, GroupView,
+    LocateError, LocateShard, RunningShard, ShardDirectory, ShardInfo, ShardLocation, ShardedError,
+    ShardedSettings, ShardedWorkers, DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use singleton::{
     ClusterSingletonManager, GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown,

@@ -21,8 +21,11 @@ use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
 
 mod leaving;
+mod locate;
 mod on_time;
 mod view;
+
+pub use locate::{GetShardDirectory, LocateError, LocateShard, ShardDirectory, ShardLocation};
 
 /// The default of [`ShardedSettings::max_handovers`].
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
@@ -197,6 +200,28 @@ pub enum ShardedError {
         /// Why.
         #[source]
         source: crate::provider::ProviderError,
+    },
+    /// The address given to [`ShardedWorkers::advertise`] is not an absolute `http` or `https`
+    /// URL with a host and an optional port, and nothing else (no path, query, fragment or user
+    /// information; see [`Candidate::address`](crate::Candidate::address)).
+    #[error("invalid advertised address {address:?}")]
+    InvalidAddress {
+        /// The address, as given.
+        address: String,
+        /// What is wrong with it.
+        #[source]
+        source: crate::actors::candidacy::AddressError,
+    },
+    /// The member lease could not be built again with the advertised address
+    /// ([`ShardedWorkers::advertise`]): its settings cannot carry the metadata, or the function
+    /// given failed.
+    #[error("cannot build member lease {name:?} with the advertised address")]
+    MemberLease {
+        /// The member lease's name.
+        name: String,
+        /// Why.
+        #[source]
+        source: crate::vocab::BoxError,
     },
     /// The backend cannot watch the group (membership needs it).
     #[error("cannot watch group {group:?}")]
@@ -406,6 +431,9 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     view: view::View,
     /// The placement's memory (the ideal assignment of the last members).
     placer: Placer,
+    /// Where each shard runs, for request handlers: shares the watch, and the tenures of the
+    /// shards this node has a lease of (kept here as leases are built and dropped).
+    directory: locate::ShardDirectory,
 }
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
@@ -528,6 +556,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let label = LeaseLabel::new(&group);
         metrics::sharded_registered(&label);
         let view = view::View::new(shards.iter().map(|shard| shard.name.as_str()));
+        let ids = shards.iter().map(|shard| shard.id.clone()).collect();
+        let directory = locate::ShardDirectory::new(&group, &node, ids, watch.clone());
         Ok(Self {
             ttl: member_lease.settings().ttl(),
             renewal: member_lease.settings().renewal_interval(),
@@ -551,6 +581,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             held_reported: 0,
             view,
             placer: Placer::default(),
+            directory,
         })
     }
 
@@ -616,6 +647,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // the watch may show a claim before the tenure is recorded here, and on etcd a quiet
         // group sends nothing after it. The stream ends when the lease is dropped.
         ctx.add_stream(lease.tenure().stream());
+        self.directory.hold(index, lease.tenure().clone());
         let shard = &mut self.shards[index];
         shard.lease = Some(lease);
         shard.manager = Some(manager);
@@ -640,6 +672,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 shard.retiring = false;
                 shard.manager = None;
                 shard.lease = None;
+                act.directory.drop_lease(Some(index));
                 if shard.eligible && !act.shutting_down {
                     act.start_manager(index, ctx);
                 }
@@ -1027,6 +1060,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         self.report_held(0);
+        self.directory.drop_lease(None);
     }
 }
 

@@ -15,7 +15,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_coordination::{
     member_lease_name, shard_lease_name, FencingToken, GetGroupView, GetShards, Lease,
-    LeaseSettings, ShardInfo, ShardedSettings, ShardedWorkers, SharedLease, Shutdown,
+    LeaseSettings, ShardDirectory, ShardInfo, ShardLocation, ShardedSettings, ShardedWorkers,
+    SharedLease, Shutdown,
 };
 use tokio::time::{sleep, Instant};
 
@@ -131,6 +132,19 @@ pub fn start_with(
     stop_after: Duration,
     settings: ShardedSettings,
 ) -> Node {
+    build_with(fleet, group, shards, node, log, stop_after, settings).start()
+}
+
+/// [`start_with`], not started yet.
+pub fn build_with(
+    fleet: &impl Fleet,
+    group: &str,
+    shards: &[&str],
+    node: &str,
+    log: &Log,
+    stop_after: Duration,
+    settings: ShardedSettings,
+) -> ShardedWorkers<Worker, SharedLease> {
     let leases = fleet.node(node);
     let (owner, ttl, log) = (node.to_owned(), fleet.ttl(), log.clone());
     ShardedWorkers::new(
@@ -169,7 +183,6 @@ pub fn start_with(
     .unwrap()
     .settings(settings)
     .unwrap()
-    .start()
 }
 
 /// Which shards run where, by the workers' own log (started and not stopped).
@@ -447,4 +460,94 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
     .await;
     assert_exactly_once(&log);
     assert!(c.send(Shutdown).await.unwrap().unwrap());
+}
+
+/// Issue 38: the address a member advertises travels through the real store. Two nodes, each
+/// advertising its own address, run 6 shards: every node's [`ShardDirectory`] answers each
+/// shard's holder, fencing token and the holder's address alike, from its own session's watch,
+/// and `here` on the holder only; the holder's worker runs under that token. When a node leaves,
+/// the other answers its shards as its own.
+pub async fn every_node_locates_every_shard_with_its_holders_address(fleet: &impl Fleet) {
+    let group = fleet.unique("locate");
+    let shards = ids(6);
+    let log = Log::default();
+    let address = |node: &str| format!("http://{node}.example:8080");
+    let mut nodes = Vec::new();
+    let mut directories: Vec<ShardDirectory> = Vec::new();
+    for node in ["a", "b"] {
+        let leases = fleet.node(node);
+        let workers = build_with(
+            fleet,
+            &group,
+            &refs(&shards),
+            node,
+            &log,
+            Duration::ZERO,
+            ShardedSettings::default(),
+        )
+        .advertise(address(node), move |s| {
+            Ok::<_, std::convert::Infallible>(leases(s))
+        })
+        .unwrap();
+        directories.push(workers.directory());
+        nodes.push(workers.start());
+    }
+    until(fleet.ttl() * 4, "two nodes run 3 shards each", || {
+        let running = running(&log);
+        running.len() == 6 && running.values().filter(|n| *n == "a").count() == 3
+    })
+    .await;
+    let locate = |d: &ShardDirectory, shard: &str| d.locate(shard).ok();
+    // Both watches have seen every claim (and its holder's member record) within a TTL.
+    let agreed = |directories: &[ShardDirectory]| {
+        shards.iter().all(|shard| {
+            let answers: Vec<Option<ShardLocation>> =
+                directories.iter().map(|d| locate(d, shard)).collect();
+            let Some(Some(first)) = answers.first() else {
+                return false;
+            };
+            let holder = first.holder.clone();
+            holder.is_some()
+                && first.address == holder.as_deref().map(address)
+                && answers.iter().zip(directories).all(|(answer, d)| {
+                    answer.as_ref().is_some_and(|a| {
+                        (&a.holder, a.token, &a.address)
+                            == (&first.holder, first.token, &first.address)
+                            && a.here == (holder.as_deref() == Some(d.node()))
+                    })
+                })
+        })
+    };
+    until(
+        fleet.ttl(),
+        "both nodes answer alike for every shard",
+        || agreed(&directories),
+    )
+    .await;
+    // The holder's worker runs under the token every node answers.
+    let mut tokens = BTreeMap::new();
+    for (_, shard, node, event) in log.borrow().iter() {
+        if let Event::Started { token } = event {
+            tokens.insert(shard.clone(), (node.clone(), *token));
+        }
+    }
+    for shard in &shards {
+        let location = directories[0].locate(shard).unwrap();
+        let (node, token) = &tokens[shard];
+        assert_eq!(location.holder.as_ref(), Some(node), "shard {shard}");
+        assert_eq!(location.token, Some(*token), "shard {shard}");
+    }
+    let b = nodes.pop().unwrap();
+    assert!(b.send(Shutdown).await.unwrap().unwrap());
+    until(fleet.ttl(), "a answers every shard as its own", || {
+        shards.iter().all(|shard| {
+            locate(&directories[0], shard).is_some_and(|l| {
+                l.here && l.holder.as_deref() == Some("a") && l.address == Some(address("a"))
+            })
+        })
+    })
+    .await;
+    assert_exactly_once(&log);
+    let a = nodes.pop().unwrap();
+    assert!(a.send(Shutdown).await.unwrap().unwrap());
 }
