@@ -93,6 +93,7 @@ impl GroupRecord {
     }
 
     /// The record with its version in the store and its writer's `watching_since`.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn with_watch_facts(
         mut self,
         revision: Option<u64>,
