@@ -2388,6 +2388,20 @@ async fn timed_out_release_is_retried(
     assert!(b.release().await.unwrap());
 }
 
+/// `owner`'s member lease of `group` and its lease of `shard`, bound to it (the release-retry
+/// settings), on `session`.
+fn bound_node(
+    session: &KubernetesSession,
+    group: &str,
+    shard: &str,
+    owner: &str,
+) -> (KubernetesLease, KubernetesLease) {
+    let member = session.lease(retry_settings(&format!("{group}.member.{owner}"), owner));
+    let shard = session.lease(retry_settings(shard, owner));
+    shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+    (member, shard)
+}
+
 /// A bound record never expires while its member lease lives, so a release of it that timed out
 /// (its outcome unknown) must not leave it held for as long as the member: once the API server
 /// answers again, the lease removes the claim itself, and a contender gets the shard while the
@@ -2401,12 +2415,8 @@ async fn a_bound_release_that_timed_out_is_released_once_the_api_server_answers(
     let proxy = FaultProxy::start(env().upstream).await;
     let session_a = KubernetesSession::new(through(&proxy)).unwrap();
     let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
-    let node = |session: &KubernetesSession, owner: &str| {
-        let member = session.lease(retry_settings(&format!("{group}.member.{owner}"), owner));
-        let shard = session.lease(retry_settings(&shard, owner));
-        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
-        (member, shard)
-    };
+    let node =
+        |session: &KubernetesSession, owner: &str| bound_node(session, &group, &shard, owner);
     let (member_a, shard_a) = node(&session_a, "a");
     let (member_b, shard_b) = node(&session_b, "b");
     assert!(member_a.acquire().await.unwrap());
@@ -2437,12 +2447,8 @@ async fn a_bound_shard_of_a_retired_member_is_claimed_without_reading_the_member
     let shard = format!("{group}.shard");
     let session_a = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
     let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
-    let node = |session: &KubernetesSession, owner: &str| {
-        let member = session.lease(retry_settings(&format!("{group}.member.{owner}"), owner));
-        let shard = session.lease(retry_settings(&shard, owner));
-        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
-        (member, shard)
-    };
+    let node =
+        |session: &KubernetesSession, owner: &str| bound_node(session, &group, &shard, owner);
     let (member_a, shard_a) = node(&session_a, "a");
     let (member_b, shard_b) = node(&session_b, "b");
     assert!(member_a.acquire().await.unwrap());
