@@ -194,6 +194,8 @@ pub(super) struct Index {
     /// The `uid`s of the objects whose deletion the watch received (the newest
     /// [`DELETED_KEPT`]): an object's `uid` is never used again, so each is gone for good.
     deleted: std::collections::VecDeque<String>,
+    /// The same `uid`s, to look one up.
+    deleted_set: std::collections::HashSet<String>,
 }
 
 /// How many deleted objects' `uid`s an [`Index`] keeps.
@@ -275,7 +277,7 @@ impl Index {
     /// Whether the watch received the deletion of the object with `uid` (among the newest
     /// deletions it keeps): that object is gone for good, whatever a lagging view shows.
     pub(super) fn was_deleted(&self, uid: &str) -> bool {
-        self.deleted.iter().rev().any(|d| d == uid)
+        self.deleted_set.contains(uid)
     }
 
     /// Notes the version of `lease`, received.
@@ -333,11 +335,14 @@ impl Index {
 
     /// Object `object` was deleted (`version`: of the deletion, if known).
     pub(super) fn delete(&mut self, object: &str, version: Option<&str>, uid: Option<&str>) {
-        if let Some(uid) = uid {
+        if let Some(uid) = uid.filter(|uid| !self.deleted_set.contains(*uid)) {
             if self.deleted.len() == DELETED_KEPT {
-                self.deleted.pop_front();
+                if let Some(oldest) = self.deleted.pop_front() {
+                    self.deleted_set.remove(&oldest);
+                }
             }
             self.deleted.push_back(uid.to_owned());
+            self.deleted_set.insert(uid.to_owned());
         }
         let newer_known = self.objects.get(object).is_some_and(|known| {
             version
