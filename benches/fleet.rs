@@ -1203,43 +1203,18 @@ async fn fleet(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
         "fleet/{backend}: settled in {settled_s:.1} s ({starts_to_settle} worker starts for {FLEET_SHARDS} shards); holding {window:?} (load {})",
         load_average()
     );
-    let from_ns = mono_ns();
-    let load_start = load_average();
-    let pids: Vec<u32> = fleet.nodes.iter().map(Node::pid).collect();
-    let cpu0: f64 = pids.iter().map(|p| proc_cpu_secs(*p)).sum();
-    let server_pid = server.pid();
-    let server_cpu0 = server_pid.map(proc_cpu_secs);
-    let requests0 = server.counters(&dir);
-    let w0 = Instant::now();
-    let give_up = w0 + window;
-    while Instant::now() < give_up {
-        sleep(Duration::from_secs(1)).await;
-        fleet.poll();
-    }
-    let elapsed = w0.elapsed().as_secs_f64();
-    let requests = delta(&server.counters(&dir), &requests0);
-    let cpu = pids.iter().map(|p| proc_cpu_secs(*p)).sum::<f64>() - cpu0;
-    let server_cpu = server_pid
-        .zip(server_cpu0)
-        .map(|(pid, before)| proc_cpu_secs(pid) - before);
-    let load_end = load_average();
-    // Let a node's `runs N shard(s)` line (every 5 s) and the last events land.
-    sleep(Duration::from_secs(6)).await;
-    fleet.poll();
-    let rss: Vec<u64> = pids
-        .iter()
-        .map(|p| proc_status_bytes(*p, "VmRSS"))
-        .collect();
-    let hwm: Vec<u64> = pids
-        .iter()
-        .map(|p| proc_status_bytes(*p, "VmHWM"))
-        .collect();
-    let mut dead = Vec::new();
-    for node in &mut fleet.nodes {
-        if !node.alive() {
-            dead.push(node.owner.clone());
-        }
-    }
+    let Held {
+        from_ns,
+        load_start,
+        load_end,
+        elapsed,
+        requests,
+        cpu,
+        server_cpu,
+        rss,
+        hwm,
+        dead,
+    } = hold(&mut fleet, &server, &dir, window).await;
     let moved = fleet.events_after(from_ns);
     let lost_shards: BTreeSet<usize> = moved.iter().map(|e| e.shard).collect();
     let counts = fleet.counts();
@@ -1379,6 +1354,80 @@ fn first_starts_elsewhere(
     first
 }
 
+/// A fleet held for a window: what the server and the nodes did in it, and the nodes' state
+/// once the last events of the window have landed.
+struct Held {
+    /// When the window started (`CLOCK_MONOTONIC` ns, the clock of the event logs).
+    from_ns: u128,
+    load_start: String,
+    load_end: String,
+    /// The window's length in seconds.
+    elapsed: f64,
+    /// The requests the server counted in the window.
+    requests: Counters,
+    /// The nodes' CPU seconds in the window, and the server's.
+    cpu: f64,
+    server_cpu: Option<f64>,
+    /// Per node, its resident memory and its peak at the end.
+    rss: Vec<u64>,
+    hwm: Vec<u64>,
+    /// The nodes no longer alive at the end.
+    dead: Vec<String>,
+}
+
+/// Holds `fleet` for `window` (its logs read every second), counting the server's requests and
+/// everyone's CPU, then waits 6 s for each node's `runs N shard(s)` line (every 5 s) and the last
+/// events, and reads the nodes' memory.
+async fn hold(fleet: &mut Fleet, server: &Server, dir: &Path, window: Duration) -> Held {
+    let from_ns = mono_ns();
+    let load_start = load_average();
+    let pids: Vec<u32> = fleet.nodes.iter().map(Node::pid).collect();
+    let cpu0: f64 = pids.iter().map(|p| proc_cpu_secs(*p)).sum();
+    let server_pid = server.pid();
+    let server_cpu0 = server_pid.map(proc_cpu_secs);
+    let requests0 = server.counters(dir);
+    let w0 = Instant::now();
+    let give_up = w0 + window;
+    while Instant::now() < give_up {
+        sleep(Duration::from_secs(1)).await;
+        fleet.poll();
+    }
+    let elapsed = w0.elapsed().as_secs_f64();
+    let requests = delta(&server.counters(dir), &requests0);
+    let cpu = pids.iter().map(|p| proc_cpu_secs(*p)).sum::<f64>() - cpu0;
+    let server_cpu = server_pid
+        .zip(server_cpu0)
+        .map(|(pid, before)| proc_cpu_secs(pid) - before);
+    let load_end = load_average();
+    sleep(Duration::from_secs(6)).await;
+    fleet.poll();
+    let rss = pids
+        .iter()
+        .map(|p| proc_status_bytes(*p, "VmRSS"))
+        .collect();
+    let hwm = pids
+        .iter()
+        .map(|p| proc_status_bytes(*p, "VmHWM"))
+        .collect();
+    let dead = fleet
+        .nodes
+        .iter_mut()
+        .filter_map(|node| (!node.alive()).then(|| node.owner.clone()))
+        .collect();
+    Held {
+        from_ns,
+        load_start,
+        load_end,
+        elapsed,
+        requests,
+        cpu,
+        server_cpu,
+        rss,
+        hwm,
+        dead,
+    }
+}
+
 /// What one phase (a join, a kill, a shutdown) cost until the fleet was balanced again: the CPU
 /// time of the live nodes and of the server, the requests the server counted, and (Kubernetes)
 /// the time it spent on them by its own account.
@@ -1493,46 +1542,21 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
     // 1. The steady state.
     sleep(RENEWAL).await;
     fleet.poll();
-    let from_ns = mono_ns();
-    let load_start = load_average();
-    let pids: Vec<u32> = fleet.nodes.iter().map(Node::pid).collect();
-    let cpu0: f64 = pids.iter().map(|p| proc_cpu_secs(*p)).sum();
-    let server_pid = server.pid();
-    let server_cpu0 = server_pid.map(proc_cpu_secs);
-    let requests0 = server.counters(&dir);
-    let w0 = Instant::now();
-    let give_up = w0 + window;
-    while Instant::now() < give_up {
-        sleep(Duration::from_secs(1)).await;
-        fleet.poll();
-    }
-    let elapsed = w0.elapsed().as_secs_f64();
-    let requests = delta(&server.counters(&dir), &requests0);
-    let cpu = pids.iter().map(|p| proc_cpu_secs(*p)).sum::<f64>() - cpu0;
-    let server_cpu = server_pid
-        .zip(server_cpu0)
-        .map(|(pid, before)| proc_cpu_secs(pid) - before);
-    let load_end = load_average();
+    let Held {
+        from_ns,
+        load_start,
+        load_end,
+        elapsed,
+        requests,
+        cpu,
+        server_cpu,
+        rss,
+        hwm,
+        dead,
+    } = hold(&mut fleet, &server, &dir, window).await;
     let writes = server.writes(&requests);
     let intervals = elapsed / RENEWAL.as_secs_f64();
     let writes_per_interval = total(&writes) / intervals;
-    // Let a node's `runs N shard(s)` line (every 5 s) and the last events land.
-    sleep(Duration::from_secs(6)).await;
-    fleet.poll();
-    let rss: Vec<u64> = pids
-        .iter()
-        .map(|p| proc_status_bytes(*p, "VmRSS"))
-        .collect();
-    let hwm: Vec<u64> = pids
-        .iter()
-        .map(|p| proc_status_bytes(*p, "VmHWM"))
-        .collect();
-    let mut dead = Vec::new();
-    for node in &mut fleet.nodes {
-        if !node.alive() {
-            dead.push(node.owner.clone());
-        }
-    }
     let moved = fleet.events_after(from_ns);
     let lost_shards: BTreeSet<usize> = moved.iter().map(|e| e.shard).collect();
     let counts = fleet.counts();
