@@ -218,8 +218,9 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
         "/etc/actix-coordination"
     );
 
-    // The Role stays least-privilege: leases only, no patch; `delete` only for `Lease::retire`
-    // (a leaving node's member and candidacy objects).
+    // The Role stays least-privilege: leases only; `patch` only for a bound claim decided from
+    // the watch (a merge patch on the version it judged), `delete` only for `Lease::retire` (a
+    // leaving node's member and candidacy objects).
     let role = find(&documents, "Role", "actix-coordination-lease");
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 1, "{rules:?}");
@@ -227,7 +228,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_nothing_is_stored() {
     assert_eq!(rules[0]["resources"], json!(["leases"]));
     assert_eq!(
         rules[0]["verbs"],
-        json!(["get", "list", "watch", "create", "update", "delete"])
+        json!(["get", "list", "watch", "create", "update", "patch", "delete"])
     );
 }
 

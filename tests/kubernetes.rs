@@ -21,6 +21,7 @@ use actix_coordination::{
     GroupWatch, KubernetesBackend, KubernetesError, KubernetesLease, KubernetesSession,
     KubernetesSettings, Lease, LeaseBackend, LeaseError, LeaseProvider, LeaseSettings, LostReason,
     ReleaseOutcome, RenewOutcome, Shutdown, SingletonSettings, SingletonState,
+    KUBERNETES_BOUND_TO_ANNOTATION as BOUND_TO_ANNOTATION,
     KUBERNETES_LEASE_NAME_ANNOTATION as LEASE_NAME_ANNOTATION,
     KUBERNETES_WATCH_FLOOR as WATCH_FLOOR,
 };
@@ -2484,6 +2485,131 @@ async fn a_bound_shard_of_a_retired_member_is_claimed_without_reading_the_member
     assert_eq!(after.updates, before.updates + 1, "one write: b's claim");
     assert!(shard_b.release().await.unwrap());
     assert!(member_b.release().await.unwrap());
+}
+
+/// A bound lease that has no view of its object yet (a shard this node never waited for, as
+/// every shard a leaving node hands on is for its new owner) claims it from the namespace watch's
+/// index with no read: one write, a merge patch on the version the index has. The claim is
+/// bound to the claimant's own member, and the token rises (16 × 4,096: a `GET` per
+/// moved shard, 256 at once when a node left, before its claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_lease_with_no_view_claims_a_freed_shard_without_reading_it() {
+    let _f = KubeFixture::new().await;
+    let group = unique("indexed-claim");
+    let shard = format!("{group}.shard");
+    let session_a = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let session_b = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let node =
+        |session: &KubernetesSession, owner: &str| bound_node(session, &group, &shard, owner);
+    let (member_a, shard_a) = node(&session_a, "a");
+    let (member_b, shard_b) = node(&session_b, "b");
+    assert!(member_a.acquire().await.unwrap());
+    assert!(shard_a.acquire().await.unwrap());
+    let token_a = shard_a.fencing_token().unwrap();
+    assert!(member_b.acquire().await.unwrap());
+    // b's session's namespace watch (its member's) has a's shard and member records.
+    let mut watch = member_b.watch_group(&group).expect("a group watch");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watch.snapshot().live_holder(&shard, Instant::now()) != Some("a") {
+        timeout(deadline - Instant::now(), watch.changed())
+            .await
+            .expect("b's watch received a's shard within 10 s")
+            .unwrap();
+    }
+    let before = shard_b.backend().stats();
+    assert!(
+        member_a.retire().await.unwrap(),
+        "a's member object deleted"
+    );
+    assert!(
+        !shard_a.check_alive(),
+        "the bound tenure ended with its member"
+    );
+    while watch
+        .snapshot()
+        .live_holder(&shard, Instant::now())
+        .is_some()
+    {
+        timeout(deadline - Instant::now(), watch.changed())
+            .await
+            .expect("b's watch received the deletion of a's member within 10 s")
+            .unwrap();
+    }
+    assert!(shard_b.acquire().await.unwrap(), "b claimed the shard");
+    let after = shard_b.backend().stats();
+    assert_eq!(
+        after.gets, before.gets,
+        "b read nothing: {before:?} → {after:?}"
+    );
+    assert_eq!(after.updates, before.updates + 1, "one write: b's claim");
+    assert!(shard_b.fencing_token().unwrap() > token_a, "the token rose");
+    let object = admin().get(&object_name(&shard)).await.unwrap();
+    let annotations = object.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        object.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        annotations.get(BOUND_TO_ANNOTATION).map(String::as_str),
+        Some(object_name(&format!("{group}.member.b")).as_str()),
+        "bound to b's member: {annotations:?}"
+    );
+    assert_eq!(
+        annotations.get(LEASE_NAME_ANNOTATION).map(String::as_str),
+        Some(shard.as_str())
+    );
+    assert!(shard_b.release().await.unwrap());
+    assert!(member_b.release().await.unwrap());
+}
+
+/// What the claim above relies on: the API server applies a JSON merge patch that names a
+/// `resourceVersion` only to that version of the object (`409 Conflict` otherwise), like a
+/// replace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_patch_naming_an_old_resource_version_is_refused() {
+    let _f = KubeFixture::new().await;
+    let name = object_name(&unique("patch-precondition"));
+    let api = admin();
+    let created = api
+        .create(
+            &PostParams::default(),
+            &LeaseObject {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("a".into()),
+                    ..LeaseSpec::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let old = created.metadata.resource_version.clone().unwrap();
+    let patch = |version: &str, holder: &str| {
+        serde_json::json!({
+            "metadata": {"resourceVersion": version},
+            "spec": {"holderIdentity": holder},
+        })
+    };
+    let params = kube::api::PatchParams::default();
+    let moved = api
+        .patch(&name, &params, &kube::api::Patch::Merge(&patch(&old, "b")))
+        .await
+        .expect("a patch at the current version is applied");
+    assert_eq!(moved.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    let refused = api
+        .patch(&name, &params, &kube::api::Patch::Merge(&patch(&old, "c")))
+        .await
+        .expect_err("a patch at an old version is refused");
+    assert!(
+        matches!(&refused, kube::Error::Api(status) if status.code == 409),
+        "409 Conflict: {refused}"
+    );
+    let now = api.get(&name).await.unwrap();
+    assert_eq!(now.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
 }
 
 /// A plain lease whose release timed out (its outcome unknown) costs no TTL once the API server

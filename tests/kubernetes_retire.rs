@@ -178,3 +178,83 @@ async fn without_delete_permission_a_retired_lease_is_released_and_its_object_st
     let object = admin_object(&scope.namespace, &name).await.expect("stays");
     assert_eq!(holder_of(&object), None, "released again");
 }
+
+/// Without `patch` (a Role from before the crate asked for it): a bound claim that would be
+/// decided from the namespace watch and written as a merge patch is refused once, remembered,
+/// and made as before: a read of the object, then a replace. The shard is claimed, bound to the
+/// claimant's member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_patch_permission_a_bound_claim_reads_and_replaces() {
+    let scope = NoDelete::new().await;
+    let k8s = KubernetesSettings::new(&scope.namespace)
+        .with_api_url(env().url.clone())
+        .with_token(&env().token)
+        .with_ca_file(&env().ca);
+    let session_a = KubernetesSession::new(k8s.clone()).unwrap();
+    let session_b = KubernetesSession::new(k8s).unwrap();
+    let group = unique("nopatch");
+    let shard = format!("{group}.shard");
+    let node = |session: &KubernetesSession, owner: &str| {
+        let member = session.lease(settings(&format!("{group}.member.{owner}"), owner));
+        let shard = session.lease(settings(&shard, owner));
+        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+        (member, shard)
+    };
+    let (member_a, shard_a) = node(&session_a, "a");
+    let (member_b, shard_b) = node(&session_b, "b");
+    // RBAC may take a moment to see the new binding.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match member_a.acquire().await {
+            Ok(true) => break,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the new Role lets lease-holder claim: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(shard_a.acquire().await.unwrap());
+    assert!(member_b.acquire().await.unwrap());
+    let mut watch = member_b.watch_group(&group).expect("a group watch");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while watch
+        .snapshot()
+        .live_holder(&shard, tokio::time::Instant::now())
+        != Some("a")
+    {
+        tokio::time::timeout(deadline - tokio::time::Instant::now(), watch.changed())
+            .await
+            .expect("b's watch received a's shard within 10 s")
+            .unwrap();
+    }
+    // Without `delete`, retiring releases a's member: every shard bound to it is free.
+    assert!(member_a.retire().await.unwrap());
+    while watch
+        .snapshot()
+        .live_holder(&shard, tokio::time::Instant::now())
+        .is_some()
+    {
+        tokio::time::timeout(deadline - tokio::time::Instant::now(), watch.changed())
+            .await
+            .expect("b's watch received the release of a's member within 10 s")
+            .unwrap();
+    }
+    let before = shard_b.backend().stats();
+    assert!(shard_b.acquire().await.unwrap(), "b claimed the shard");
+    let after = shard_b.backend().stats();
+    assert_eq!(
+        after.updates,
+        before.updates + 2,
+        "the refused patch, then the replace: {before:?} → {after:?}"
+    );
+    assert!(after.gets > before.gets, "the claim read the object");
+    let object = admin_object(&scope.namespace, &shard)
+        .await
+        .expect("the shard's object");
+    assert_eq!(holder_of(&object), Some("b"));
+    assert!(shard_b.release().await.unwrap());
+    assert!(member_b.release().await.unwrap());
+}

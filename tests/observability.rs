@@ -776,9 +776,10 @@ async fn backend_request_counters_exist_at_zero_from_when_a_backend_is_built() {
                 ("watch", reads),
                 ("create", writes),
                 ("update", writes),
+                ("patch", writes),
             ],
         ),
-        conflicts("kubernetes", &["create", "update"]),
+        conflicts("kubernetes", &["create", "update", "patch"]),
     ]
     .concat();
     for series in &expected {

@@ -108,6 +108,9 @@ pub struct KubernetesBackend {
     pub(super) subscription: Mutex<Option<Arc<Subscription>>>,
     /// Whether the API server refused to delete the object (RBAC): `retire` then releases.
     pub(super) delete_forbidden: AtomicBool,
+    /// Whether the API server refused to patch the object (RBAC, a Role from before `patch`
+    /// was asked for): claims then read and replace, as they did.
+    pub(super) patch_forbidden: AtomicBool,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -209,6 +212,7 @@ impl KubernetesBackend {
             state: Mutex::new(State::default()),
             counters: Counters::default(),
             delete_forbidden: AtomicBool::new(false),
+            patch_forbidden: AtomicBool::new(false),
         }
     }
 
@@ -305,6 +309,32 @@ impl KubernetesBackend {
             .await
             .map_err(|e| self.write_error("update", e))?;
         Ok(self.wrote(self.observe_shared(Arc::new(slim(updated))), sent))
+    }
+
+    /// Writes `claim` as a JSON merge patch (see the `indexed` module): applied only while the
+    /// object is at `claim`'s `resourceVersion`, counted as an update.
+    pub(super) async fn patch_claim(
+        &self,
+        api: &Api<LeaseObject>,
+        claim: &LeaseObject,
+    ) -> Result<Arc<LeaseObject>, KubernetesError> {
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let claim = &self.with_watching_since(claim);
+        let patch =
+            super::indexed::claim_patch(claim).map_err(|e| KubernetesError::InvalidRecord {
+                object: self.object.clone(),
+                reason: format!("the claim does not serialize: {e}"),
+            })?;
+        let params = kube::api::PatchParams {
+            field_manager: post_params().field_manager,
+            ..kube::api::PatchParams::default()
+        };
+        let sent = Instant::now();
+        let patched = api
+            .patch(&self.object, &params, &kube::api::Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.write_error("patch", e))?;
+        Ok(self.wrote(self.observe_shared(Arc::new(slim(patched))), sent))
     }
 
     /// `lease` as written: with how long this process's watch of the namespace has run without
@@ -438,7 +468,7 @@ impl KubernetesBackend {
     /// lives again); the bound incarnation itself is free only once its version has stood for the
     /// member's duration since this process first received it. A member object whose deletion
     /// the namespace watch received (by its `uid`) needs no read: that object is gone for good.
-    async fn bound_until(
+    pub(super) async fn bound_until(
         &self,
         api: &Api<LeaseObject>,
         binding: &Binding,
@@ -520,6 +550,13 @@ impl KubernetesBackend {
         // delay): decide from it without a read. A claim on a stale view fails its
         // compare-and-swap, and the next round reads.
         let mut cached = self.current_view();
+        // No view of its own yet (a shard this node has not waited for): a bound claim is
+        // decided from the namespace watch's index instead of a read where it can be.
+        if let (None, Some(binding)) = (&cached, binding) {
+            if let Some(attempt) = self.claim_from_index(&api, settings, binding).await? {
+                return Ok(attempt);
+            }
+        }
         for _ in 0..MAX_CAS_ATTEMPTS {
             let current = match cached.take() {
                 Some(View::Present(lease)) => Some((*lease).clone()),

@@ -389,6 +389,7 @@ pub(super) const KUBERNETES_REQUESTS: metrics::BackendRequests = &[
     ("watch", &["ok", "not_found", "error"]),
     ("create", &["ok", "conflict", "not_found", "error"]),
     ("update", &["ok", "conflict", "not_found", "error"]),
+    ("patch", &["ok", "conflict", "not_found", "error"]),
 ];
 
 fn verb(method: &http::Method, uri: &http::Uri, is_watch: bool) -> &'static str {

@@ -255,6 +255,28 @@ impl Index {
         })
     }
 
+    /// What a claim of lease `name` (object `object`) can be decided from without a read, while
+    /// the index is current: `Some(None)` when the namespace has no such object, the object's
+    /// record and `resourceVersion` when it is the object of `name` (by its
+    /// [`LEASE_NAME_ANNOTATION`]), `None` otherwise (not current, no version, another lease's
+    /// object, or an object without the annotation under another name: a read decides).
+    pub(super) fn claimable(
+        &self,
+        object: &str,
+        name: &str,
+    ) -> Option<Option<(GroupRecord, String)>> {
+        if !self.synced {
+            return None;
+        }
+        let Some(seen) = self.objects.get(object) else {
+            return Some(None);
+        };
+        if seen.lease.name(object) != Some(name) {
+            return None;
+        }
+        Some(Some((seen.record.clone(), seen.version.clone()?)))
+    }
+
     /// The `resourceVersion` of object `object` in the index (`None`: it has none of the
     /// object), while the index is current: listed, not listing again, not failing.
     pub(super) fn current_version(&self, object: &str) -> Option<Option<&str>> {

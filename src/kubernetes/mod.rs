@@ -8,6 +8,7 @@
 //!   its requests and compare-and-swap rounds.
 //! * `record.rs`: the `Lease` object as written and read (holder, fencing token, duration).
 //! * `handover.rs`: a planned move in one write (the target takes the handed object up).
+//! * `indexed.rs`: a bound claim decided from the namespace watch, with no read.
 //! * `observed.rs`: what a backend knows of its object, and the observed-time expiry clock.
 //! * `watch.rs`: one namespace watch shared by the leases of a client.
 //! * `group.rs`: the namespace watch's index of every object, and the group watches served
@@ -22,6 +23,7 @@ mod client;
 mod error;
 mod group;
 mod handover;
+mod indexed;
 mod lease;
 mod name;
 mod observed;

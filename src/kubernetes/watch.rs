@@ -240,6 +240,22 @@ impl WatchHub {
         record
     }
 
+    /// What the running watch of `namespace` (none is started) knows of object `object` for a
+    /// claim of lease `name` without a read (see [`Index::claimable`]).
+    pub(super) fn claimable(
+        &self,
+        namespace: &str,
+        object: &str,
+        name: &str,
+    ) -> Option<Option<(GroupRecord, String)>> {
+        let watch = lock(&self.watches).get(namespace).and_then(Weak::upgrade)?;
+        if watch.ended() {
+            return None;
+        }
+        let known = lock(&watch.state.index).claimable(object, name);
+        known
+    }
+
     /// Since which `resourceVersion` the running watch of `namespace` (none is started) has
     /// received every change as it happened, while it is synced (see
     /// [`Index::watching_since`](super::group::Index::watching_since)).
