@@ -349,6 +349,14 @@ mod send_sync {
         assert_send_sync::<HostShard>();
         assert_send_sync::<ShardAllocation>();
         assert_send_sync::<GetGateState>();
+        // actix-web routing: built once, cloned into every worker's thread.
+        #[cfg(feature = "web")]
+        {
+            assert_send_sync::<ShardRouting>();
+            assert_send_sync::<EntityId>();
+            assert_send_sync::<RoutedShard>();
+            assert_send_sync::<ShardRoutingError>();
+        }
     }
 
     #[test]
