@@ -494,7 +494,7 @@ impl ShardRouting {
             tracing::debug!(%group, %shard, %holder, "the shard's holder advertises no address: 503");
             return Err(refuse(ShardRoutingError::NoAddress { shard, holder }));
         };
-        match redirect::redirect(&address, route.own_address.as_deref(), request) {
+        match redirect::redirect(&address, directory.own_address().as_deref(), request) {
             Ok(mut response) => {
                 let headers = response.headers_mut();
                 // A holder identity that is no header value (a foreign writer) is left out.

@@ -327,8 +327,8 @@ impl ShardDirectory {
     }
 
     /// [`locate_index`](Self::locate_index) with the guard of this node's tenure when `here`
-    /// (read once: `here` is `guard.is_some()`) and the address this node advertises in its own
-    /// member record, for routing requests (the `web` feature's `ShardRouting`).
+    /// (read once: `here` is `guard.is_some()`), for routing requests (the `web` feature's
+    /// `ShardRouting`).
     #[cfg_attr(not(feature = "web"), allow(dead_code))]
     pub(crate) fn route(&self, index: usize) -> Result<Route, LocateError> {
         let inner = &*self.inner;
@@ -367,11 +367,16 @@ impl ShardDirectory {
             token,
             here: guard.is_some(),
         };
-        Ok(Route {
-            own_address: advertised(&snapshot, &inner.group, &inner.node),
-            location,
-            guard,
-        })
+        Ok(Route { location, guard })
+    }
+
+    /// The valid address this node advertises in its own member record, as its group watch shows
+    /// it now (`None` before the record is listed, or when it advertises none): a redirect there
+    /// would come back here.
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) fn own_address(&self) -> Option<String> {
+        let inner = &*self.inner;
+        advertised(&inner.watch.snapshot(), &inner.group, &inner.node)
     }
 
     /// Where the shard of entity `entity_id` runs now: [`shard_of`](Self::shard_of), then
@@ -393,9 +398,6 @@ pub(crate) struct Route {
     pub(crate) location: ShardLocation,
     /// The guard of this node's tenure of the shard: `Some` exactly when `location.here`.
     pub(crate) guard: Option<TenureGuard>,
-    /// The valid address this node advertises in its own member record, as the watch shows it
-    /// (`None` before its record is listed, or when it advertises none).
-    pub(crate) own_address: Option<String>,
 }
 
 /// What a member writes about itself in its member lease's [metadata](LeaseSettings::metadata)
