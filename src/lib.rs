@@ -72,7 +72,7 @@
 //!   [`ShardedSettings`], [`GetShards`], [`GetGroupView`]) on [`place`] and [`GroupWatch`]
 //!   ([`Lease::watch_group`]); where a shard runs, on every node: [`ShardDirectory`],
 //!   [`ShardLocation`], [`LocateShard`]; which shard an entity belongs to: [`shard_for`],
-//!   [`ShardFunction`].
+//!   [`ShardFunction`]; requests routed to a shard's node: `ShardRouting` (feature `web`).
 //! * Operations: [`HealthCheck`] and [`LeaseReport`]; [`METRICS`], `describe_metrics` and the
 //!   histogram buckets (feature `metrics`); `AdminRoutes` and `GracefulShutdown` (feature `web`).
 //!
@@ -128,7 +128,8 @@ mod web;
 #[cfg(feature = "web")]
 #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 pub use web::{
-    AdminRoutes, GracefulShutdown, LeaderOnly, LeaderOnlyService, DEFAULT_SHUTDOWN_TIMEOUT,
+    AdminRoutes, EntityId, GracefulShutdown, LeaderOnly, LeaderOnlyService, RoutedShard,
+    ShardRouting, ShardRoutingError, ShardRoutingService, DEFAULT_SHUTDOWN_TIMEOUT,
 };
 
 pub use actors::{
@@ -238,7 +239,9 @@ pub mod prelude {
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
-    pub use crate::{AdminRoutes, GracefulShutdown, LeaderOnly};
+    pub use crate::{
+        AdminRoutes, EntityId, GracefulShutdown, LeaderOnly, RoutedShard, ShardRouting,
+    };
 }
 
 #[cfg(test)]
@@ -346,6 +349,14 @@ mod send_sync {
         assert_send_sync::<HostShard>();
         assert_send_sync::<ShardAllocation>();
         assert_send_sync::<GetGateState>();
+        // actix-web routing: built once, cloned into every worker's thread.
+        #[cfg(feature = "web")]
+        {
+            assert_send_sync::<ShardRouting>();
+            assert_send_sync::<EntityId>();
+            assert_send_sync::<RoutedShard>();
+            assert_send_sync::<ShardRoutingError>();
+        }
     }
 
     #[test]

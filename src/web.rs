@@ -1,5 +1,7 @@
 //! actix-web out of the box (feature `web`): [`AdminRoutes`], the admin routes an operator
-//! needs, and [`GracefulShutdown`], which releases every lease before the process exits.
+//! needs, [`GracefulShutdown`], which releases every lease before the process exits, and the
+//! routing middlewares: [`LeaderOnly`] to the singleton's leader, [`ShardRouting`] to the node
+//! that runs a request's shard (one validation of the addresses both redirect to).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,8 +12,11 @@ use actix::Recipient;
 use actix_web::{web, HttpResponse, Scope};
 
 mod leader;
+mod redirect;
+mod shard;
 
 pub use leader::{LeaderOnly, LeaderOnlyService};
+pub use shard::{EntityId, RoutedShard, ShardRouting, ShardRoutingError, ShardRoutingService};
 
 use crate::actors::{GetLeader, Shutdown};
 use crate::health::HealthCheck;

@@ -1,8 +1,8 @@
 //! Routing to the leader: `GET /leader` and the [`LeaderOnly`] middleware.
 
-use std::cell::RefCell;
 use std::future::{ready, Ready};
 use std::rc::Rc;
+use std::time::Duration;
 
 use actix::Recipient;
 use actix_web::body::EitherBody;
@@ -12,7 +12,7 @@ use actix_web::{web, HttpResponse};
 use futures_util::future::LocalBoxFuture;
 use serde::Serialize;
 
-use crate::actors::candidacy::Origin;
+use super::redirect::{self, NoRedirect, WarnOnce};
 use crate::actors::{GetLeader, LeaderInfo};
 
 /// The JSON of `GET /leader`.
@@ -135,7 +135,7 @@ pub struct LeaderOnlyService<S> {
     service: Rc<S>,
     manager: Recipient<GetLeader>,
     /// The last refused address warned about (the next refusals of it are logged at `debug`).
-    warned: Rc<RefCell<Option<String>>>,
+    warned: Rc<WarnOnce>,
 }
 
 impl<S> std::fmt::Debug for LeaderOnlyService<S> {
@@ -178,18 +178,12 @@ where
 
 /// `503` with `Retry-After: 1`.
 fn unavailable(why: impl Into<String>) -> HttpResponse {
-    HttpResponse::ServiceUnavailable()
-        .insert_header((header::RETRY_AFTER, "1"))
-        .body(why.into())
+    redirect::unavailable(why, Duration::from_secs(1))
 }
 
 /// The answer to a leader-only request on a node whose singleton does not run: a redirect to
 /// the leader's origin with the request's path and query, or `503` (see [`LeaderOnly`]).
-fn elsewhere(
-    info: &LeaderInfo,
-    request: &ServiceRequest,
-    warned: &RefCell<Option<String>>,
-) -> HttpResponse {
+fn elsewhere(info: &LeaderInfo, request: &ServiceRequest, warned: &WarnOnce) -> HttpResponse {
     let mut response = answer_elsewhere(info, request, warned);
     // A holder identity that is no header value (a foreign writer) is left out.
     if let Ok(holder) = header::HeaderValue::from_str(&info.holder) {
@@ -204,7 +198,7 @@ fn elsewhere(
 fn answer_elsewhere(
     info: &LeaderInfo,
     request: &ServiceRequest,
-    warned: &RefCell<Option<String>>,
+    warned: &WarnOnce,
 ) -> HttpResponse {
     let lease = info.lease.as_deref().unwrap_or("?");
     if info.this_node {
@@ -217,53 +211,25 @@ fn answer_elsewhere(
     let Some(address) = &info.address else {
         return unavailable("the leader advertises no address to redirect to");
     };
-    let origin = match Origin::parse(address) {
-        Ok(origin) => origin,
-        Err(error) => {
-            let first = warned.borrow().as_deref() != Some(address.as_str());
-            if first {
+    match redirect::redirect(address, None, request) {
+        Ok(response) => response,
+        Err(NoRedirect::Invalid(error)) => {
+            if warned.first(address) {
                 tracing::warn!(%lease, holder = %info.holder, ?address, %error, "the leader's advertised address is invalid: leader-only requests get 503");
-                *warned.borrow_mut() = Some(address.clone());
             } else {
                 tracing::debug!(%lease, holder = %info.holder, ?address, %error, "the leader's advertised address is invalid: 503");
             }
-            return unavailable("the leader advertises an invalid address");
+            unavailable("the leader advertises an invalid address")
         }
-    };
-    let connection = request.connection_info();
-    let came_in_on = request
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .or_else(|| {
-            request
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_owned)
-        });
-    if came_in_on.is_some_and(|authority| origin.is_authority(&authority, connection.scheme())) {
-        let first = warned.borrow().as_deref() != Some(address.as_str());
-        if first {
-            tracing::warn!(%lease, holder = %info.holder, ?address, "the leader advertises the host and port this request came in on: leader-only requests get 503 rather than a redirect back here");
-            *warned.borrow_mut() = Some(address.clone());
-        }
-        return unavailable("the leader advertises this node's own address");
-    }
-    let path = match request.uri().path_and_query() {
-        Some(p) if p.as_str().starts_with('/') => p.as_str(),
-        _ => "/",
-    };
-    let location = format!("{origin}{path}");
-    match header::HeaderValue::from_str(&location) {
-        Ok(location) => {
-            let mut response = HttpResponse::TemporaryRedirect().finish();
-            response.headers_mut().insert(header::LOCATION, location);
-            response
+        Err(NoRedirect::CameInOn | NoRedirect::OwnAddress) => {
+            if warned.first(address) {
+                tracing::warn!(%lease, holder = %info.holder, ?address, "the leader advertises the host and port this request came in on: leader-only requests get 503 rather than a redirect back here");
+            }
+            unavailable("the leader advertises this node's own address")
         }
         // Unreachable (the origin and the request's path are both header values), but never a
         // `500`.
-        Err(_) => unavailable("cannot redirect to the leader"),
+        Err(NoRedirect::Location) => unavailable("cannot redirect to the leader"),
     }
 }
 

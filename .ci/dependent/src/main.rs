@@ -48,6 +48,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .run();
         let _shutdown = GracefulShutdown::new().manager("singleton", manager.clone());
         drop(server);
+
+        // Requests routed to the node that runs their entity's shard, from every worker thread.
+        use actix_coordination::{EntityId, RoutedShard, ShardRouting};
+        let leases = store.clone();
+        let workers = ShardedWorkers::with_count(
+            "orders",
+            4,
+            move |name: &str| leases.lease(LeaseSettings::new(name, "node-1").unwrap()),
+            |_: &ShardInfo, _| Job,
+        )?;
+        let routing = ShardRouting::new(workers.directory(), EntityId::header("x-entity-id")?)
+            .retry_after(Duration::from_secs(2));
+        let routed = actix_web::HttpServer::new(move || {
+            actix_web::App::new().service(
+                actix_web::web::resource("/orders/{id}")
+                    .wrap(routing.clone())
+                    .route(actix_web::web::get().to(|shard: RoutedShard| async move {
+                        shard.fencing_token.value().to_string()
+                    })),
+            )
+        });
+        drop(routed);
     }
 
     manager.send(actix_coordination::Shutdown).await??;

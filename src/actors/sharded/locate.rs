@@ -15,7 +15,7 @@ use crate::entity::{ShardFunction, StableShardFunction};
 use crate::group::{GroupSnapshot, GroupWatch};
 use crate::lease::{FencingToken, Lease};
 use crate::settings::LeaseSettings;
-use crate::tenure::TenureWatch;
+use crate::tenure::{TenureGuard, TenureWatch};
 use crate::vocab::BoxError;
 
 /// Where one shard of a group runs, as one node sees it ([`ShardDirectory::locate`]).
@@ -314,6 +314,23 @@ impl ShardDirectory {
     /// [`LocateError::NoIndex`] when the group has no shard at `index`;
     /// [`LocateError::NotListed`] before the group watch has listed the group.
     pub fn locate_index(&self, index: usize) -> Result<ShardLocation, LocateError> {
+        self.route(index).map(|route| route.location)
+    }
+
+    /// The guard of this node's tenure of the shard at `index` while it runs here: its
+    /// [`TenureGuard::check_alive`] turns `false` before any other node can take the shard, and
+    /// [`TenureGuard::token`] is the fencing token to write with. `None` when this node holds no
+    /// live tenure of it (another node runs it, nobody does, or the group has no such index).
+    /// No request to the store.
+    pub fn guard(&self, index: usize) -> Option<TenureGuard> {
+        self.tenures().get(&index).and_then(TenureWatch::guard)
+    }
+
+    /// [`locate_index`](Self::locate_index) with the guard of this node's tenure when `here`
+    /// (read once: `here` is `guard.is_some()`), for routing requests (the `web` feature's
+    /// `ShardRouting`).
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) fn route(&self, index: usize) -> Result<Route, LocateError> {
         let inner = &*self.inner;
         let Some(id) = inner.ids.get(index) else {
             return Err(LocateError::NoIndex {
@@ -328,10 +345,10 @@ impl ShardDirectory {
                 group: inner.group.clone(),
             });
         }
-        let mine = self.tenures().get(&index).and_then(TenureWatch::current);
+        let guard = self.guard(index);
         let now = Instant::now();
-        let (holder, token) = match mine {
-            Some(tenure) => (Some(inner.node.as_str()), Some(tenure.token())),
+        let (holder, token) = match &guard {
+            Some(guard) => (Some(inner.node.as_str()), Some(guard.token())),
             None => {
                 let name = shard_lease_name(&inner.group, id);
                 // A record naming this node whose tenure is not alive here is over, or ending.
@@ -342,14 +359,24 @@ impl ShardDirectory {
                 (holder, token)
             }
         };
-        Ok(ShardLocation {
+        let location = ShardLocation {
             shard: id.clone(),
             index,
             address: holder.and_then(|holder| advertised(&snapshot, &inner.group, holder)),
             holder: holder.map(str::to_owned),
             token,
-            here: mine.is_some(),
-        })
+            here: guard.is_some(),
+        };
+        Ok(Route { location, guard })
+    }
+
+    /// The valid address this node advertises in its own member record, as its group watch shows
+    /// it now (`None` before the record is listed, or when it advertises none): a redirect there
+    /// would come back here.
+    #[cfg_attr(not(feature = "web"), allow(dead_code))]
+    pub(crate) fn own_address(&self) -> Option<String> {
+        let inner = &*self.inner;
+        advertised(&inner.watch.snapshot(), &inner.group, &inner.node)
     }
 
     /// Where the shard of entity `entity_id` runs now: [`shard_of`](Self::shard_of), then
@@ -362,6 +389,15 @@ impl ShardDirectory {
     pub fn locate_entity(&self, entity_id: &str) -> Result<ShardLocation, LocateError> {
         self.locate_index(self.shard_of(entity_id)?)
     }
+}
+
+/// A [`ShardLocation`] with what routing a request needs besides ([`ShardDirectory::route`]).
+#[cfg_attr(not(feature = "web"), allow(dead_code))]
+pub(crate) struct Route {
+    /// Where the shard runs.
+    pub(crate) location: ShardLocation,
+    /// The guard of this node's tenure of the shard: `Some` exactly when `location.here`.
+    pub(crate) guard: Option<TenureGuard>,
 }
 
 /// What a member writes about itself in its member lease's [metadata](LeaseSettings::metadata)
