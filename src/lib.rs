@@ -228,10 +228,10 @@ pub use kubernetes::{
 pub mod prelude {
     pub use crate::{
         Acquire, AllocateShard, Candidate, CheckAlive, ClusterSingletonManager, CoordinationConfig,
-        Entities, EntityHosts, FencingToken, GateError, GetFencingToken, GetGroupView, GetLeader,
-        GetShards, GetSingleton, GetStatus, GetTenure, HandoverPolicy, HealthCheck, HostShard,
-        InMemoryLease, InMemoryStore, LeaderInfo, Lease, LeaseActor, LeaseError, LeaseLost,
-        LeaseProvider, LeaseSettings, LocateShard, LostReason, RegisterRegion, Release,
+        Entities, EntityError, EntityHosts, FencingToken, GateError, GetFencingToken, GetGroupView,
+        GetLeader, GetShards, GetSingleton, GetStatus, GetTenure, HandoverPolicy, HealthCheck,
+        HostShard, InMemoryLease, InMemoryStore, LeaderInfo, Lease, LeaseActor, LeaseError,
+        LeaseLost, LeaseProvider, LeaseSettings, LocateShard, LostReason, RegisterRegion, Release,
         SetEligible, ShardAllocation, ShardCoordinator, ShardDirectory, ShardInfo, ShardLocation,
         ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
         SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch,

@@ -1,54 +1,7 @@
 //! Entities under a shard: [`EntityHost`], the shard worker that runs one actor per entity id of
 //! its shard, started on its first message and stopped with the shard's tenure (or when idle),
-//! and [`Entities`], the local handle that sends a message to an entity living on this node.
-//!
-//! # The lifecycle
-//!
-//! A node of a [`ShardedWorkers`](crate::ShardedWorkers) group whose workers are
-//! [`EntityHost`]s runs, for each shard it holds, one host under the shard's tenure (a shard
-//! worker, with every rule of one: started under a live tenure, stopped before its end, the lease
-//! released only after it stopped). The host keeps one entity actor per entity id:
-//!
-//! 1. **Start.** The first message for an entity id starts its actor, built by the factory with
-//!    the id and the shard's [`ShardInfo`] (its guard and fencing token: fence every write with
-//!    it), on the host's arbiter, only while the tenure is alive.
-//! 2. **Messages.** Every message is handled by the entity actor, one at a time, in order; it
-//!    keeps its state across messages for as long as it runs.
-//! 3. **Stop.** An entity stops when the shard's tenure ends (at the deadline, on a loss, or on a
-//!    release: each entity watches the guard itself), when the host stops (a handover: the host
-//!    waits until every entity has stopped before it stops, and the lease is released only after
-//!    that), after being idle for [`EntityHosts::with_idle_timeout`] (no message delivered or
-//!    answered, none awaiting an answer), or on its own. The next message for its id starts a new actor,
-//!    once the old one has stopped: two actors of one id never run at once on a node.
-//!
-//! # The guarantee, and its races
-//!
-//! An entity never runs outside its shard's tenure, in the same sense as a shard worker (see
-//! [`ClusterSingletonManager`](crate::ClusterSingletonManager)): its factory runs only under a
-//! live tenure, and the first item of its context (polled before its timers and spawned
-//! futures) stops it when the guard ends. Messages sent through [`Entities`] do not go through
-//! the actix mailbox: they reach the entity through that same first item, which checks the guard
-//! by the clock *immediately before each message is handled*, in the same poll: a message queued
-//! while the tenure was alive and reached after its end (the entity was waiting on `ctx.wait`,
-//! or its thread was paused) is dropped, never handled, and its sender gets
-//! [`EntityError::TenureEnded`]. What remains is the race of every guard: a handler that runs
-//! long, or awaits, may outlive the tenure it checked at its start; fence its writes with
-//! `shard.fencing_token`. Messages the entity sends to itself through its own [`Addr`] are
-//! actix's and are not checked: gate them with `shard.guard`.
-//!
-//! A host whose entities do not stop within the shard settings' `stop_timeout` (an entity whose
-//! `stopping` returns `Running::Continue`) is terminated by its manager, and its entities with
-//! it (`ctx.terminate()`, which skips `stopping`); their guard has ended by then, so they handle
-//! no message meanwhile.
-//!
-//! # Threads
-//!
-//! [`Entities`] is `Clone + Send + Sync`: an actix-web handler on any worker thread (each with its
-//! own arbiter) can use it. The hosts, the entities and the entity factory live on the arbiter of
-//! the [`ShardedWorkers`](crate::ShardedWorkers) actor (the factory need not be `Send`); the
-//! handle reaches them through a registry of the hosts running on this node (behind a mutex,
-//! held only to look a host up) and their addresses, and messages cross threads as actix's do
-//! (`M: Send`, `M::Result: Send`).
+//! and [`Entities`], the local handle that sends a message to an entity living on this node. The
+//! lifecycle, the guarantee and its races: see [`EntityHost`].
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -218,8 +171,8 @@ impl<E: Actor<Context = Context<E>>> EntityHosts<E> {
     }
 
     /// Stops an entity once no message was delivered to it or answered by it for `timeout`, and
-    /// none awaits its answer (`None`, the default: entities run until their shard's tenure ends). Applies to
-    /// the hosts of the [`factory`](Self::factory) built after it.
+    /// none awaits its answer (`None`, the default: entities run until their shard's tenure
+    /// ends). Applies to the hosts of the [`factory`](Self::factory) built after it.
     pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = timeout;
         self
@@ -252,7 +205,8 @@ impl<E: Actor<Context = Context<E>>> EntityHosts<E> {
     }
 
     /// The handle that sends messages to the entities of this node, mapping entity ids to shards
-    /// with `directory` (the group's: [`ShardedWorkers::directory`](crate::ShardedWorkers::directory)).
+    /// with `directory`, the group's
+    /// ([`ShardedWorkers::directory`](crate::ShardedWorkers::directory)).
     pub fn entities(&self, directory: ShardDirectory) -> Entities<E> {
         Entities {
             hosts: self.clone(),
@@ -388,13 +342,59 @@ struct EntityGone {
     instance: u64,
 }
 
-/// The shard worker that runs the entities of its shard on this node; see the
-/// [module docs](self) and [`EntityHosts::factory`].
+/// The shard worker that runs the entities of its shard on this node: build a group of them with
+/// [`EntityHosts::factory`], and send to the entities with [`Entities`].
 ///
-/// Each entity is an actor of type `E`, started on the first message for its id (through
-/// [`Entities::send`]) with its id and the shard's [`ShardInfo`], and stopped when the shard's
-/// tenure ends, when the host stops (before the shard's lease is released: the host stops only
-/// once every entity has), or when idle ([`EntityHosts::with_idle_timeout`]).
+/// # The lifecycle
+///
+/// A node of a [`ShardedWorkers`](crate::ShardedWorkers) group whose workers are
+/// [`EntityHost`]s runs, for each shard it holds, one host under the shard's tenure (a shard
+/// worker, with every rule of one: started under a live tenure, stopped before its end, the lease
+/// released only after it stopped). The host keeps one entity actor per entity id:
+///
+/// 1. **Start.** The first message for an entity id starts its actor, built by the factory with
+///    the id and the shard's [`ShardInfo`] (its guard and fencing token: fence every write with
+///    it), on the host's arbiter, only while the tenure is alive.
+/// 2. **Messages.** Every message is handled by the entity actor, one at a time, in order; it
+///    keeps its state across messages for as long as it runs.
+/// 3. **Stop.** An entity stops when the shard's tenure ends (at the deadline, on a loss, or on a
+///    release: each entity watches the guard itself), when the host stops (a handover: the host
+///    waits until every entity has stopped before it stops, and the lease is released only after
+///    that), after being idle for [`EntityHosts::with_idle_timeout`] (no message delivered or
+///    answered, none awaiting an answer), or on its own. The next message for its id starts a
+///    new actor, once the old one has stopped: two actors of one id never run at once on a node.
+///
+/// # The guarantee, and its races
+///
+/// An entity never runs outside its shard's tenure, in the same sense as a shard worker (see
+/// [`ClusterSingletonManager`](crate::ClusterSingletonManager)): its factory runs only under a
+/// live tenure, and the first item of its context (polled before its timers and spawned
+/// futures) stops it when the guard ends. Messages sent through [`Entities`] do not go through
+/// the actix mailbox: they reach the entity through that same first item, which checks the guard
+/// by the clock *immediately before each message is handled*, in the same poll: a message queued
+/// while the tenure was alive and reached after its end (the entity was waiting on `ctx.wait`,
+/// or its thread was paused) is dropped, never handled, and its sender gets
+/// [`EntityError::TenureEnded`]. What remains is the race of every guard: a handler that runs
+/// long, or awaits, may outlive the tenure it checked at its start; fence its writes with
+/// `shard.fencing_token`. Messages the entity sends to itself through its own [`Addr`] are
+/// actix's and are not checked: gate them with `shard.guard`.
+///
+/// An entity holding its context with `ctx.wait` is polled only once the wait is over (actix's
+/// rule): it is stopped then, and handles no message after its tenure meanwhile, but the waited
+/// future itself runs on; keep such waits shorter than the stop timeout. A host whose entities
+/// do not stop within the shard settings' `stop_timeout` (an entity whose `stopping` returns
+/// `Running::Continue`, or that waits) is terminated by its manager, and its entities with it
+/// (`ctx.terminate()`, which skips `stopping`), before the lease is released; the release ends
+/// the guard, so that an entity not terminated yet handles no message after it.
+///
+/// # Threads
+///
+/// [`Entities`] is `Clone + Send + Sync`: an actix-web handler on any worker thread (each with its
+/// own arbiter) can use it. The hosts, the entities and the entity factory live on the arbiter of
+/// the [`ShardedWorkers`](crate::ShardedWorkers) actor (the factory need not be `Send`); the
+/// handle reaches them through a registry of the hosts running on this node (behind a mutex,
+/// held only to look a host up) and their addresses, and messages cross threads as actix's do
+/// (`M: Send`, `M::Result: Send`).
 ///
 /// # Example
 ///
@@ -434,7 +434,10 @@ struct EntityGone {
 ///     "counters",
 ///     8,
 ///     move |name: &str| store.lease(LeaseSettings::new(name, "node-1").unwrap()),
-///     hosts.factory(|_id: &str, shard: &ShardInfo, _ctx| Counter { count: 0, shard: shard.clone() }),
+///     hosts.factory(|_id: &str, shard: &ShardInfo, _ctx| Counter {
+///         count: 0,
+///         shard: shard.clone(),
+///     }),
 /// )?;
 /// let entities: Entities<Counter> = hosts.entities(workers.directory());
 /// let workers = workers.start();
@@ -766,7 +769,7 @@ impl Drop for Gone {
 }
 
 /// Sends messages to the entities living on this node: a cheap, cloneable, `Send + Sync` handle
-/// for request handlers (see the [module docs](self) for threads).
+/// for request handlers (see [`EntityHost`] for threads).
 ///
 /// Get it from [`EntityHosts::entities`] with the group's [`ShardDirectory`]. An entity id maps
 /// to its shard with the directory's [`ShardFunction`] (the same on every node and client); when
@@ -824,7 +827,7 @@ impl<E: Actor<Context = Context<E>>> Entities<E> {
     /// if it does not run yet), and answers its reply.
     ///
     /// The message is handled only while the shard's tenure is alive (see the
-    /// [module docs](self)); it waits for room when the entity has 16 messages waiting already.
+    /// [`EntityHost`]); it waits for room when the entity has 16 messages waiting already.
     /// Wrap the call in a timeout to bound how long a caller waits for the answer.
     ///
     /// # Errors
