@@ -18,7 +18,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_coordination::{
     Entities, EntityError, EntityHost, EntityHosts, FencingToken, GetShards, InMemoryLease,
-    InMemoryStore, LeaseSettings, ShardInfo, ShardedWorkers, Shutdown,
+    InMemoryStore, LeaseSettings, LocateError, ShardInfo, ShardedWorkers, Shutdown,
 };
 use common::run_paused;
 use common::sharded_cases::until;
@@ -303,6 +303,15 @@ fn an_entity_starts_on_its_first_message_and_keeps_its_state() {
         // A clone is the same handle, usable from any thread.
         let clone = entities.clone();
         assert_eq!(clone.send("a", Increment).await.unwrap(), 5);
+        // A shard function out of range is refused, typed.
+        let broken = entities
+            .clone()
+            .with_shard_function(|_: &str, shards: usize| shards);
+        let error = broken.send("a", Increment).await.unwrap_err();
+        assert!(
+            matches!(&error, EntityError::Locate { entity, source: LocateError::ShardOutOfRange { .. } } if entity == "a"),
+            "{error:?}"
+        );
         // Shutting the node down stops every entity before it answers.
         assert!(node.send(Shutdown).await.unwrap().unwrap());
         assert!(test.running().is_empty(), "{:?}", test.running());

@@ -628,8 +628,18 @@ impl<E: Actor<Context = Context<E>>> Handler<Route<E>> for EntityHost<E> {
                 // The previous actor of this id is stopping: the next one starts once it is gone.
                 let (tx, rx) = oneshot::channel();
                 waiters.push(tx);
-                let moving = self.unavailable(&entity);
-                Box::pin(async move { rx.await.unwrap_or(Err(moving)) })
+                // Without an answer, the host is gone (terminated): the shard is moving away, or
+                // its tenure ended, as the guard says then.
+                let (shard, guard) = (self.shard.shard.clone(), self.shard.guard.clone());
+                Box::pin(async move {
+                    rx.await.unwrap_or_else(|_| {
+                        Err(if guard.check_alive() {
+                            EntityError::Moving { entity, shard }
+                        } else {
+                            EntityError::TenureEnded { entity, shard }
+                        })
+                    })
+                })
             }
             None => Box::pin(ready(self.start_entity(entity, ctx))),
         }
