@@ -152,6 +152,7 @@ pub use actors::{
     ADDRESS_ENV as CANDIDATE_ADDRESS_ENV, POD_TEMPLATE_HASH_ENV as CANDIDATE_POD_TEMPLATE_HASH_ENV,
     REVISION_ENV as CANDIDATE_REVISION_ENV,
 };
+pub use actors::{Entities, EntityError, EntityHost, EntityHosts};
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
 pub use binding::{Binding, BindingAnchor};
 pub use entity::{entity_hash, shard_for, ShardFunction, StableShardFunction};
@@ -228,14 +229,14 @@ pub use kubernetes::{
 pub mod prelude {
     pub use crate::{
         Acquire, AllocateShard, Candidate, CheckAlive, ClusterSingletonManager, CoordinationConfig,
-        FencingToken, GateError, GetFencingToken, GetGroupView, GetLeader, GetShards, GetSingleton,
-        GetStatus, GetTenure, HandoverPolicy, HealthCheck, HostShard, InMemoryLease, InMemoryStore,
-        LeaderInfo, Lease, LeaseActor, LeaseError, LeaseLost, LeaseProvider, LeaseSettings,
-        LocateShard, LostReason, RegisterRegion, Release, SetEligible, ShardAllocation,
-        ShardCoordinator, ShardDirectory, ShardInfo, ShardLocation, ShardedWorkers, SharedLease,
-        Shutdown, SingletonInfo, SingletonSettings, SingletonState, SingletonStatus,
-        SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch, TransferLeadership,
-        UnsubscribeLeaseLost,
+        Entities, EntityError, EntityHosts, FencingToken, GateError, GetFencingToken, GetGroupView,
+        GetLeader, GetShards, GetSingleton, GetStatus, GetTenure, HandoverPolicy, HealthCheck,
+        HostShard, InMemoryLease, InMemoryStore, LeaderInfo, Lease, LeaseActor, LeaseError,
+        LeaseLost, LeaseProvider, LeaseSettings, LocateShard, LostReason, RegisterRegion, Release,
+        SetEligible, ShardAllocation, ShardCoordinator, ShardDirectory, ShardInfo, ShardLocation,
+        ShardedWorkers, SharedLease, Shutdown, SingletonInfo, SingletonSettings, SingletonState,
+        SingletonStatus, SubscribeLeaseLost, Tenure, TenureEnd, TenureGuard, TenureWatch,
+        TransferLeadership, UnsubscribeLeaseLost,
     };
     #[cfg(feature = "web")]
     #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
@@ -252,12 +253,21 @@ mod send_sync {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     fn assert_send<T: Send>(_: &T) {}
 
+    /// An entity actor that is neither `Send` nor `Sync`: the handles are, whatever it is.
+    struct Dummy(std::marker::PhantomData<std::rc::Rc<()>>);
+    impl actix::Actor for Dummy {
+        type Context = actix::Context<Self>;
+    }
+
     #[test]
     fn public_types_are_send_and_sync() {
         // Leases, stores, settings and configuration.
         assert_send_sync::<LeaseSettings>();
         assert_send_sync::<Candidate>();
         assert_send_sync::<ShardDirectory>();
+        assert_send_sync::<EntityHosts<Dummy>>();
+        assert_send_sync::<Entities<Dummy>>();
+        assert_send_sync::<EntityError>();
         assert_send_sync::<ShardLocation>();
         assert_send_sync::<LocateError>();
         assert_send_sync::<ShardedError>();

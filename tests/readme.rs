@@ -74,6 +74,42 @@ if location.here {
 Ok(())
 }
 
+struct Cart;
+impl Cart {
+    fn new(_: &str, _: ShardInfo) -> Self {
+        Cart
+    }
+}
+impl Actor for Cart {
+    type Context = Context<Self>;
+}
+#[derive(Message)]
+#[rtype(result = "usize")]
+struct AddItem(String);
+impl Handler<AddItem> for Cart {
+    type Result = usize;
+    fn handle(&mut self, _: AddItem, _: &mut Context<Self>) -> usize {
+        1
+    }
+}
+
+#[rustfmt::skip]
+async fn entities(provider: LeaseProvider, pod_name: String) -> Result {
+// README block
+let hosts = EntityHosts::new().with_idle_timeout(Some(Duration::from_secs(600)));
+let workers = ShardedWorkers::from_provider(&provider, "carts", "carts", (0..64).map(|i| i.to_string()), &pod_name,
+    hosts.factory(|cart_id: &str, shard: &ShardInfo, _ctx| Cart::new(cart_id, shard.clone())))?;
+let entities: Entities<Cart> = hosts.entities(workers.directory()); // Clone + Send + Sync: for request handlers
+let workers = workers.start();
+match entities.send("cart-42", AddItem("book".into())).await {
+    Ok(items) => { /* handled here by cart-42's one actor, under its shard's tenure */ }
+    Err(EntityError::NotHere { address, .. }) => { /* its shard runs elsewhere: forward it there */ }
+    Err(error) => { /* moving, or its tenure here ended: try again shortly */ }
+}
+// end of README block
+Ok(())
+}
+
 struct Region;
 impl Actor for Region {
     type Context = Context<Self>;

@@ -4,6 +4,7 @@
 pub(crate) mod candidacy;
 mod compete;
 mod coordinator;
+mod entities;
 mod gate;
 mod lease_actor;
 mod member;
@@ -20,6 +21,7 @@ pub use coordinator::{
     AllocateShard, GetGateState, HostShard, RegisterRegion, ShardAllocation, ShardCoordinator,
     ShardId,
 };
+pub use entities::{Entities, EntityError, EntityHost, EntityHosts};
 pub use gate::{
     CoordinatorGate, GateError, GateState, Queued, Responder, Submission, DEFAULT_ACK_TIMEOUT,
     DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUE_WAIT,

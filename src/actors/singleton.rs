@@ -1024,26 +1024,26 @@ where
 
 /// What the manager asks of a running singleton: nothing, stop, or terminate.
 #[derive(Default)]
-struct StopSignal {
+pub(super) struct StopSignal {
     level: AtomicU8,
     waker: AtomicWaker,
 }
 
 impl StopSignal {
-    const STOP: u8 = 1;
-    const TERMINATE: u8 = 2;
+    pub(super) const STOP: u8 = 1;
+    pub(super) const TERMINATE: u8 = 2;
 
-    fn level(&self, cx: &std::task::Context<'_>) -> u8 {
+    pub(super) fn level(&self, cx: &std::task::Context<'_>) -> u8 {
         self.waker.register(cx.waker());
         self.level.load(Ordering::Acquire)
     }
 }
 
 /// The manager's side of a [`StopSignal`]: dropping it (the manager is gone) stops the singleton.
-struct StopHandle(Arc<StopSignal>);
+pub(super) struct StopHandle(pub(super) Arc<StopSignal>);
 
 impl StopHandle {
-    fn raise(&self, level: u8) {
+    pub(super) fn raise(&self, level: u8) {
         self.0.level.fetch_max(level, Ordering::AcqRel);
         self.0.waker.wake();
     }
