@@ -282,11 +282,20 @@ fn command(bench: &str) -> String {
         .collect();
     env.sort();
     let features = if cfg!(feature = "kubernetes") || cfg!(feature = "etcd") {
-        " --all-features"
-    } else if cfg!(feature = "metrics") {
-        " --features metrics"
+        " --all-features".to_owned()
     } else {
-        ""
+        let on: Vec<&str> = [
+            ("metrics", cfg!(feature = "metrics")),
+            ("web", cfg!(feature = "web")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        if on.is_empty() {
+            String::new()
+        } else {
+            format!(" --features {}", on.join(","))
+        }
     };
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -366,6 +375,18 @@ pub fn criterion_dir() -> std::path::PathBuf {
 /// Criterion's typical estimate (the slope, else the mean) of benchmark `id`, if this run
 /// (started at `started`) wrote one: `None` when it was filtered out or run with `--test`.
 pub fn criterion_estimate(id: &str, started: std::time::SystemTime) -> Option<serde_json::Value> {
+    let estimates = criterion_estimates(id, started)?;
+    Some(if estimates["slope"].is_object() {
+        estimates["slope"].clone()
+    } else {
+        estimates["mean"].clone()
+    })
+}
+
+/// Every estimate criterion wrote for benchmark `id` in this run (started at `started`): its
+/// `estimates.json` (`mean`, `median`, `slope`, ..., each with `point_estimate` and
+/// `confidence_interval`), `None` when it was filtered out or run with `--test`.
+pub fn criterion_estimates(id: &str, started: std::time::SystemTime) -> Option<serde_json::Value> {
     // Criterion's directory name for a benchmark id.
     let dir: String = id
         .chars()
@@ -378,12 +399,8 @@ pub fn criterion_estimate(id: &str, started: std::time::SystemTime) -> Option<se
     if !fresh {
         return None;
     }
-    let estimates: serde_json::Value =
+    Some(
         serde_json::from_str(&std::fs::read_to_string(&path).expect("read estimates"))
-            .expect("criterion's estimates.json");
-    Some(if estimates["slope"].is_object() {
-        estimates["slope"].clone()
-    } else {
-        estimates["mean"].clone()
-    })
+            .expect("criterion's estimates.json"),
+    )
 }
