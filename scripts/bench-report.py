@@ -864,6 +864,82 @@ def t_group_watch(d):
     return table(header, body, ["---"] + ["---:"] * len(runs)) + "\n\n" + sources(used)
 
 
+ROUTING = [
+    ("routing/plain", "a plain handler, no middleware (the baseline)"),
+    ("routing/routed/here", "through `ShardRouting`, the shard on this node: served (the handler takes `RoutedShard`)"),
+    ("routing/routed/redirect", "through `ShardRouting`, the shard on the other node: `307` to its address"),
+]
+LOCATE = [
+    ("routing/locate_entity/10000/here", "the shard on this node"),
+    ("routing/locate_entity/10000/elsewhere", "the shard on the other node (its address read too)"),
+]
+MOVES = [
+    ("join", "a join: `b` joins, `a` hands it half the shards (4 at a time)"),
+    ("shutdown", "`Shutdown` of `b`: its shards freed in one write, `a` claims them"),
+]
+
+
+def t_routing(d):
+    """Issue 38's routing bench (benches/routing.rs): per request, and the 503 window per move."""
+    used = []
+    base = d.get("routing", "memory", ROUTING[0][0])
+    rows = []
+    for variant, what in ROUTING:
+        r = d.get("routing", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        v = r["values"]
+        median = v["median_ns"] / 1000
+        diff = "–" if r is base or not base else f"{median - base['values']['median_ns'] / 1000:+.2f} µs"
+        rows.append([what, f"{median:.2f} µs", f"{v['median_ci_low_ns'] / 1000:.2f}–{v['median_ci_high_ns'] / 1000:.2f} µs", diff])
+    out = []
+    if rows:
+        out.append(table(["one request (`test::init_service`, no socket)", "median", "its 95 % interval", "vs. the baseline"],
+                         rows, ["---", "---:", "---:", "---:"]))
+    rows = []
+    for variant, what in LOCATE:
+        r = d.get("routing", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        v = r["values"]
+        rows.append([what, f"{v['median_ns']:.0f} ns"])
+    if rows:
+        out.append(table(["`ShardDirectory::locate_entity` alone, 10,000 shards over 2 nodes", "median"], rows,
+                         ["---", "---:"]))
+    rows = []
+    for variant, what in MOVES:
+        r = d.get("routing_move", "memory", variant)
+        if not r:
+            continue
+        used.append(r)
+        v, st = r["values"], r["stats"]
+        w, g, p = st["window"], st["gap"], st["poll_round"]
+        old = st.get("old_owner_503")
+        rows.append([
+            what,
+            f"{v['moves']} ({v['expected_moves']})",
+            f"{w['median']:.2f} / {w['p99']:.2f} / **{w['max']:.2f} ms**",
+            f"{v['without_503']} of {v['moves']}",
+            f"{g['median']:.2f} / {g['max']:.2f} ms",
+            f"{old['median']:.2f} / {old['max']:.2f} ms ({old['n']})" if old else "never seen",
+            f"{p['median']:.2f} / {p['p99']:.2f} ms",
+            str(v["served_by_both"]),
+        ])
+    if rows:
+        out.append(table(
+            ["move (32 shards, 2 nodes, in memory, real clock)", "moves seen (expected)",
+             "503 window per move: median / p99 / max", "moves without a 503 seen",
+             "no node serving it: median / max", "old owner's 503 until it redirects: median / max (moves)",
+             "polling round: median / p99", "served by both at once"],
+            rows, ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:"]))
+    if not out:
+        return "(not measured yet)"
+    labels = {id(r): r["variant"] for r in used}
+    return "\n\n".join(out) + "\n\n" + sources(used, labels)
+
+
 METRICS_OVERHEAD = [
     ("renewal", "one renewal (timer, store call, deadline; with the feature also its four metrics)"),
     ("check_alive", "`check_alive` (records nothing by design)"),
@@ -961,6 +1037,7 @@ TABLES = {
     "placement": t_placement,
     "simulation": t_simulation,
     "group_watch": t_group_watch,
+    "routing": t_routing,
     "metrics": t_metrics,
 }
 
