@@ -167,6 +167,8 @@ if [[ $mode == quick ]]; then
     bench scale-kubernetes --all-features --bench scale -- kubernetes 200 --check
     bench scale-etcd --all-features --bench scale -- etcd 2000 --check
     bench in-memory --bench in_memory -- --warm-up-time 1 --measurement-time 3
+    BENCH_ROUTING_ROUNDS=${BENCH_ROUTING_ROUNDS:-2} \
+        bench routing --features web --bench routing -- --warm-up-time 1 --measurement-time 3
     bench metrics-off --bench metrics -- --warm-up-time 1 --measurement-time 3
     bench metrics-on --features metrics --bench metrics -- --warm-up-time 1 --measurement-time 3
 else
@@ -178,6 +180,7 @@ else
     bench scale-etcd-1000 --all-features --bench scale -- etcd 1000 --check
     bench group-watch --all-features --bench group_watch -- kubernetes etcd --check
     bench in-memory --bench in_memory
+    bench routing --features web --bench routing
     bench metrics-off --bench metrics
     bench metrics-on --features metrics --bench metrics
 fi
