@@ -31,8 +31,8 @@
 //! for the shard to the first `200` at its new owner (0 when no poll saw a `503`); the *gap*,
 //! from the last `200` at the old owner to the first `200` at the new one (no node served it in
 //! between, as far as the polls saw); how long the old owner answered `503` before it
-//! redirected to the new one; and how long, within the gap, each node redirected to the other
-//! (a client following redirects went back and forth). Each figure is accurate to one polling
+//! redirected to the new one; and whether, within the gap, each node redirected to the other
+//! (a client following redirects could go back and forth). Each figure is accurate to one polling
 //! round (recorded too).
 //! `b` is polled once its group watch has listed the group (before, every request to it is a
 //! `503`, whichever shard) and until its `Shutdown` answered.
@@ -462,9 +462,9 @@ struct Move {
     gap: Duration,
     /// First `503` at the old owner → its first redirect to the new one, when both were seen.
     old_owner_503: Option<Duration>,
-    /// How long, within the gap, the old owner redirected to the new one while the new one
-    /// redirected back (a client following redirects went back and forth): `None` when never.
-    back_and_forth: Option<Duration>,
+    /// Whether, within the gap, the old owner redirected to the new one and the new one back
+    /// (a client following redirects could go back and forth).
+    back_and_forth: bool,
 }
 
 /// The moves in `runs`, with how many times a shard was served by both nodes at once (never
@@ -504,20 +504,16 @@ fn moves(runs: &[Run], names: [&str; 2]) -> (Vec<Move>, usize, usize) {
                 .filter(|r| r.answer == Answer::Redirect(names[new.node].to_owned()))
                 .map(|r| r.first)
                 .min();
-            let redirects = |from: usize, to: usize| {
-                runs.iter()
-                    .filter(move |r| r.node == from)
-                    .filter(move |r| r.answer == Answer::Redirect(names[to].to_owned()))
-                    .map(|r| (r.first.max(old.last), r.last.min(new.first)))
-                    .filter(|(first, last)| first <= last)
-            };
-            let back_and_forth = redirects(old.node, new.node)
-                .flat_map(|(f1, l1)| {
-                    redirects(new.node, old.node)
-                        .map(move |(f2, l2)| l1.min(l2).saturating_duration_since(f1.max(f2)))
-                        .filter(|d| !d.is_zero())
+            // Polls within the gap where `from` redirected to `to`.
+            let redirected = |from: usize, to: usize| {
+                runs.iter().any(|r| {
+                    r.node == from
+                        && r.answer == Answer::Redirect(names[to].to_owned())
+                        && r.last > old.last
+                        && r.first < new.first
                 })
-                .max();
+            };
+            let back_and_forth = redirected(old.node, new.node) && redirected(new.node, old.node);
             found.push(Move {
                 at: new.first,
                 back_and_forth,
@@ -567,12 +563,7 @@ fn record_phase(
         .filter_map(|m| m.old_owner_503)
         .map(ms)
         .collect();
-    let back: Vec<f64> = phase
-        .moves
-        .iter()
-        .filter_map(|m| m.back_and_forth)
-        .map(ms)
-        .collect();
+    let back = phase.moves.iter().filter(|m| m.back_and_forth).count();
     let poll = summarize(poll);
     // Moves without a 503 count as a window of 0 (shorter than a polling round).
     let mut all = windows.clone();
@@ -591,7 +582,7 @@ fn record_phase(
         if all.is_empty() { "-".into() } else { summarize(&all).to_string() },
         if gaps.is_empty() { "-".into() } else { summarize(&gaps).to_string() },
         if old.is_empty() { "-".into() } else { summarize(&old).to_string() },
-        back.len(),
+        back,
     );
     report.record(
         "routing_move",
@@ -604,14 +595,13 @@ fn record_phase(
                 "window_seen": stat(&windows),
                 "gap": stat(&gaps),
                 "old_owner_503": stat(&old),
-                "back_and_forth": stat(&back),
                 "poll_round": poll.json(),
             },
             "values": {
                 "moves": phase.moves.len(),
                 "expected_moves": phase.expected,
                 "without_503": without,
-                "back_and_forth": back.len(),
+                "back_and_forth": back,
                 "served_by_both": both,
                 "not_listed_503": not_listed,
                 "rounds": rounds,

@@ -924,8 +924,7 @@ def t_routing(d):
             f"{v['without_503']} of {v['moves']}",
             f"{g['median']:.2f} / {g['max']:.2f} ms",
             f"{old['median']:.2f} / {old['max']:.2f} ms ({old['n']})" if old else "never seen",
-            (f"{v['back_and_forth']} of {v['moves']}, at most {st['back_and_forth']['max']:.2f} ms"
-             if st.get("back_and_forth") else "never seen"),
+            f"{v['back_and_forth']} of {v['moves']}",
             f"{p['median']:.2f} / {p['p99']:.2f} ms",
             str(v["served_by_both"]),
         ])
@@ -934,7 +933,7 @@ def t_routing(d):
             ["move (32 shards, 2 nodes, in memory, real clock)", "moves seen (expected)",
              "503 window per move: median / p99 / max", "moves without a 503 seen",
              "no node serving it: median / max", "old owner's 503 until it redirects: median / max (moves)",
-             "nodes redirecting to each other",
+             "moves in which each node redirected to the other",
              "polling round: median / p99", "served by both at once"],
             rows, ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"]))
     if not out:
