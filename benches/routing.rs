@@ -31,8 +31,8 @@
 //! for the shard to the first `200` at its new owner (0 when no poll saw a `503`); the *gap*,
 //! from the last `200` at the old owner to the first `200` at the new one (no node served it in
 //! between, as far as the polls saw); how long the old owner answered `503` before it
-//! redirected to the new one; and whether, within the gap, each node redirected to the other
-//! (a client following redirects could go back and forth). Each figure is accurate to one polling
+//! redirected to the new one; and whether a client sent on by the old owner could be sent back
+//! (the new owner redirected to the old one after the old one's first redirect to it). Each figure is accurate to one polling
 //! round (recorded too).
 //! `b` is polled once its group watch has listed the group (before, every request to it is a
 //! `503`, whichever shard) and until its `Shutdown` answered.
@@ -462,8 +462,8 @@ struct Move {
     gap: Duration,
     /// First `503` at the old owner → its first redirect to the new one, when both were seen.
     old_owner_503: Option<Duration>,
-    /// Whether, within the gap, the old owner redirected to the new one and the new one back
-    /// (a client following redirects could go back and forth).
+    /// Whether the new owner redirected to the old one after the old one first redirected to
+    /// it, before it served (a client following redirects could be sent back).
     back_and_forth: bool,
 }
 
@@ -504,16 +504,17 @@ fn moves(runs: &[Run], names: [&str; 2]) -> (Vec<Move>, usize, usize) {
                 .filter(|r| r.answer == Answer::Redirect(names[new.node].to_owned()))
                 .map(|r| r.first)
                 .min();
-            // Polls within the gap where `from` redirected to `to`.
-            let redirected = |from: usize, to: usize| {
+            // A client sent from the old owner to the new one, sent back: a poll of the new
+            // owner redirecting to the old one after the old one's first redirect to it.
+            let sent_on = old_redirect.filter(|&t| t < new.first);
+            let back_and_forth = sent_on.is_some_and(|sent_on| {
                 runs.iter().any(|r| {
-                    r.node == from
-                        && r.answer == Answer::Redirect(names[to].to_owned())
-                        && r.last > old.last
+                    r.node == new.node
+                        && r.answer == Answer::Redirect(names[old.node].to_owned())
+                        && r.last > sent_on
                         && r.first < new.first
                 })
-            };
-            let back_and_forth = redirected(old.node, new.node) && redirected(new.node, old.node);
+            });
             found.push(Move {
                 at: new.first,
                 back_and_forth,

@@ -933,7 +933,7 @@ def t_routing(d):
             ["move (32 shards, 2 nodes, in memory, real clock)", "moves seen (expected)",
              "503 window per move: median / p99 / max", "moves without a 503 seen",
              "no node serving it: median / max", "old owner's 503 until it redirects: median / max (moves)",
-             "moves in which each node redirected to the other",
+             "moves in which the new owner sent a client back",
              "polling round: median / p99", "served by both at once"],
             rows, ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"]))
     if not out:
