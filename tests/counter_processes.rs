@@ -449,7 +449,7 @@ fn client_thread(
             results_now.retried_applied += 1;
         }
         drop(results_now);
-        if i % RESEND == 0 {
+        if i.is_multiple_of(RESEND) {
             let again = client.send("POST", &entries, &path);
             assert_eq!(again.status, 200, "{path} again: {}", again.body);
             let json: serde_json::Value = serde_json::from_str(&again.body).unwrap();
