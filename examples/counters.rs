@@ -46,8 +46,8 @@
 //! threads, following the redirects and retrying the `503`s with the same increment id; half-way
 //! through, replica-2 shuts down gracefully and its shards move to the other two. It then sends
 //! 100 of the increments again (answered from the record, not applied), checks every counter
-//! against what was sent and the store's log, prints what it found, and exits (1 if a check
-//! failed). Without `--demo` the three replicas serve until ctrl-c.
+//! against what was sent and the store's log, tries a write under a stale token (refused), prints
+//! what it found, and exits (1 if a check failed). Without `--demo` the three replicas serve until ctrl-c.
 //!
 //! With `--config FILE` (a `CoordinationConfig`; `--config-key` picks its lease configuration,
 //! default `sharded`) the process is one replica: `--node` names it (default `$POD_NAME`, then the
@@ -71,9 +71,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use actix_coordination::{
-    member_lease_name, CoordinationConfig, Entities, EntityError, EntityHost, EntityHosts,
-    EntityId, FencingToken, GetShards, GracefulShutdown, Lease, LeaseProvider, RoutedShard,
-    ShardInfo, ShardRouting, ShardedSettings, ShardedWorkers, SharedLease, Shutdown,
+    member_lease_name, shard_for, CoordinationConfig, Entities, EntityError, EntityHost,
+    EntityHosts, EntityId, FencingToken, GetShards, GracefulShutdown, Lease, LeaseProvider,
+    RoutedShard, ShardInfo, ShardRouting, ShardedSettings, ShardedWorkers, SharedLease, Shutdown,
     SingletonSettings, IN_MEMORY_BACKEND,
 };
 use actix_web::dev::Server;
@@ -796,7 +796,7 @@ async fn in_memory(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         ));
     }
     let ok = match args.demo {
-        Some(n) => demo(n, &mut replicas, &store_dir).await?,
+        Some(n) => demo(n, args.shards, &mut replicas, &store_dir).await?,
         None => {
             println!(
                 "three replicas of group {:?}: ctrl-c stops them",
@@ -836,6 +836,7 @@ const DEMO_RESENT: usize = 100;
 /// `n` increments from client threads while replica-2 shuts down half-way; then the checks.
 async fn demo(
     n: usize,
+    shards: usize,
     replicas: &mut Vec<Served>,
     store_dir: &Path,
 ) -> Result<bool, Box<dyn std::error::Error>> {
@@ -921,6 +922,14 @@ async fn demo(
     }
     println!("checked: the store's logs show each shard's fencing tokens rising only ({moved} tenure change(s) seen by the writes, {falls} write(s) under a lower token)");
     ok &= falls == 0;
+    // The fence: a write under a lower token than the stored one (a replica whose tenure ended
+    // while it wrote, or that was frozen past its deadline) is refused.
+    let stale = FencedStore::open(store_dir, "stale-writer")?;
+    let shard = shard_for("c0", shards).to_string();
+    let stored = stale.locked(&shard, |record| (record.token, false, String::new()))?;
+    let refused = stale.increment(&shard, stored - 1, "c0", "stale-write")?;
+    println!("checked: a write to shard {shard} under token {} (the store holds {stored}) was answered {refused:?}", stored - 1);
+    ok &= refused == Outcome::Fenced { stored };
     println!("the demo is over");
     Ok(ok)
 }

@@ -1228,6 +1228,7 @@ fn counters_demo(bin: &Path, args: &[String], dir: &Path) {
         "were answered from the record, not applied again",
         "checked: every counter equals the increments sent to it",
         "0 write(s) under a lower token",
+        "was answered Fenced { stored: ",
         "the demo is over",
     ] {
         assert!(output.contains(line), "no {line:?} in:\n{output}");
