@@ -24,6 +24,8 @@
 //!   the shard wrote first).
 //! * `GET /counters/{id}`: `{"entity", "count", "shard", "token", "node"}`, from the store.
 //! * `GET /shards`: `{"node", "shards"}`: the shards this replica runs, with their tokens.
+//! * `GET /readyz`: `200` once the replica's group watch has listed the group, `503` before
+//!   (it routes nothing yet: send it no traffic; a replica says `ready` when it is).
 //!
 //! **The fenced store.** The counters live in a directory that every replica reaches (`--store`;
 //! the in-memory demo uses a fresh one in the temporary directory): one JSON file per shard with
@@ -73,8 +75,8 @@ use actix::prelude::*;
 use actix_coordination::{
     member_lease_name, shard_for, CoordinationConfig, Entities, EntityError, EntityHost,
     EntityHosts, EntityId, FencingToken, GetShards, GracefulShutdown, Lease, LeaseProvider,
-    RoutedShard, ShardInfo, ShardRouting, ShardedSettings, ShardedWorkers, SharedLease, Shutdown,
-    SingletonSettings, IN_MEMORY_BACKEND,
+    LocateError, RoutedShard, ShardInfo, ShardRouting, ShardedSettings, ShardedWorkers,
+    SharedLease, Shutdown, SingletonSettings, IN_MEMORY_BACKEND,
 };
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpResponse, HttpServer};
@@ -393,6 +395,24 @@ async fn read(
     }
 }
 
+/// Whether this replica's group watch has listed the group: before, it can route nothing (every
+/// routed request is answered `503`).
+fn listed(entities: &Entities<Counter>) -> bool {
+    !matches!(
+        entities.directory().locate_index(0),
+        Err(LocateError::NotListed { .. })
+    )
+}
+
+/// `GET /readyz`: `200` once the group watch has listed the group (send no traffic before).
+async fn readyz(replica: web::Data<Replica>) -> HttpResponse {
+    if listed(&replica.entities) {
+        HttpResponse::Ok().body("ready")
+    } else {
+        unavailable("the group watch has not listed the group yet")
+    }
+}
+
 /// `GET /shards`: the shards this replica runs.
 async fn shards(replica: web::Data<Replica>) -> HttpResponse {
     let Ok(running) = replica.workers.send(GetShards).await else {
@@ -414,14 +434,14 @@ struct Group {
 }
 
 /// Starts replica `node`: its shard group (advertising `advertise`) and its HTTP server on
-/// `listener`; answers the server (not awaited yet) and the group.
+/// `listener`; answers the server (not awaited yet), the group and its entities handle.
 fn replica(
     group: &Group,
     node: &str,
     listener: std::net::TcpListener,
     advertise: &str,
     store: &FencedStore,
-) -> Result<(Server, Workers), Box<dyn std::error::Error>> {
+) -> Result<(Server, Workers, Entities<Counter>), Box<dyn std::error::Error>> {
     let hosts = EntityHosts::new();
     let store = FencedStore {
         node: node.into(),
@@ -460,7 +480,7 @@ fn replica(
     let workers = workers.start();
     let data = web::Data::new(Replica {
         node: node.to_owned(),
-        entities,
+        entities: entities.clone(),
         workers: workers.clone(),
     });
     let server = HttpServer::new(move || {
@@ -477,13 +497,14 @@ fn replica(
                     .route(web::get().to(read)),
             )
             .route("/shards", web::get().to(shards))
+            .route("/readyz", web::get().to(readyz))
     })
     .workers(1)
     .disable_signals()
     .shutdown_timeout(5)
     .listen(listener)?
     .run();
-    Ok((server, workers))
+    Ok((server, workers, entities))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,7 +744,7 @@ async fn cluster_replica(
     let bound = listener.local_addr()?.to_string();
     let advertise = (args.advertise.clone())
         .unwrap_or_else(|| format!("http://{}", bound.replace("0.0.0.0", "127.0.0.1")));
-    let (server, workers) = replica(&group, &args.node, listener, &advertise, &store)?;
+    let (server, workers, entities) = replica(&group, &args.node, listener, &advertise, &store)?;
     println!(
         "[{}] serving counters of group {:?} ({} shards) on {bound} as {advertise}, store {}",
         args.node,
@@ -731,6 +752,14 @@ async fn cluster_replica(
         args.shards,
         store_dir.display()
     );
+    // Ready once the group watch has listed the group (`/readyz` answers 200 from then on).
+    let node = args.node.clone();
+    actix_rt::spawn(async move {
+        while !listed(&entities) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!("[{node}] ready: the group watch has listed the group");
+    });
     let (node, report) = (args.node.clone(), workers.clone());
     actix_rt::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(2));
@@ -779,7 +808,7 @@ async fn in_memory(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         let node = format!("replica-{i}");
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let address = listener.local_addr()?.to_string();
-        let (server, workers) = replica(
+        let (server, workers, _) = replica(
             &group,
             &node,
             listener,

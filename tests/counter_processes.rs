@@ -272,6 +272,11 @@ struct Client {
     connections: HashMap<String, BufReader<TcpStream>>,
     redirects: usize,
     unavailable: usize,
+    /// `503`s that name no shard: a replica whose group watch has not listed the group yet
+    /// (a replica that has just started).
+    unlisted: usize,
+    /// The body of the last of them.
+    unlisted_body: Option<String>,
     broken: usize,
     seen: Vec<Seen>,
 }
@@ -358,6 +363,10 @@ impl Client {
                 }
                 Ok(answer) if answer.status == 503 => {
                     self.unavailable += 1;
+                    if answer.shard.is_none() {
+                        self.unlisted += 1;
+                        self.unlisted_body = Some(answer.body.clone());
+                    }
                     if let Some(shard) = answer.shard {
                         let t_ns = now_ns();
                         self.seen.push(Seen {
@@ -577,7 +586,12 @@ fn run(test: &str, backend: fn(&Path) -> Backend) {
     // node-4 joins under load: shards move to it.
     let join_ns = now_ns();
     replicas.push(Replica::spawn(&backend, &store, &dir, "node-4"));
-    let joined = wait_for(WITHIN, "node-4 serving", || replicas[3].address());
+    // Its address goes to the clients once it is ready (its group watch has listed the group),
+    // as a load balancer behind a readiness probe would add it.
+    let joined = wait_for(WITHIN, "node-4 ready", || {
+        let address = replicas[3].address()?;
+        replicas[3].output().contains("] ready:").then_some(address)
+    });
     entries.lock().unwrap().push(joined);
     allowed.store(n, Ordering::SeqCst);
     wait_for(
@@ -605,15 +619,20 @@ fn run(test: &str, backend: fn(&Path) -> Backend) {
         let done = thread.join().expect("a client thread panicked");
         client.redirects += done.redirects;
         client.unavailable += done.unavailable;
+        client.unlisted += done.unlisted;
+        client.unlisted_body = client.unlisted_body.or(done.unlisted_body);
         client.broken += done.broken;
         client.seen.extend(done.seen);
     }
     let end_ns = now_ns();
     let load_after = load_average();
     println!(
-        "{name}: {n} increments over {ENTITIES} counters from {CLIENTS} threads in {load_took:?}: {} redirects followed, {} 503s retried, {} broken connections retried; load average {load_after}",
-        client.redirects, client.unavailable, client.broken
+        "{name}: {n} increments over {ENTITIES} counters from {CLIENTS} threads in {load_took:?}: {} redirects followed, {} 503s retried ({} of them naming no shard: a replica not listing the group yet), {} broken connections retried; load average {load_after}",
+        client.redirects, client.unavailable, client.unlisted, client.broken
     );
+    if let Some(body) = &client.unlisted_body {
+        println!("{name}:   a 503 naming no shard: {body}");
+    }
     let windows = windows(&client.seen, end_ns);
     for (phase, from, to) in [
         ("start", start_ns, sigterm_ns),
