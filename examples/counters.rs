@@ -674,10 +674,9 @@ fn main() -> std::process::ExitCode {
     let run = parse_args()
         .map_err(|e| format!("{e}\n{USAGE}").into())
         .and_then(|args| {
-            // In memory, the demo's own lines only (a replica's shutdown ends the tenures of
-            // its bound shard leases, which the library logs as lost); a replica logs more.
+            // In memory, the demo's own lines and the library's warnings; a replica logs more.
             let default = match args.config {
-                None => "actix_coordination=error",
+                None => "actix_coordination=warn",
                 Some(_) => "actix_coordination=info",
             };
             tracing_subscriber::fmt()
