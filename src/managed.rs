@@ -819,7 +819,20 @@ impl<B: LeaseBackend> Shared<B> {
             LostReason::TakenOver { holder } => holder.clone(),
             _ => None,
         };
-        tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), %reason, "lease lost");
+        let with_member = match &reason {
+            LostReason::Unbound { .. } => true,
+            LostReason::Expired { .. } => self.bound.get().is_some(),
+            _ => false,
+        };
+        if let (true, Some(member)) = (with_member, self.bound.get()) {
+            // The end of the member tenure it lived by (its deadline is the member's), which the
+            // member lease reports itself: a warning when it was lost, none when it was released
+            // or retired, as a leaving node does with hundreds of shards bound to it. One warning
+            // per loss, not one per bound shard.
+            tracing::debug!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), member = %member.member(), %reason, "bound tenure ended with its member tenure");
+        } else {
+            tracing::warn!(lease = %self.settings.name(), owner = %self.settings.owner(), fencing_token = %tenure.token(), %reason, "lease lost");
+        }
         self.handlers.notify(&LeaseLost {
             name: self.settings.name().to_owned(),
             owner: self.settings.owner().to_owned(),

@@ -84,6 +84,9 @@ pub struct InMemoryRecord {
     pub expires_at: Option<Instant>,
     /// The fencing token of the latest tenure.
     pub token: FencingToken,
+    /// For a bound record: the member lease it lives by, and the token of the member tenure it
+    /// was claimed under (see [`Binding`]); `None` for a plain record.
+    pub bound_to: Option<(String, FencingToken)>,
 }
 
 /// Counters of the calls the store answered, for tests and benchmarks.
@@ -281,6 +284,10 @@ impl InMemoryStore {
                 Some(_) => state.holding(name, now).map(|(_, until)| until),
             },
             token: FencingToken::new(r.token),
+            bound_to: r
+                .bound
+                .as_ref()
+                .map(|(member, token)| (member.clone(), FencingToken::new(*token))),
         })
     }
 

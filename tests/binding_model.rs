@@ -11,7 +11,9 @@
 //! * a bound lease alive ⇒ its owner's member alive, in the very member tenure the shard was
 //!   claimed under, with the same deadline (the member lives at least as long);
 //! * the store agrees: the shard record names the alive owner with its token and is held
-//!   (judged by its member record); so does every alive member's record;
+//!   (judged by its member record); so does every alive member's record; and a shard record
+//!   the store counts held is bound to its holder's member tenure that is live now, the very
+//!   one it was claimed under (not a later one of the same owner);
 //! * the fencing tokens of each shard strictly rise;
 //! * a bound acquire without a live member tenure fails with `LeaseError::Unbound`;
 //!
@@ -221,6 +223,29 @@ fn check(
         }
     }
     for s in 0..SHARDS {
+        // The store's judgement, checked against the rule itself: a bound record is held only
+        // while its holder's member record shows the very tenure it was claimed under (a record
+        // kept held through a *later* member tenure of the same owner would block every
+        // contender with no tenure alive under it).
+        if let (true, Some(holder), Some(record)) = (
+            store_checks,
+            store.holder(&shard_name(s)),
+            store.record(&shard_name(s)),
+        ) {
+            if let Some((member, member_token)) = &record.bound_to {
+                let member_record = store.record(member);
+                let lives = member_record.as_ref().is_some_and(|m| {
+                    m.holder.as_deref() == Some(holder.as_str())
+                        && m.token == *member_token
+                        && m.expires_at.is_some_and(|e| now < e)
+                });
+                if !lives {
+                    violations.push(format!(
+                        "{at}: the store has shard {s} held by {holder} bound to {member} tenure {member_token:?}, while that record is {member_record:?}"
+                    ));
+                }
+            }
+        }
         let alive: Vec<(usize, u64, Instant)> = owners
             .iter()
             .enumerate()

@@ -28,6 +28,11 @@
 //! * `web_service`: every replica answers `/healthz` and `/readyz`, exactly one runs the job and
 //!   every replica names it on `/leader`; SIGTERM to the leader releases the lease and the
 //!   process exits 0, and another replica (if any) takes the job over under a higher token.
+//! * `counters`: in memory, the demo runs to its end, exits 0 and prints its checks; on etcd or
+//!   Kubernetes (the store directory the commands name cleared first: tokens of another backend
+//!   would fence this one's writes), the replicas run every shard between them, increments sent
+//!   to one are counted once, whichever replica is asked, and on SIGTERM each replica exits 0,
+//!   the others keeping every count.
 //!
 //! Commands the test cannot run are listed in [`NOT_RUN`] with the reason; a command neither run
 //! nor listed fails the test, and so does a listed one that the documents no longer show.
@@ -92,6 +97,7 @@ enum Scenario {
     SingletonNode,
     ShardedNode,
     WebService,
+    Counters,
 }
 
 impl Scenario {
@@ -103,6 +109,7 @@ impl Scenario {
             "singleton_node" => Self::SingletonNode,
             "sharded_node" => Self::ShardedNode,
             "web_service" => Self::WebService,
+            "counters" => Self::Counters,
             _ => return None,
         })
     }
@@ -115,6 +122,7 @@ impl Scenario {
             Self::SingletonNode => Some(("singleton", true)),
             Self::ShardedNode => Some(("sharded", true)),
             Self::WebService => Some(("singleton", false)),
+            Self::Counters => Some(("sharded", false)),
         }
     }
 }
@@ -514,9 +522,12 @@ fn run_group(group: &Group, dir: &Path) {
             let nodes = start_nodes(group, &bin, dir, args);
             sharded_nodes(nodes);
         }
-        Scenario::WebService => {
+        Scenario::Counters if group.backend == Backend::InMemory => {
+            assert_eq!(group.runs.len(), 1, "the in-memory demo is one process");
+            counters_demo(&bin, &args(&group.runs[0]), dir);
+        }
+        Scenario::WebService | Scenario::Counters => {
             // The documents' fixed ports (8080 …): one group at a time.
-            static PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
             let _ports = PORTS.lock().unwrap_or_else(|p| p.into_inner());
             let listen: Vec<String> = group
                 .runs
@@ -530,6 +541,12 @@ fn run_group(group: &Group, dir: &Path) {
                     "{address}, where the documented command listens, is in use on this machine"
                 );
             }
+            if group.scenario == Scenario::Counters {
+                // A fresh store: its tokens are those of one lease store only.
+                for store in group.runs.iter().filter_map(|r| r.arg("--store")) {
+                    let _ = std::fs::remove_dir_all(Path::new(ROOT).join(store));
+                }
+            }
             let nodes = start_nodes(group, &bin, dir, args);
             let replicas = nodes
                 .into_iter()
@@ -539,10 +556,16 @@ fn run_group(group: &Group, dir: &Path) {
                     node,
                 })
                 .collect();
-            web_services(replicas, group.backend);
+            match group.scenario {
+                Scenario::Counters => counter_replicas(replicas),
+                _ => web_services(replicas, group.backend),
+            }
         }
     }
 }
+
+/// The documents' fixed ports: the groups that listen on them run one at a time.
+static PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn scratch(source: &str) -> PathBuf {
     let name: String = source
@@ -1190,5 +1213,126 @@ fn web_services(mut replicas: Vec<Replica>, backend: Backend) {
             stopped.node.label
         );
         last_token = token;
+    }
+}
+
+/// The in-memory `counters` demo runs to its end, exits 0, and prints its checks.
+fn counters_demo(bin: &Path, args: &[String], dir: &Path) {
+    let mut node = Node::start(bin, args, dir, "demo");
+    let status = node.wait_exit(DEMO_WITHIN);
+    let output = node.output();
+    assert!(status.success(), "exited with {status}:\n{output}");
+    for line in [
+        "[replica-2] shut down after",
+        "handed over (released every lease: true)",
+        "were answered from the record, not applied again",
+        "checked: every counter equals the increments sent to it",
+        "0 write(s) under a lower token",
+        "was answered Fenced { stored: ",
+        "the demo is over",
+    ] {
+        assert!(output.contains(line), "no {line:?} in:\n{output}");
+    }
+}
+
+impl Replica {
+    /// `method path` (no body): status, `Location` and body; `None` when nothing answers.
+    fn request(address: &str, method: &str, path: &str) -> Option<(u16, Option<String>, String)> {
+        let mut stream = std::net::TcpStream::connect(address).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        let location = head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("location")
+                .then(|| value.trim().to_owned())
+        });
+        Some((status, location, body.to_owned()))
+    }
+
+    /// The JSON of the `200` answer to `method path`, following redirects, retrying `503`s and
+    /// silences (within [`WITHIN`]).
+    fn follow(&self, method: &str, path: &str) -> serde_json::Value {
+        let give_up = Instant::now() + WITHIN;
+        let (mut address, mut path) = (self.address.clone(), path.to_owned());
+        loop {
+            match Self::request(&address, method, &path) {
+                Some((307, Some(location), _)) => {
+                    let rest = location.strip_prefix("http://").expect("an http location");
+                    let at = rest.find('/').unwrap_or(rest.len());
+                    (address, path) = (rest[..at].to_owned(), rest[at..].to_owned());
+                    continue;
+                }
+                Some((200, _, body)) => return serde_json::from_str(&body).unwrap(),
+                Some((503, _, _)) | None => {}
+                Some((status, _, body)) => panic!("{method} {path}: {status} {body}"),
+            }
+            assert!(
+                Instant::now() < give_up,
+                "{method} {path}: no answer within {WITHIN:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            address = self.address.clone();
+        }
+    }
+}
+
+/// `counters` replicas: between them they run every shard; increments sent to the first are
+/// counted once (each sent twice with the same increment id), whichever replica is asked; each
+/// replica stops gracefully on SIGTERM, and the others keep every count.
+fn counter_replicas(mut replicas: Vec<Replica>) {
+    let shards = |r: &Replica| -> Option<usize> {
+        let (status, _, body) = Replica::request(&r.address, "GET", "/shards")?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200).then(|| json["shards"].as_object().map_or(0, |s| s.len()))
+    };
+    let run = std::process::id();
+    let mut sent: BTreeMap<String, u64> = BTreeMap::new();
+    while !replicas.is_empty() {
+        wait_until(
+            &mut replicas,
+            WITHIN,
+            "the replicas running all 64 shards between them",
+            |replicas| {
+                let counts: Vec<Option<usize>> = replicas.iter().map(shards).collect();
+                counts.iter().all(|c| c.is_some_and(|c| c > 0))
+                    && counts.iter().flatten().sum::<usize>() == 64
+            },
+        );
+        for k in 0..10 {
+            let counter = format!("doc-{run}-{}", k % 4);
+            let path = format!(
+                "/counters/{counter}/increment?increment={run}-{}-{k}",
+                replicas.len()
+            );
+            let first = replicas[0].follow("POST", &path);
+            assert_eq!(first["applied"], true, "{path}: {first}");
+            let again = replicas[0].follow("POST", &path);
+            assert_eq!(again["applied"], false, "{path} sent again: {again}");
+            assert_eq!(again["count"], first["count"], "{path} sent again");
+            *sent.entry(counter).or_default() += 1;
+        }
+        for replica in &replicas {
+            for (counter, count) in &sent {
+                let read = replica.follow("GET", &format!("/counters/{counter}"));
+                assert_eq!(
+                    read["count"].as_u64(),
+                    Some(*count),
+                    "{counter} on {}",
+                    replica.node.label
+                );
+            }
+        }
+        let mut stopped = replicas.remove(0);
+        stopped
+            .node
+            .stops_gracefully(&["] serving counters of group", "] shut down"]);
     }
 }

@@ -866,6 +866,75 @@ async fn coordinator_gate_metrics_count_admissions_and_refusals() {
     );
 }
 
+/// A member tenure's end is one event, logged once by the member lease: a leaving node that
+/// retires its member (freeing the shards bound to it in that one write) logs no `lease lost` for
+/// its bound shards, and a member lost (a partition past its deadline) warns once, for the
+/// member, not once per bound shard (the example's leaving node with 64 shards warned 64 times).
+#[actix_rt::test]
+async fn bound_shards_end_with_their_member_and_warn_no_more_than_it() {
+    let _turn = serial().await;
+    let (logs, _capture) = CapturedLogs::install();
+    let store = InMemoryStore::new();
+    let node = |owner: &str| {
+        let member = store.lease(in_memory_settings("logs-bound.member", owner));
+        let anchor = member
+            .binding_anchor()
+            .expect("the in-memory backend binds");
+        let shards: Vec<_> = (0..8)
+            .map(|s| {
+                let shard =
+                    store.lease(in_memory_settings(&format!("logs-bound.shard.{s}"), owner));
+                shard.bind_to(&anchor).expect("bound");
+                shard
+            })
+            .collect();
+        (member, shards)
+    };
+    let warnings = |owner: &str| {
+        logs.text()
+            .lines()
+            .filter(|l| {
+                l.contains(" WARN ")
+                    && l.contains("lease lost")
+                    && l.contains(&format!("owner={owner}"))
+            })
+            .count()
+    };
+    // A node that leaves: its member retired, its 8 bound shards end with it, no warning.
+    let (member, shards) = node("a");
+    assert!(member.acquire().await.unwrap());
+    for shard in &shards {
+        assert!(shard.acquire().await.unwrap());
+    }
+    assert!(member.retire().await.unwrap());
+    assert!(
+        shards.iter().all(|s| !s.check_alive()),
+        "ended with the member"
+    );
+    assert_eq!(warnings("a"), 0, "{}", logs.text());
+    // A node whose member is lost: one warning, the member's.
+    let (member, shards) = node("b");
+    assert!(member.acquire().await.unwrap());
+    for shard in &shards {
+        assert!(shard.acquire().await.unwrap());
+    }
+    store.set_owner_fault("b", Some(InMemoryFault::Unavailable));
+    wait_until(Duration::from_secs(10), || !member.check_alive()).await;
+    assert!(
+        shards.iter().all(|s| !s.check_alive()),
+        "lost with the member"
+    );
+    assert_eq!(warnings("b"), 1, "{}", logs.text());
+    assert!(
+        logs.text()
+            .lines()
+            .any(|l| l.contains("bound tenure ended with its member tenure")
+                && l.contains("owner=b")),
+        "the shards' ends are logged at debug: {}",
+        logs.text()
+    );
+}
+
 /// The messages `info` may carry: changes of leadership only.
 const LEADERSHIP: &[&str] = &[
     "lease acquired",
