@@ -84,14 +84,18 @@ impl MemberSeen {
 }
 
 /// Whether `record` (a member's) changes its meaning with no event between `from` and `to`: its
-/// expiry, its writer's end of claim, or the moment it turns quiet.
+/// expiry, its writer's end of claim, or the moment it turns quiet. The wall clock may go back
+/// (an NTP step, a skewed clock set right): a writer's end of claim then lies *ahead* again, and a
+/// member that had gone stale is one again; so the writer's end of claim turns the record when it
+/// lies on either side of the two wall times (the chaos run with clock faults caught a view that
+/// kept such a member out after its clock was set back).
 fn turns_between(record: &GroupRecord, from: At, to: At) -> bool {
     let expiry = record
         .expires_at
         .is_some_and(|e| from.now < e && e <= to.now);
     let stale = record
         .stale_after
-        .is_some_and(|s| from.wall < s && s <= to.wall);
+        .is_some_and(|s| (s <= from.wall) != (s <= to.wall));
     let quiet = OnTime::is_quiet(record, (from.now, from.ttl, from.renewal))
         != OnTime::is_quiet(record, (to.now, to.ttl, to.renewal));
     expiry || stale || quiet
@@ -525,6 +529,41 @@ mod tests {
     /// lease expires with no event (its process frozen: no write, no release) is still noticed
     /// at its expiry, and its shards move. Were the change-by-change look to skip the expiry,
     /// the shards would stay with the frozen node: the others' renewals change nothing else.
+    /// A member record that went stale by this node's wall clock is a member again when the
+    /// clock is set back (the chaos run's clock faults: debug nodes failed the view check); a
+    /// full look must follow, in either direction of the wall clock.
+    #[test]
+    fn a_writer_s_end_of_claim_turns_a_member_when_the_wall_clock_goes_either_way() {
+        use std::time::SystemTime;
+
+        use super::{turns_between, At};
+        use crate::group::GroupRecord;
+
+        let now = tokio::time::Instant::now();
+        let wall = SystemTime::now();
+        let at = |wall: SystemTime| At {
+            now,
+            wall,
+            ttl: TTL,
+            renewal: Duration::from_secs(2),
+        };
+        let record =
+            GroupRecord::new(Some("b".into()), None, Some(now + TTL)).with_stale_after(Some(wall));
+        let before = at(wall - Duration::from_secs(5));
+        let after = at(wall + Duration::from_secs(5));
+        assert!(turns_between(&record, before, after), "went stale");
+        assert!(
+            turns_between(&record, after, before),
+            "the clock set back: a member again"
+        );
+        assert!(!turns_between(&record, after, after));
+        assert!(!turns_between(
+            &record,
+            before,
+            at(wall - Duration::from_secs(1))
+        ));
+    }
+
     #[test]
     fn renewals_are_folded_record_by_record_and_an_expiry_with_no_event_still_moves_shards() {
         run_paused(async {
