@@ -152,8 +152,9 @@ fn header(response: &awc::ClientResponse<impl Sized>, name: &str) -> Option<Stri
 }
 
 /// A request to the node that does not run the shard is forwarded once to its holder, whose
-/// handler answers it (GET with its query and headers, POST with its body); a request that
-/// already carries the forwarded-by header and reaches a node without the shard is `503`.
+/// handler answers it (GET with its query and headers, POST with its body, sized or chunked); a
+/// request that already carries the forwarded-by header and reaches a node without the shard is
+/// `503`.
 #[test]
 fn a_request_is_forwarded_once_to_the_holder_and_answered_by_it() {
     run_real(async {
@@ -218,6 +219,19 @@ fn a_request_is_forwarded_once_to_the_holder_and_answered_by_it() {
         assert_eq!(json["method"], "POST");
         assert_eq!(json["owner"], "a");
         assert_eq!(json["body"], body.as_str());
+
+        // A chunked POST body (no content-length) too.
+        let chunks = ["first chunk, ", "second chunk, ", "last chunk"]
+            .map(|chunk| Ok::<_, Infallible>(web::Bytes::from_static(chunk.as_bytes())));
+        let mut response = client
+            .post(format!("{address_b}{path}"))
+            .send_stream(futures_util::stream::iter(chunks))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let json: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(json["owner"], "a");
+        assert_eq!(json["body"], "first chunk, second chunk, last chunk");
 
         // To a itself: served there, not forwarded.
         let mut response = client

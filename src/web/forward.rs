@@ -41,7 +41,8 @@ impl ForwardSettings {
     /// The bound of each wait of a forward (10 s unless set): connecting to the holder, sending
     /// the request and receiving the head of its answer, together; then each chunk of the
     /// answer's body. A forward that does not get the holder's answer in time is answered `502`
-    /// ([`ShardRoutingError::ForwardTimeout`]); a body that stalls longer mid-way is cut off.
+    /// ([`ForwardTimeout`](crate::ShardRoutingError::ForwardTimeout)); a body that stalls
+    /// longer mid-way is cut off.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -110,8 +111,8 @@ fn skipped(name: &HeaderName, headers: &HeaderMap, also: &[HeaderName]) -> bool 
             .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
 }
 
-/// The length the request's headers declare for its body: `None` for a chunked body (or one
-/// whose length does not parse), `Some(0)` when it declares none.
+/// The length a request's headers declare for its body: `None` for a chunked body (or one whose
+/// length does not parse), `Some(0)` when it declares none (a request then has no body).
 fn body_length(headers: &HeaderMap) -> Option<u64> {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         return None;
@@ -173,7 +174,16 @@ impl Forward {
                 response.append_header((name.clone(), value.clone()));
             }
         }
-        let length = body_length(headers);
+        // A length the holder declares is kept; any other body (chunked, or up to the end of the
+        // connection) is streamed on chunked.
+        let length = if headers.contains_key(header::TRANSFER_ENCODING) {
+            None
+        } else {
+            headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.trim().parse::<u64>().ok())
+        };
         let body = chunks(answer, timeout);
         Ok(match length {
             Some(length) => response.body(SizedStream::new(length, body)),
