@@ -125,6 +125,9 @@ mod vocab;
 #[cfg(feature = "web")]
 #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 mod web;
+#[cfg(feature = "web-forward")]
+#[cfg_attr(docsrs, doc(cfg(feature = "web-forward")))]
+pub use web::ForwardSettings;
 #[cfg(feature = "web")]
 #[cfg_attr(docsrs, doc(cfg(feature = "web")))]
 pub use web::{

@@ -11,9 +11,14 @@ use std::time::Duration;
 use actix::Recipient;
 use actix_web::{web, HttpResponse, Scope};
 
+#[cfg(feature = "web-forward")]
+mod forward;
 mod leader;
 mod redirect;
 mod shard;
+
+#[cfg(feature = "web-forward")]
+pub use forward::ForwardSettings;
 
 pub use leader::{LeaderOnly, LeaderOnlyService};
 pub use shard::{EntityId, RoutedShard, ShardRouting, ShardRoutingError, ShardRoutingService};

@@ -179,7 +179,7 @@ struct Plan {
     problems: Vec<String>,
 }
 
-const CRATE_FEATURES: [&str; 4] = ["kubernetes", "etcd", "metrics", "web"];
+const CRATE_FEATURES: [&str; 5] = ["kubernetes", "etcd", "metrics", "web", "web-forward"];
 
 fn plan() -> Plan {
     let root = Path::new(ROOT);

@@ -448,6 +448,52 @@ fn a_redirect_that_would_come_back_here_is_503() {
     });
 }
 
+/// A request another node forwarded (it carries `x-actix-coordination-forwarded-by`) for a shard
+/// this node does not run is `503`, never redirected (one hop at most, in redirect mode too); on
+/// the holder it is served.
+#[test]
+fn a_forwarded_request_for_a_shard_elsewhere_is_503_never_redirected() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let (a, da, _) = start(&store, "a", &address("a"));
+        let (b, db, _) = start(&store, "b", &address("b"));
+        settle(&[&a, &b], SHARDS / 2).await;
+        let served = Served::default();
+        let on_a = app!(ShardRouting::new(da, EntityId::path("id")), &served);
+        let on_b = app!(ShardRouting::new(db, EntityId::path("id")), &served);
+        for i in 0..20 {
+            let entity = format!("customer-{i}");
+            let shard = shard_for(&entity, SHARDS).to_string();
+            let holder = store.holder(&shard_lease_name(GROUP, &shard)).unwrap();
+            let (here, there) = if holder == "a" {
+                (&on_a, &on_b)
+            } else {
+                (&on_b, &on_a)
+            };
+            let forwarded = || {
+                uri(&format!("/orders/{entity}"))
+                    .insert_header(("x-actix-coordination-forwarded-by", "c"))
+            };
+            let answer = get!(there, forwarded());
+            assert_unavailable(
+                &answer,
+                "1",
+                &shard,
+                "forwarded to a node without the shard",
+            );
+            assert_eq!(
+                answer.body,
+                format!("shard {shard:?} was forwarded here by \"c\", but does not run here")
+            );
+            assert_eq!(get!(here, forwarded()).status, 200, "served on the holder");
+        }
+        assert_eq!(served.count(), 20, "only the holders served");
+        for node in [a, b] {
+            assert!(node.send(Shutdown).await.unwrap().unwrap());
+        }
+    });
+}
+
 /// Bad input is refused with a typed error and its status, never a redirect nor a panic: no id,
 /// an empty one, a header that is not text, an id the function refuses (an unknown format), a
 /// shard id the group does not have, a shard function out of range, a header name that is none,

@@ -14,6 +14,10 @@ use actix_web::HttpResponse;
 
 use crate::actors::candidacy::{AddressError, Origin};
 
+/// The header a forwarded request carries (the forwarding node's owner identity): a node that
+/// does not run the shard answers such a request `503`, never sends it on (one hop at most).
+pub(super) const X_FORWARDED_BY: &str = "x-actix-coordination-forwarded-by";
+
 /// Why a request is not redirected to an advertised address.
 #[derive(Debug)]
 pub(super) enum NoRedirect {
@@ -36,6 +40,21 @@ pub(super) fn redirect(
     own: Option<&str>,
     request: &ServiceRequest,
 ) -> Result<HttpResponse, NoRedirect> {
+    let location = header::HeaderValue::from_str(&target(address, own, request)?)
+        .map_err(|_| NoRedirect::Location)?;
+    let mut response = HttpResponse::TemporaryRedirect().finish();
+    response.headers_mut().insert(header::LOCATION, location);
+    Ok(response)
+}
+
+/// The URL a request sent on to `address` goes to: its origin with `request`'s own path and
+/// query, unless `address` is invalid or names the same place as `own` or as the host and port
+/// `request` came in on (the same checks as [`redirect`]'s).
+pub(super) fn target(
+    address: &str,
+    own: Option<&str>,
+    request: &ServiceRequest,
+) -> Result<String, NoRedirect> {
     let origin = Origin::parse(address).map_err(NoRedirect::Invalid)?;
     if own
         .and_then(|own| Origin::parse(own).ok())
@@ -62,11 +81,7 @@ pub(super) fn redirect(
         Some(p) if p.as_str().starts_with('/') => p.as_str(),
         _ => "/",
     };
-    let location = header::HeaderValue::from_str(&format!("{origin}{path}"))
-        .map_err(|_| NoRedirect::Location)?;
-    let mut response = HttpResponse::TemporaryRedirect().finish();
-    response.headers_mut().insert(header::LOCATION, location);
-    Ok(response)
+    Ok(format!("{origin}{path}"))
 }
 
 /// `503 Service Unavailable` with `Retry-After` (`retry_after` in whole seconds, rounded up)

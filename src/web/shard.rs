@@ -14,7 +14,9 @@ use actix_web::http::StatusCode;
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, ResponseError};
 use futures_util::future::LocalBoxFuture;
 
-use super::redirect::{self, NoRedirect, WarnOnce};
+#[cfg(feature = "web-forward")]
+use super::forward::{Forward, ForwardError, ForwardSettings};
+use super::redirect::{self, NoRedirect, WarnOnce, X_FORWARDED_BY};
 use crate::actors::{LocateError, ShardDirectory};
 use crate::tenure::TenureGuard;
 use crate::vocab::{BoxError, FencingToken};
@@ -26,7 +28,7 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The header naming the shard a request was routed by, on every answer that knows it.
 const X_SHARD: &str = "x-shard";
 
-/// The header naming the node a request is redirected to (its owner identity).
+/// The header naming the node a request is redirected or forwarded to (its owner identity).
 const X_SHARD_HOLDER: &str = "x-shard-holder";
 
 type Extract = Arc<dyn Fn(&HttpRequest) -> Result<String, BoxError> + Send + Sync>;
@@ -195,6 +197,51 @@ pub enum ShardRoutingError {
         /// The holder's owner identity.
         holder: String,
     },
+    /// The request was forwarded here by another node (it carries
+    /// `x-actix-coordination-forwarded-by`), and this node does not run its shard (`503`): it is
+    /// not sent on again, nor redirected (one hop at most, never a loop); the client's retry
+    /// reaches the first node again, which routes it by then.
+    #[error("shard {shard:?} was forwarded here by {by:?}, but does not run here")]
+    ForwardedHere {
+        /// The shard id.
+        shard: String,
+        /// The forwarding node's owner identity, as its header names it.
+        by: String,
+    },
+    /// Forwarding (feature `web-forward`, [`ShardRouting::forward`]) to the shard's holder failed
+    /// (`502`): it could not be reached (the connection refused, or a name that does not
+    /// resolve), or its answer could not be read.
+    #[error("cannot forward the request for shard {shard:?} to its holder {holder:?}: {reason}")]
+    ForwardFailed {
+        /// The shard id.
+        shard: String,
+        /// The holder's owner identity.
+        holder: String,
+        /// What the client answered.
+        reason: String,
+    },
+    /// Forwarding to the shard's holder took longer than the forward's timeout (`502`): no
+    /// connection, or no answer's head, within
+    /// [`ForwardSettings::timeout`](crate::ForwardSettings::timeout).
+    #[error("the holder {holder:?} of shard {shard:?} did not answer a forwarded request within {timeout:?}")]
+    ForwardTimeout {
+        /// The shard id.
+        shard: String,
+        /// The holder's owner identity.
+        holder: String,
+        /// The forward's timeout.
+        timeout: Duration,
+    },
+    /// The shard's holder advertises an `https` address, and forwarding speaks plain `http` only
+    /// (`502`): the crate builds its client without TLS. Redirect such requests (leave
+    /// [`ShardRouting::forward`] off), or advertise an `http` address inside the cluster.
+    #[error("the holder {holder:?} of shard {shard:?} advertises an https address: forwarding speaks plain http only")]
+    ForwardHttps {
+        /// The shard id.
+        shard: String,
+        /// The holder's owner identity.
+        holder: String,
+    },
     /// This node's tenure of the shard ended after the request was routed here (`503`): the
     /// handler is not run, and the client's retry is routed again.
     #[error("this node's tenure of shard {shard:?} ended")]
@@ -211,7 +258,7 @@ pub enum ShardRoutingError {
 impl ShardRoutingError {
     /// The answer to the request: the status, the text of the error and its causes, and
     /// `Retry-After` on a `503`.
-    fn response(&self, retry_after: Duration) -> HttpResponse {
+    pub(super) fn response(&self, retry_after: Duration) -> HttpResponse {
         let mut body = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
@@ -240,7 +287,11 @@ impl ResponseError for ShardRoutingError {
             | Self::Moving { .. }
             | Self::NoAddress { .. }
             | Self::OwnAddress { .. }
+            | Self::ForwardedHere { .. }
             | Self::TenureEnded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ForwardFailed { .. }
+            | Self::ForwardTimeout { .. }
+            | Self::ForwardHttps { .. } => StatusCode::BAD_GATEWAY,
             Self::HeaderName { .. }
             | Self::Locate(LocateError::ShardOutOfRange { .. } | LocateError::NoIndex { .. })
             | Self::NotRouted => StatusCode::INTERNAL_SERVER_ERROR,
@@ -317,6 +368,10 @@ fn error_shard(error: &ShardRoutingError) -> Option<String> {
         ShardRoutingError::Moving { shard }
         | ShardRoutingError::NoAddress { shard, .. }
         | ShardRoutingError::OwnAddress { shard, .. }
+        | ShardRoutingError::ForwardedHere { shard, .. }
+        | ShardRoutingError::ForwardFailed { shard, .. }
+        | ShardRoutingError::ForwardTimeout { shard, .. }
+        | ShardRoutingError::ForwardHttps { shard, .. }
         | ShardRoutingError::TenureEnded { shard } => Some(shard.clone()),
         _ => None,
     }
@@ -360,7 +415,34 @@ fn with_shard(mut response: HttpResponse, shard: &Option<String>) -> HttpRespons
 ///   panics.
 ///
 /// Every answer that knows the shard names it in `x-shard` (the handler's answers too), for
-/// clients to count. Requests are not forwarded to the holder: a client follows the redirect.
+/// clients to count. Requests are not forwarded to the holder unless asked for (below): a client
+/// follows the redirect.
+///
+/// A request that carries `x-actix-coordination-forwarded-by` (another node forwarded it here)
+/// for a shard this node does not run is answered `503` with `Retry-After`
+/// ([`ShardRoutingError::ForwardedHere`]): never redirected nor forwarded again.
+///
+/// # Forwarding
+///
+/// With feature `web-forward`, [`forward`](Self::forward) (or [`forward_with`](Self::forward_with)
+/// and [`ForwardSettings`](crate::ForwardSettings)) turns the `307` into a forward: this node
+/// sends the request (method, path and query, headers but the hop-by-hop ones and `host`, body)
+/// to the holder's advertised address with actix-web's client (`awc`, one connection pool per
+/// worker thread), and answers with the holder's answer (status, headers but the hop-by-hop ones,
+/// body streamed on), adding `x-shard` and `x-shard-holder`.
+///
+/// * **One hop**: the forwarded request carries `x-actix-coordination-forwarded-by: <this
+///   node's owner identity>`, and the node it reaches serves it or answers `503` (above): no
+///   loop, even while the nodes' watches disagree.
+/// * **Bounded**: connecting, sending and the head of the holder's answer take at most the
+///   forward's timeout together (10 s unless set), and each chunk of the answer's body at most
+///   the timeout again (a stalled body is cut off). A holder not reached in time is `502 Bad
+///   Gateway` ([`ShardRoutingError::ForwardTimeout`]); one that refuses the connection, or
+///   whose answer cannot be read, is `502` too ([`ShardRoutingError::ForwardFailed`]; the
+///   client decides whether to retry, as the request may have reached the holder).
+/// * **Plain http**: the client has no TLS; a holder that advertises an `https` address is
+///   `502` ([`ShardRoutingError::ForwardHttps`]): redirect to such nodes instead.
+/// * The `503` answers of **Nobody** stay as they are.
 ///
 /// It routes by what this node sees, up to its watch's delay: a redirect can reach a node that
 /// has just lost the shard, which redirects again (to the holder its own watch names), and two
@@ -416,6 +498,18 @@ pub struct ShardRouting {
     entity: EntityId,
     by_shard_id: bool,
     retry_after: Duration,
+    /// Forward rather than redirect (feature `web-forward`).
+    #[cfg(feature = "web-forward")]
+    forward: Option<ForwardSettings>,
+}
+
+/// What [`ShardRouting`] does with a request it does not serve here.
+enum Elsewhere {
+    /// Answered here: a redirect or a refusal.
+    Answer(Box<HttpResponse>),
+    /// Forwarded to the shard's holder.
+    #[cfg(feature = "web-forward")]
+    Forward(Box<Forward>),
 }
 
 impl ShardRouting {
@@ -428,6 +522,8 @@ impl ShardRouting {
             entity,
             by_shard_id: false,
             retry_after: DEFAULT_RETRY_AFTER,
+            #[cfg(feature = "web-forward")]
+            forward: None,
         }
     }
 
@@ -444,15 +540,37 @@ impl ShardRouting {
         self
     }
 
-    /// Where `request` goes: served here under the shard's tenure, or answered.
+    /// Forwards a request for a shard another node runs to that node, and answers with its
+    /// answer, rather than redirecting the client there (feature `web-forward`; the timeout of
+    /// [`ForwardSettings::default`], 10 s): see the rules under "Forwarding" above.
+    #[cfg(feature = "web-forward")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "web-forward")))]
+    pub fn forward(self) -> Self {
+        self.forward_with(ForwardSettings::default())
+    }
+
+    /// Forwards as [`forward`](Self::forward) does, with `settings` (its timeout).
+    #[cfg(feature = "web-forward")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "web-forward")))]
+    pub fn forward_with(mut self, settings: ForwardSettings) -> Self {
+        self.forward = Some(settings);
+        self
+    }
+
+    /// Where `request` goes: served here under the shard's tenure, or answered, or forwarded
+    /// (with this worker's `client`, when forwarding is on).
     fn decide(
         &self,
         request: &ServiceRequest,
         warned: &WarnOnce,
-    ) -> Result<RoutedShard, Box<HttpResponse>> {
+        #[cfg(feature = "web-forward")] client: Option<&awc::Client>,
+    ) -> Result<RoutedShard, Elsewhere> {
         let refuse = |error: ShardRoutingError| {
             let shard = error_shard(&error);
-            Box::new(with_shard(error.response(self.retry_after), &shard))
+            Elsewhere::Answer(Box::new(with_shard(
+                error.response(self.retry_after),
+                &shard,
+            )))
         };
         let directory = &self.directory;
         let id = self.entity.extract(request.request()).map_err(refuse)?;
@@ -486,6 +604,11 @@ impl ShardRouting {
             });
         }
         let group = directory.group();
+        if let Some(by) = request.headers().get(X_FORWARDED_BY) {
+            let by = String::from_utf8_lossy(by.as_bytes()).into_owned();
+            tracing::debug!(%group, %shard, %by, "a forwarded request for a shard that does not run here: 503");
+            return Err(refuse(ShardRoutingError::ForwardedHere { shard, by }));
+        }
         let Some(holder) = location.holder else {
             tracing::debug!(%group, %shard, "request for a shard without a live holder: 503");
             return Err(refuse(ShardRoutingError::Moving { shard }));
@@ -494,15 +617,42 @@ impl ShardRouting {
             tracing::debug!(%group, %shard, %holder, "the shard's holder advertises no address: 503");
             return Err(refuse(ShardRoutingError::NoAddress { shard, holder }));
         };
-        match redirect::redirect(&address, directory.own_address().as_deref(), request) {
-            Ok(mut response) => {
-                let headers = response.headers_mut();
-                // A holder identity that is no header value (a foreign writer) is left out.
-                if let Ok(value) = HeaderValue::from_str(&holder) {
-                    headers.insert(HeaderName::from_static(X_SHARD_HOLDER), value);
-                }
-                Err(Box::new(with_shard(response, &Some(shard))))
+        let own = directory.own_address();
+        let redirected = |mut response: HttpResponse| {
+            let headers = response.headers_mut();
+            // A holder identity that is no header value (a foreign writer) is left out.
+            if let Ok(value) = HeaderValue::from_str(&holder) {
+                headers.insert(HeaderName::from_static(X_SHARD_HOLDER), value);
             }
+            Elsewhere::Answer(Box::new(with_shard(response, &Some(shard.clone()))))
+        };
+        #[cfg(feature = "web-forward")]
+        let sent = match (&self.forward, client) {
+            (Some(settings), Some(client)) => {
+                redirect::target(&address, own.as_deref(), request).map(|url| {
+                    if url.starts_with("https://") {
+                        tracing::debug!(%group, %shard, %holder, ?address, "the shard's holder advertises an https address: cannot forward");
+                        return refuse(ShardRoutingError::ForwardHttps {
+                            shard: shard.clone(),
+                            holder: holder.clone(),
+                        });
+                    }
+                    Elsewhere::Forward(Box::new(Forward {
+                        client: client.clone(),
+                        timeout: settings.timeout,
+                        url,
+                        node: directory.node().to_owned(),
+                        shard: shard.clone(),
+                        holder: holder.clone(),
+                    }))
+                })
+            }
+            _ => redirect::redirect(&address, own.as_deref(), request).map(redirected),
+        };
+        #[cfg(not(feature = "web-forward"))]
+        let sent = redirect::redirect(&address, own.as_deref(), request).map(redirected);
+        match sent {
+            Ok(decision) => Err(decision),
             Err(NoRedirect::CameInOn | NoRedirect::OwnAddress) => {
                 if warned.first(&address) {
                     tracing::warn!(%group, %shard, %holder, ?address, "the shard's holder advertises this node's own address: its requests get 503 rather than a redirect back here");
@@ -535,6 +685,8 @@ where
             service: Rc::new(service),
             routing: self.clone(),
             warned: WarnOnce::default(),
+            #[cfg(feature = "web-forward")]
+            client: self.forward.as_ref().map(ForwardSettings::client),
         }))
     }
 }
@@ -546,6 +698,9 @@ pub struct ShardRoutingService<S> {
     routing: ShardRouting,
     /// The last address refused as this node's own (the next refusals are logged at `debug`).
     warned: WarnOnce,
+    /// This worker's HTTP client, when forwarding is on (its own connection pool).
+    #[cfg(feature = "web-forward")]
+    client: Option<awc::Client>,
 }
 
 impl<S> std::fmt::Debug for ShardRoutingService<S> {
@@ -568,12 +723,59 @@ where
     actix_web::dev::forward_ready!(service);
 
     fn call(&self, request: ServiceRequest) -> Self::Future {
-        let routed = match self.routing.decide(&request, &self.warned) {
+        let decision = self.routing.decide(
+            &request,
+            &self.warned,
+            #[cfg(feature = "web-forward")]
+            self.client.as_ref(),
+        );
+        let routed = match decision {
             Ok(routed) => routed,
-            Err(response) => {
+            Err(Elsewhere::Answer(response)) => {
                 return Box::pin(ready(Ok(request
                     .into_response(*response)
                     .map_into_right_body())))
+            }
+            #[cfg(feature = "web-forward")]
+            Err(Elsewhere::Forward(forward)) => {
+                let retry_after = self.routing.retry_after;
+                return Box::pin(async move {
+                    let mut request = request;
+                    let (shard, holder) = (forward.shard.clone(), forward.holder.clone());
+                    let timeout = forward.timeout;
+                    let mut response = match forward.send(&mut request).await {
+                        Ok(response) => response,
+                        Err(error) => {
+                            let (shard, holder) = (shard.clone(), holder.clone());
+                            let error = match error {
+                                ForwardError::Timeout => ShardRoutingError::ForwardTimeout {
+                                    shard,
+                                    holder,
+                                    timeout,
+                                },
+                                ForwardError::Failed(reason) => ShardRoutingError::ForwardFailed {
+                                    shard,
+                                    holder,
+                                    reason,
+                                },
+                            };
+                            tracing::debug!(
+                                error = &error as &dyn std::error::Error,
+                                "cannot forward a request to its shard's holder"
+                            );
+                            error.response(retry_after)
+                        }
+                    };
+                    // A holder identity that is no header value (a foreign writer) is left out.
+                    if let Ok(value) = HeaderValue::from_str(&holder) {
+                        response
+                            .headers_mut()
+                            .insert(HeaderName::from_static(X_SHARD_HOLDER), value);
+                    }
+                    Ok(request
+                        .into_response(with_shard(response, &Some(shard)))
+                        .map_into_right_body())
+                });
             }
         };
         // The tenure may have ended since it was read: checked right before the request is

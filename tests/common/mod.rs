@@ -45,7 +45,14 @@ pub fn example_binary_as_built(name: &str) -> std::path::PathBuf {
 }
 
 /// Every feature of the crate (`__docs` too: `--all-features` turns it on).
-pub const FEATURES: [&str; 5] = ["kubernetes", "etcd", "metrics", "web", "__docs"];
+pub const FEATURES: [&str; 6] = [
+    "kubernetes",
+    "etcd",
+    "metrics",
+    "web",
+    "web-forward",
+    "__docs",
+];
 
 /// The crate's features on in this build of the tests.
 pub fn build_features() -> Vec<&'static str> {
@@ -54,6 +61,7 @@ pub fn build_features() -> Vec<&'static str> {
         cfg!(feature = "etcd"),
         cfg!(feature = "metrics"),
         cfg!(feature = "web"),
+        cfg!(feature = "web-forward"),
         cfg!(feature = "__docs"),
     ];
     FEATURES

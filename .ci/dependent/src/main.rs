@@ -1,6 +1,6 @@
 //! Uses the public API of every backend its features turn on, as a user's program would: built by
 //! `.ci/features` with `cargo check` for combinations of the features `kubernetes`, `etcd`,
-//! `metrics` and `web` (never run).
+//! `metrics`, `web` and `web-forward` (never run).
 
 use std::time::Duration;
 
@@ -60,6 +60,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let routing = ShardRouting::new(workers.directory(), EntityId::header("x-entity-id")?)
             .retry_after(Duration::from_secs(2));
+        // Forwarded to the shard's node rather than redirected (feature `web-forward`).
+        #[cfg(feature = "web-forward")]
+        let routing = routing.forward_with(
+            actix_coordination::ForwardSettings::new().timeout(Duration::from_secs(5)),
+        );
         let routed = actix_web::HttpServer::new(move || {
             actix_web::App::new().service(
                 actix_web::web::resource("/orders/{id}")
