@@ -727,8 +727,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
 
     /// The live members other than this node in `snapshot` at `now`, sorted (see
     /// [`live_member`]).
-    fn other_members(&self, snapshot: &GroupSnapshot, now: Instant) -> Vec<String> {
-        let wall = SystemTime::now();
+    fn other_members(
+        &self,
+        snapshot: &GroupSnapshot,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Vec<String> {
         snapshot
             .with_prefix(&self.member_prefix)
             .filter_map(|(name, record)| live_member(&self.member_prefix, name, record, now, wall))

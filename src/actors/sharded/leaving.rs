@@ -148,7 +148,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     fn target_on_leaving(&mut self, index: usize) -> Option<HandoverTarget> {
         let snapshot = self.watch.snapshot();
         let now = Instant::now();
-        let members = self.other_members(&snapshot, now);
+        let members = self.other_members(&snapshot, now, std::time::SystemTime::now());
         let fresh = self
             .leaving
             .placed

@@ -376,7 +376,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 .and_then(|record| record.bound_to.as_ref())
                 .is_some_and(|binding| !binding.member().starts_with(prefix))
         });
-        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
+        // The members at the instants of this look (the wall clock read once per look: a
+        // member's writer's end of claim can pass while the look runs).
+        let mut members: BTreeSet<String> = self
+            .other_members(snapshot, now, at.wall)
+            .into_iter()
+            .collect();
         // This node's own membership is what its member lease says now (the view may lag).
         if me_alive {
             members.insert(self.node.clone());
@@ -407,8 +412,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// not eligible, not targeted here, no record handed here).
     #[cfg(debug_assertions)]
     pub(super) fn check_view(&self, snapshot: &GroupSnapshot, now: Instant, visits: &[usize]) {
-        let mut members: BTreeSet<String> = self.other_members(snapshot, now).into_iter().collect();
-        if self.member_lease.check_alive() {
+        // Judged at the look's own instants (its wall clock, its reading of this node's member
+        // lease): a member's end of claim, or this node's deadline, can pass between the look
+        // and this check (the chaos runs' debug nodes failed it so, at a wake-up timed for a
+        // writer's end of claim).
+        let wall = self
+            .view
+            .seen
+            .map_or_else(SystemTime::now, |(_, at)| at.wall);
+        let mut members: BTreeSet<String> = self
+            .other_members(snapshot, now, wall)
+            .into_iter()
+            .collect();
+        if self.view.me_alive {
             members.insert(self.node.clone());
         } else {
             members.remove(&self.node);
