@@ -275,6 +275,54 @@ pub trait LeaseBackend: Send + Sync + 'static {
         self.release(settings, tenure)
     }
 
+    /// [`retire`](Self::retire) of a member tenure whose bound tenures (all ended by now) are
+    /// handed on to the targets `handed` names, in the same write
+    /// ([`Lease::retire_handing`](crate::Lease::retire_handing)). A backend that does it must
+    /// keep the binding rules for the listed records: each is held by its target while the
+    /// target's member tenure lives (the target takes it up without a write, with the record's
+    /// fencing token plus one), and free once it does not; and the write must exclude any
+    /// contender's claim made by the member's expiry (a claim by expiry first ends the member
+    /// record with a compare-and-swap, so that a handover landing late is refused). The
+    /// default is [`retire`](Self::retire).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    fn retire_handing(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+        handed: &[crate::HandedShard],
+    ) -> impl Future<Output = Result<ReleaseOutcome, Self::Error>> + Send {
+        let _ = handed;
+        self.retire(settings, tenure)
+    }
+
+    /// Brings a tenure that was taken up without a write (a shard handed on by
+    /// [`retire_handing`](Self::retire_handing)) into the store's own record, off the path of
+    /// the acquire: called once, right after such an acquire, from the bound tenure's task.
+    /// `Ok(Some(reason))` when the store shows the tenure lost. The default does nothing.
+    ///
+    /// # Errors
+    ///
+    /// The backend's error; the tenure stays as it is (a later release settles it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: it runs to its end, bounded by the operation timeout.
+    fn settle(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut Self::Tenure,
+    ) -> impl Future<Output = Result<Option<crate::vocab::LostReason>, Self::Error>> + Send {
+        let _ = (settings, tenure);
+        std::future::ready(Ok(None))
+    }
+
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
     /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
     /// tenure ends. The default never resolves: losses are then found by renewals only.

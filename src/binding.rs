@@ -21,6 +21,28 @@
 //!   deadline (the same instant) does too: the safety of every bound lease reduces to the safety of
 //!   the one member lease.
 //!
+//! # Handing bound shards on as the member leaves
+//!
+//! A node that leaves frees every shard bound to it in the one write that ends its member tenure,
+//! but each shard then needs a claim of its own (a write per shard, all at once: 256 when one of
+//! 16 nodes with 4,096 shards leaves). [`Lease::retire_handing`](crate::Lease::retire_handing)
+//! moves them in that one write instead: the write that ends the member tenure lists each bound
+//! shard with its target (an owner and that owner's member tenure), and from then on
+//!
+//! * a record bound to the ended member tenure and listed is held by its target while the
+//!   target's member tenure lives, judged as any bound record is (the observed-time rule on the
+//!   target's member record), and free once it does not;
+//! * the target takes it up with no write, with the record's fencing token plus one and its
+//!   member tenure's deadline, and rebinds the record to its own member tenure afterwards, off
+//!   the path of the move (a claim after a target that died before rebinding writes the token
+//!   plus two);
+//! * a backend must make the listing exclusive with any claim by the member's expiry: on
+//!   Kubernetes a contender that finds the member expired first releases the member's object with
+//!   a compare-and-swap, so that a handover sent before the member's deadline but landing late is
+//!   refused (of the two writes on the member's object, only the first lands).
+//!
+//! Backends that do not list (etcd, in memory) retire the member plainly.
+//!
 //! # Races
 //!
 //! * A bound acquire needs a live member tenure: without one it fails with
@@ -64,6 +86,140 @@ impl Binding {
     /// The incarnation (the member tenure) the bound claim lives by, as its backend names it.
     pub fn incarnation(&self) -> &str {
         &self.incarnation
+    }
+}
+
+/// A bound shard a leaving member hands on as its tenure ends
+/// ([`Lease::retire_handing`](crate::Lease::retire_handing)): the shard lease, and the node that
+/// takes it up with the member tenure it will be bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HandedShard {
+    lease: String,
+    owner: String,
+    binding: Binding,
+}
+
+impl HandedShard {
+    /// Shard lease `lease` handed to `owner`, whose member tenure is `binding`.
+    pub fn new(lease: impl Into<String>, owner: impl Into<String>, binding: Binding) -> Self {
+        Self {
+            lease: lease.into(),
+            owner: owner.into(),
+            binding,
+        }
+    }
+
+    /// The name of the shard lease.
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    /// The owner that takes the shard up.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The member tenure of [`owner`](Self::owner) the shard is bound to from then on.
+    pub fn binding(&self) -> &Binding {
+        &self.binding
+    }
+}
+
+/// The shards the ended tenures of one member lease handed on, as its record names them: per
+/// ended incarnation, each shard lease with its target (an owner and that owner's member
+/// tenure). A record bound to such an incarnation, listed here, is held by its target while the
+/// target's member tenure lives, and free once it does not (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HandedShards {
+    /// Per ended incarnation: shard lease name → index into `targets`.
+    by_incarnation: std::collections::BTreeMap<String, std::collections::BTreeMap<String, usize>>,
+    targets: Vec<(String, Binding)>,
+}
+
+/// Two lists are equal when they list the same entries (whatever order the targets came in).
+impl PartialEq for HandedShards {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries().eq(other.entries())
+    }
+}
+
+impl Eq for HandedShards {}
+
+impl HandedShards {
+    /// The target of shard lease `lease` handed on by member incarnation `incarnation`.
+    pub(crate) fn target(&self, incarnation: &str, lease: &str) -> Option<(&str, &Binding)> {
+        let index = *self.by_incarnation.get(incarnation)?.get(lease)?;
+        let (owner, binding) = &self.targets[index];
+        Some((owner, binding))
+    }
+
+    /// Adds what member incarnation `incarnation` hands on.
+    pub(crate) fn add(&mut self, incarnation: &str, shards: &[HandedShard]) {
+        for shard in shards {
+            self.add_one(incarnation, &shard.lease, &shard.owner, &shard.binding);
+        }
+    }
+
+    /// Adds one entry.
+    pub(crate) fn add_one(
+        &mut self,
+        incarnation: &str,
+        lease: &str,
+        owner: &str,
+        binding: &Binding,
+    ) {
+        let index = match self
+            .targets
+            .iter()
+            .position(|(o, b)| o == owner && b == binding)
+        {
+            Some(index) => index,
+            None => {
+                self.targets.push((owner.to_owned(), binding.clone()));
+                self.targets.len() - 1
+            }
+        };
+        self.by_incarnation
+            .entry(incarnation.to_owned())
+            .or_default()
+            .insert(lease.to_owned(), index);
+    }
+
+    /// Keeps the entries `keep` says yes to (`(incarnation, lease)`); targets no entry names any
+    /// more are dropped.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
+        let mut rebuilt = Self::default();
+        for (incarnation, leases) in &self.by_incarnation {
+            for (lease, &index) in leases {
+                if keep(incarnation, lease) {
+                    let (owner, binding) = &self.targets[index];
+                    rebuilt.add_one(incarnation, lease, owner, binding);
+                }
+            }
+        }
+        *self = rebuilt;
+    }
+
+    /// Whether no entry is left.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_incarnation.values().all(|leases| leases.is_empty())
+    }
+
+    /// Every entry: `(incarnation, lease, owner, target binding)`.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, &str, &str, &Binding)> + '_ {
+        self.by_incarnation
+            .iter()
+            .flat_map(move |(incarnation, leases)| {
+                leases.iter().map(move |(lease, &index)| {
+                    let (owner, binding) = &self.targets[index];
+                    (
+                        incarnation.as_str(),
+                        lease.as_str(),
+                        owner.as_str(),
+                        binding,
+                    )
+                })
+            })
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::binding::Binding;
+use crate::binding::{Binding, HandedShards};
 use crate::vocab::{BoxError, FencingToken};
 
 /// Errors of [`LeaseBackend::watch_group`](crate::LeaseBackend::watch_group) and of a running
@@ -70,6 +70,10 @@ pub struct GroupRecord {
     /// Since which version of the store the writer's watch has received every change as it
     /// happened; `None` when it does not say (see the sharded workers' placement of orphans).
     pub(crate) watching_since: Option<u64>,
+    /// The shards the ended tenures of this (member) record handed on as they ended
+    /// ([`Lease::retire_handing`](crate::Lease::retire_handing)): a record bound to such a
+    /// tenure and listed is held by its target while the target's member tenure lives.
+    pub(crate) handed: Option<Arc<HandedShards>>,
 }
 
 impl GroupRecord {
@@ -89,7 +93,21 @@ impl GroupRecord {
             stale_after: None,
             revision: None,
             watching_since: None,
+            handed: None,
         }
+    }
+
+    /// The record with the shards its ended tenures handed on (see [`HandedShards`]).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+    pub(crate) fn with_handed(mut self, handed: Option<Arc<HandedShards>>) -> Self {
+        self.handed = handed;
+        self
+    }
+
+    /// Whom this (member) record says its ended incarnation `incarnation` handed shard lease
+    /// `lease` to: the target's owner and member tenure.
+    pub(crate) fn handed_to(&self, incarnation: &str, lease: &str) -> Option<(&str, &Binding)> {
+        self.handed.as_ref()?.target(incarnation, lease)
     }
 
     /// The record with its version in the store and its writer's `watching_since`.
@@ -394,6 +412,11 @@ impl GroupSnapshot {
     /// The live holder of lease `name` at `now` (see [`GroupRecord::live_holder`]); a bound
     /// record's holder only while its member record, in this snapshot, shows the bound
     /// incarnation held by the same holder and not expired.
+    ///
+    /// A bound record whose member tenure ended handing it on (the member record lists it for
+    /// that incarnation: [`Lease::retire_handing`](crate::Lease::retire_handing)) is held by the
+    /// target the list names while the target's member record, in this snapshot, shows that
+    /// target's member tenure held and not expired.
     pub fn live_holder(&self, name: &str, now: Instant) -> Option<&str> {
         let record = self.records.get(name)?;
         let holder = record.live_holder(now)?;
@@ -401,12 +424,36 @@ impl GroupSnapshot {
             None => Some(holder),
             Some(binding) => {
                 let member = self.records.get(binding.member())?;
-                (member.bound_to.is_none()
-                    && member.live_holder(now) == Some(holder)
-                    && member.incarnation.as_deref() == Some(binding.incarnation()))
-                .then_some(holder)
+                if let Some((target, to)) = member.handed_to(binding.incarnation(), name) {
+                    return self.member_lives(to, target, now).then_some(target);
+                }
+                self.member_lives(binding, holder, now).then_some(holder)
             }
         }
+    }
+
+    /// Whether the member record `binding` names shows that incarnation held by `holder`, not
+    /// expired at `now`.
+    fn member_lives(&self, binding: &Binding, holder: &str, now: Instant) -> bool {
+        self.records.get(binding.member()).is_some_and(|member| {
+            member.bound_to.is_none()
+                && member.live_holder(now) == Some(holder)
+                && member.incarnation.as_deref() == Some(binding.incarnation())
+        })
+    }
+
+    /// The target a bound record's ended member tenure handed it to, as this snapshot shows
+    /// it: the target's owner and member tenure, and the fencing token the target holds it
+    /// with (the record's plus one: the target takes it up without a write).
+    pub fn handed_to(&self, name: &str) -> Option<(&str, &Binding, Option<FencingToken>)> {
+        let record = self.records.get(name)?;
+        let binding = record.bound_to.as_ref()?;
+        let (owner, to) = self
+            .records
+            .get(binding.member())?
+            .handed_to(binding.incarnation(), name)?;
+        let token = record.token.map(|t| FencingToken::new(t.value() + 1));
+        Some((owner, to, token))
     }
 
     /// The earliest instant after `now` at which a live record expires: when the snapshot's
@@ -581,6 +628,58 @@ mod tests {
         // A record without the writer's time (etcd, in memory) is judged by its expiry alone.
         assert_eq!(record(None).live_member(now, wall), Some("a"));
         assert_eq!(record(None).live_member(now + ttl, wall), None);
+    }
+
+    /// A shard bound to member `m`'s incarnation `m1`, which ended handing it on to `t`'s
+    /// incarnation `t1`: `t` holds it while `t`'s record shows `t1` live; nobody once it does
+    /// not; and an entry of another incarnation or shard changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_handed_on_is_held_by_its_target_while_the_target_s_member_lives() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let to_t = Binding::new("g.member.t", "t1");
+        let mut handed = HandedShards::default();
+        handed.add_one("m1", "g.shard.0", "t", &to_t);
+        handed.add_one("m0", "g.shard.1", "t", &to_t);
+        let member = |holder: &str, incarnation: &str, until| {
+            GroupRecord::new(Some(holder.into()), None, Some(until))
+                .with_incarnation(Some(incarnation.into()))
+        };
+        let shard = |token| {
+            GroupRecord::new(Some("m".into()), Some(FencingToken::new(token)), None)
+                .with_binding(Some(Binding::new("g.member.m", "m1")))
+        };
+        let snapshot = |t: GroupRecord| {
+            GroupSnapshot::new(
+                BTreeMap::from([
+                    (
+                        "g.member.m".to_owned(),
+                        GroupRecord::new(None, None, None)
+                            .with_handed(Some(Arc::new(handed.clone()))),
+                    ),
+                    ("g.member.t".to_owned(), t),
+                    ("g.shard.0".to_owned(), shard(4)),
+                    ("g.shard.1".to_owned(), shard(7)),
+                ]),
+                true,
+            )
+        };
+        let live = snapshot(member("t", "t1", now + ttl));
+        assert_eq!(live.live_holder("g.shard.0", now), Some("t"));
+        assert_eq!(live.live_holder("g.shard.0", now + ttl), None, "t expired");
+        let (owner, to, token) = live.handed_to("g.shard.0").unwrap();
+        assert_eq!((owner, to), ("t", &to_t));
+        assert_eq!(
+            token,
+            Some(FencingToken::new(5)),
+            "the record's token plus one"
+        );
+        // Listed for another incarnation of m: m released, so the shard is free.
+        assert_eq!(live.live_holder("g.shard.1", now), None);
+        assert!(live.handed_to("g.shard.1").is_none());
+        // t's member record shows another incarnation: its tenure t1 is over.
+        let restarted = snapshot(member("t", "t2", now + ttl));
+        assert_eq!(restarted.live_holder("g.shard.0", now), None);
     }
 
     fn changes(snapshot: &GroupSnapshot, since: SnapshotVersion) -> Option<Vec<&str>> {

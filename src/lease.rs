@@ -417,6 +417,40 @@ pub trait Lease: Send + Sync + 'static {
         self.release()
     }
 
+    /// [`retire`](Lease::retire) for a member lease that anchors bound shard leases (see
+    /// [`Binding`](crate::Binding)): in the same single write that ends its tenure, hands each of
+    /// `handed` on to its target, which then holds it without a write of its own, bound to the
+    /// target's member tenure that the entry names, for as long as that tenure lives.
+    ///
+    /// The bound tenures of this lease end first (as for any end of the member tenure). Every
+    /// listed shard record must be bound to this lease's current tenure; the others are freed as
+    /// by `retire`.
+    ///
+    /// * Kubernetes: the member object is released with the list in its annotation
+    ///   [`KUBERNETES_HANDED_SHARDS_ANNOTATION`](crate::KUBERNETES_HANDED_SHARDS_ANNOTATION) (a
+    ///   compare-and-swap on the tenure's `resourceVersion`). Each target rebinds its shards
+    ///   afterwards, off the path of the move; the object is deleted once every listed shard
+    ///   record moved on (or, if that takes longer than half the operation timeout, left
+    ///   released with the entries that are still needed).
+    /// * Everywhere else, and the default: `retire` (the shards are freed and claimed).
+    ///
+    /// Resolves like [`release`](Lease::release).
+    ///
+    /// # Errors
+    ///
+    /// As [`retire`](Lease::retire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`release`](Lease::release).
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        let _ = handed;
+        self.retire()
+    }
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;

@@ -157,7 +157,7 @@ pub use actors::{
 };
 pub use actors::{Entities, EntityError, EntityHost, EntityHosts};
 pub use backend::{AcquireAttempt, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome};
-pub use binding::{Binding, BindingAnchor};
+pub use binding::{Binding, BindingAnchor, HandedShard};
 pub use entity::{entity_hash, shard_for, ShardFunction, StableShardFunction};
 pub use group::{
     group_channel, GroupError, GroupRecord, GroupSender, GroupSnapshot, GroupWatch, SnapshotVersion,
@@ -218,6 +218,7 @@ pub use kubernetes::{
     BOUND_TO_ANNOTATION as KUBERNETES_BOUND_TO_ANNOTATION,
     HANDED_OVER_AFTER_ANNOTATION as KUBERNETES_HANDED_OVER_AFTER_ANNOTATION,
     HANDED_OVER_BY_ANNOTATION as KUBERNETES_HANDED_OVER_BY_ANNOTATION,
+    HANDED_SHARDS_ANNOTATION as KUBERNETES_HANDED_SHARDS_ANNOTATION,
     HOLDER_METADATA_ANNOTATION as KUBERNETES_HOLDER_METADATA_ANNOTATION,
     HOLDER_METADATA_OWNER_ANNOTATION as KUBERNETES_HOLDER_METADATA_OWNER_ANNOTATION,
     KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,

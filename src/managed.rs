@@ -674,6 +674,8 @@ enum Giving {
     HandOver(String),
     /// A release that removes the record where the backend can (`retire`).
     Retire,
+    /// `retire`, handing these bound shards on in the same write (`retire_handing`).
+    RetireHanding(Vec<crate::HandedShard>),
 }
 
 /// An `acquire` call in flight: if the caller's future is dropped before the answer, the call is
@@ -900,6 +902,13 @@ impl<B: LeaseBackend> Shared<B> {
                 )
                 .await
             }
+            Giving::RetireHanding(handed) => {
+                timeout(
+                    settings.operation_timeout(),
+                    self.backend.retire_handing(settings, tenure, handed),
+                )
+                .await
+            }
         };
         let outcome = flatten(outcome, Operation::Release, settings).inspect_err(|_| {
             metrics::release(&self.label, "error");
@@ -923,6 +932,9 @@ impl<B: LeaseBackend> Shared<B> {
                     }
                     Giving::Retire => {
                         tracing::info!(lease = %settings.name(), owner = %settings.owner(), "lease released for good")
+                    }
+                    Giving::RetireHanding(handed) => {
+                        tracing::info!(lease = %settings.name(), owner = %settings.owner(), handed = handed.len(), "lease released for good, its bound shards handed on")
                     }
                 }
                 Ok(true)
@@ -979,6 +991,14 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
 
     fn retire(&self) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         self.release_inner(Giving::Retire)
+            .instrument(self.span("lease_release"))
+    }
+
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
+        self.release_inner(Giving::RetireHanding(handed))
             .instrument(self.span("lease_release"))
     }
 

@@ -23,6 +23,10 @@ trait DynLease: Send + Sync + 'static {
     fn release_to<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
     fn hand_over<'a>(&'a self, target: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
     fn retire(&self) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -54,6 +58,12 @@ impl<L: Lease> DynLease for L {
     }
     fn retire(&self) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::retire(self))
+    }
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> BoxFuture<'_, Result<bool, LeaseError>> {
+        Box::pin(Lease::retire_handing(self, handed))
     }
     fn records_preference(&self) -> bool {
         Lease::records_preference(self)
@@ -160,6 +170,12 @@ impl Lease for SharedLease {
     fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.retire()
     }
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        self.0.retire_handing(handed)
+    }
     fn records_preference(&self) -> bool {
         self.0.records_preference()
     }
@@ -210,6 +226,12 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn retire(&self) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).retire()
+    }
+    fn retire_handing(
+        &self,
+        handed: Vec<crate::HandedShard>,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
+        (**self).retire_handing(handed)
     }
     fn records_preference(&self) -> bool {
         (**self).records_preference()

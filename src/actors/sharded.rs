@@ -725,6 +725,30 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect()
     }
 
+    /// Whether shard `index`, not held here, was handed to this node with a tenure newer than
+    /// any it had: its record names this node (a one-write handover), or the member tenure it
+    /// is bound to ended handing it on to this node's member tenure, which the snapshot shows
+    /// live (see [`Lease::retire_handing`]).
+    fn handed_here(&self, index: usize, snapshot: &GroupSnapshot, now: Instant) -> bool {
+        let shard = &self.shards[index];
+        if shard.held() {
+            return false;
+        }
+        let Some(record) = snapshot.get(&shard.name) else {
+            return false;
+        };
+        if record.live_holder(now) == Some(self.node.as_str()) && record.token > shard.last_token {
+            return true;
+        }
+        snapshot
+            .handed_to(&shard.name)
+            .is_some_and(|(owner, _, token)| {
+                owner == self.node
+                    && token > shard.last_token
+                    && snapshot.live_holder(&shard.name, now) == Some(self.node.as_str())
+            })
+    }
+
     /// The live members other than this node in `snapshot` at `now`, sorted (see
     /// [`live_member`]).
     fn other_members(
@@ -851,12 +875,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             // unrun (the node that handed it over may have placed it differently), even while
             // this node sees no member at all (its own member lease not yet, or no longer,
             // held); if it is targeted elsewhere, it is then handed over again like any other.
-            let shard = &self.shards[index];
-            let handed_here = !held
-                && snapshot.get(&shard.name).is_some_and(|record| {
-                    record.live_holder(now) == Some(self.node.as_str())
-                        && record.token > shard.last_token
-                });
+            let handed_here = self.handed_here(index, &snapshot, now);
             let Some(target) = target else {
                 if handed_here {
                     self.set_eligible(index, true, ctx);

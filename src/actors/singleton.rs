@@ -26,7 +26,7 @@ use crate::tenure::{TenureEnd, TenureGuard};
 mod candidacy;
 mod handlers;
 
-pub(crate) use handlers::{HandOverTo, HandoverTarget, KeepLeaseOnShutdown};
+pub(crate) use handlers::{HandOverTo, HandoverTarget, KeepLeaseOnShutdown, RetireHanding};
 
 pub use super::singleton_messages::{
     GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown, SingletonState,
@@ -375,6 +375,9 @@ where
     /// Whether a shutdown leaves the lease held after the singleton stopped (a bound shard lease
     /// of a node that leaves: its member lease's retirement frees every one in one write).
     pub(crate) keep_on_shutdown: bool,
+    /// The bound shards the retirement at shutdown hands on (a member lease: see
+    /// [`Lease::retire_handing`]).
+    pub(crate) retire_handing: Option<Vec<crate::HandedShard>>,
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
@@ -445,6 +448,7 @@ where
             deferring: false,
             hand_to: None,
             retire_on_shutdown: false,
+            retire_handing: None,
             keep_on_shutdown: false,
             release_result: None,
             competition: None,
@@ -728,13 +732,17 @@ where
             }),
         };
         let retire = self.retire_on_shutdown && matches!(then, AfterStop::Shutdown);
+        let handing = self.retire_handing.take().filter(|_| retire);
         self.released_to = to.clone().or_else(|| hand_to.clone());
         ctx.spawn(
             wrap_future::<_, Self>(async move {
                 match (to, hand_to) {
                     (Some(to), _) => lease.release_to(&to).await,
                     (None, Some(target)) => lease.hand_over(&target).await,
-                    (None, None) if retire => lease.retire().await,
+                    (None, None) if retire => match handing {
+                        Some(handed) => lease.retire_handing(handed).await,
+                        None => lease.retire().await,
+                    },
                     (None, None) => lease.release().await,
                 }
             })

@@ -11,9 +11,11 @@ use kube::api::Api;
 use kube::Client;
 use tokio::time::Instant;
 
+use super::bound::BoundState;
+use super::handing::add_hops;
 use super::observed::{Observed, State};
 use super::record::{
-    bind, binding_of, clear_handed, duration_of, duration_secs, holder_of, incarnation_of,
+    bind, binding_of, clear_handed, duration_secs, handed_shards_of, holder_of, incarnation_of,
     now_micro, post_params, preferred_of, released, released_to, set_watching_since, slim,
     transitions_of,
 };
@@ -22,7 +24,7 @@ use super::{object_name, settings, KubernetesError, KubernetesSession, Kubernete
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::backoff::Doubling;
 use crate::binding::Binding;
-use crate::group::{GroupError, GroupRecord, GroupWatch};
+use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 use crate::vocab::BackendError;
@@ -78,9 +80,9 @@ impl KubernetesStats {
 
 #[derive(Default)]
 pub(super) struct Counters {
-    gets: AtomicU64,
+    pub(super) gets: AtomicU64,
     creates: AtomicU64,
-    updates: AtomicU64,
+    pub(super) updates: AtomicU64,
     conflicts: AtomicU64,
     pub(super) handed_over: AtomicU64,
     pub(super) taken_up: AtomicU64,
@@ -128,11 +130,16 @@ impl std::fmt::Debug for KubernetesBackend {
 pub struct KubernetesTenure {
     /// The object as this backend last wrote (or adopted) it; its `resourceVersion` is what the
     /// next write compares against.
-    lease: Arc<LeaseObject>,
-    transitions: i32,
+    pub(super) lease: Arc<LeaseObject>,
+    pub(super) transitions: i32,
     /// Renewals sent since the last confirmed one (their answer was lost or not yet received):
     /// the `renewTime` each wrote, and when the call started.
-    unconfirmed: Vec<(MicroTime, Instant)>,
+    pub(super) unconfirmed: Vec<(MicroTime, Instant)>,
+    /// A tenure taken up without a write (a shard handed on to this owner): the member tenure to
+    /// bind the record to, until [`settle`](LeaseBackend::settle) rebinds it; `lease` is then
+    /// the record as it was handed on (another holder's, with `leaseTransitions` one below this
+    /// tenure's).
+    pub(super) taken_up: Option<Binding>,
 }
 
 impl KubernetesTenure {
@@ -404,6 +411,7 @@ impl KubernetesBackend {
                 lease,
                 transitions,
                 unconfirmed: Vec::new(),
+                taken_up: None,
             },
             valid_from,
         }
@@ -452,91 +460,29 @@ impl KubernetesBackend {
 }
 
 impl KubernetesBackend {
-    /// Until when a bound record held by `holder`, bound to `binding`, stays held, as this
-    /// process judges its member record: `None` once the member object is gone, released,
-    /// holding another incarnation or holder, or expired (the member's duration passed since this
-    /// process first received its version).
-    ///
-    /// The member's object is not the one a claim writes, so the compare-and-swap of the claim
-    /// cannot tell what happened to the member meanwhile, and the namespace watch may lag (after
-    /// a broken watch resumes, the changes it missed arrive after it counts as synced again): a
-    /// view can show an *older* incarnation, a release before the holder's new claim, or no
-    /// object before its creation. So only "held" is taken from the watch's view (a lagging view
-    /// only makes it more careful); every "free" is confirmed by a read of the member object
-    /// (a quorum read: the object as it is now). In that read, any other holder or incarnation,
-    /// a release or no object means the bound incarnation is over for good (an incarnation never
-    /// lives again); the bound incarnation itself is free only once its version has stood for the
-    /// member's duration since this process first received it. A member object whose deletion
-    /// the namespace watch received (by its `uid`) needs no read: that object is gone for good.
-    pub(super) async fn bound_until(
+    /// Deletes the object with a precondition on the tenure's version, or releases it where it
+    /// cannot be deleted, or where it lists shards handed on whose records have not moved on
+    /// (see the `handing` module).
+    pub(super) async fn retire_plainly(
         &self,
-        api: &Api<LeaseObject>,
-        binding: &Binding,
-        holder: &str,
-    ) -> Result<Option<Instant>, KubernetesError> {
-        let object = super::object_name(binding.member());
-        let now = Instant::now();
-        let holds = |record: &GroupRecord| {
-            record.holder.as_deref() == Some(holder)
-                && record.incarnation.as_deref() == Some(binding.incarnation())
-        };
-        let seen_version = match self.hub.record_of(&self.namespace, &object) {
-            Some(Some((record, version))) if holds(&record) => {
-                if let Some(until) = record.expires_at.filter(|until| now < *until) {
-                    return Ok(Some(until));
-                }
-                // Expired as this view shows: confirmed below if the member is still at it.
-                version
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        let pending = handed_shards_of(&tenure.lease).is_some_and(|handed| {
+            handed
+                .entries()
+                .any(|(incarnation, lease, _, _)| self.still_bound(lease, incarnation))
+        });
+        if !pending {
+            let version = tenure.lease.metadata.resource_version.clone();
+            let acquired = self.remember_release(&tenure);
+            let deleted = self.delete_retired(version).await;
+            self.forget_release(acquired, &deleted);
+            if let Some(outcome) = deleted? {
+                return Ok(outcome);
             }
-            _ => None,
-        };
-        // The bound incarnation's object was deleted (its holder retired it, as a sharded node
-        // does when it leaves): an object's `uid` never lives again, so no read is needed (a
-        // node leaving frees every shard bound to it, and each contender would read once per
-        // shard).
-        let uid = binding.incarnation().split('/').next().unwrap_or_default();
-        if !uid.is_empty() && self.hub.was_deleted(&self.namespace, uid) {
-            return Ok(None);
         }
-        self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        let read = api
-            .get_opt(&object)
-            .await
-            .map_err(|e| self.error("get", e))?;
-        let Some(member) = read else {
-            return Ok(None);
-        };
-        let record = GroupRecord::new(holder_of(&member).map(str::to_owned), None, None)
-            .with_incarnation(incarnation_of(&member));
-        if !holds(&record) {
-            return Ok(None);
-        }
-        let version = member.metadata.resource_version.clone();
-        if seen_version.is_some() && version == seen_version {
-            // The version that expired in this process's view is still the member's: its holder
-            // has not renewed since, so its deadline (and every bound deadline) has passed.
-            return Ok(None);
-        }
-        // A version this process may not have timed yet: from when it first received it (by
-        // the namespace watch, or by an earlier read of this instance).
-        let first_seen = match version.as_deref() {
-            None => now,
-            Some(v) => {
-                let mut state = self.lock();
-                let read_before = state
-                    .member_seen
-                    .as_ref()
-                    .filter(|(o, seen, _)| *o == object && seen == v)
-                    .map(|(_, _, at)| *at);
-                let at = read_before.unwrap_or(now);
-                state.member_seen = Some((object.clone(), v.to_owned(), at));
-                self.hub
-                    .first_seen(&self.namespace, &object, v)
-                    .map_or(at, |watched| watched.min(at))
-            }
-        };
-        let until = first_seen + duration_of(&member);
-        Ok((now < until).then_some(until))
+        self.release_inner(settings, tenure, Giving::Release).await
     }
 
     async fn try_acquire_inner(
@@ -595,14 +541,28 @@ impl KubernetesBackend {
                 Some(h) => h != owner,
                 None => preferred_of(&current).is_some_and(|p| p != owner),
             };
-            // A bound record of another holder lives by its member record (see `bound_until`).
+            // A bound record of another holder lives by its member record, or by the target's
+            // it was handed on to (see the `bound` module).
+            let mut hops = 0;
             if let (true, Some(bound), Some(h)) = (blocked, binding_of(&current), holder.as_deref())
             {
-                if let Some(until) = self.bound_until(&api, &bound, h).await? {
-                    return Ok(AcquireAttempt::HeldByOther {
-                        holder,
-                        expires_at: Some(until),
-                    });
+                let me = binding.map(|b| (owner, b));
+                match self.bound_state(&api, &bound, h, me).await? {
+                    BoundState::Held { holder, until } => {
+                        return Ok(AcquireAttempt::HeldByOther {
+                            holder: Some(holder),
+                            expires_at: Some(until),
+                        });
+                    }
+                    BoundState::Free { hops: h } => hops = h,
+                    BoundState::Mine => {
+                        let to = binding.expect("`Mine` only for a bound claim");
+                        match self.take_up_handed(current.clone(), to) {
+                            Some(attempt) => return Ok(attempt),
+                            // Not newer than a tenure this instance had: claimed instead.
+                            None => hops = 1,
+                        }
+                    }
                 }
             } else {
                 let free = !blocked || {
@@ -618,6 +578,7 @@ impl KubernetesBackend {
                 }
             }
             let mut claim = self.claimed(current, settings)?;
+            add_hops(&mut claim, hops, &self.object)?;
             if let Some(binding) = binding {
                 bind(&mut claim, binding);
             }
@@ -765,7 +726,15 @@ impl KubernetesBackend {
                 })
             }
         };
-        let (mut next, mut handing) = release((*tenure.lease).clone(), with_spec)?;
+        // A tenure taken up without a write and not rebound: its record is read first.
+        let start = match tenure.taken_up {
+            None => (*tenure.lease).clone(),
+            Some(_) => match self.unsettled_record(settings, &tenure).await? {
+                Ok(record) => record,
+                Err(outcome) => return Ok(outcome),
+            },
+        };
+        let (mut next, mut handing) = release(start, with_spec)?;
         let started = Instant::now();
         tracing::debug!(object = %self.object, handing, "sending the release");
         let mut pauses = RELEASE_RETRY;
@@ -901,17 +870,28 @@ impl LeaseBackend for KubernetesBackend {
         settings: &LeaseSettings,
         tenure: KubernetesTenure,
     ) -> Result<ReleaseOutcome, KubernetesError> {
-        Box::pin(async move {
-            let version = tenure.lease.metadata.resource_version.clone();
-            let acquired = self.remember_release(&tenure);
-            let deleted = self.delete_retired(version).await;
-            self.forget_release(acquired, &deleted);
-            if let Some(outcome) = deleted? {
-                return Ok(outcome);
-            }
-            self.release_inner(settings, tenure, Giving::Release).await
-        })
-        .await
+        Box::pin(self.retire_plainly(settings, tenure)).await
+    }
+
+    /// Releases the member object in one compare-and-swap that lists the shards handed on (the
+    /// annotation [`HANDED_SHARDS_ANNOTATION`](super::HANDED_SHARDS_ANNOTATION)), then deletes it
+    /// once every listed record moved on (see the `handing` module).
+    async fn retire_handing(
+        &self,
+        settings: &LeaseSettings,
+        tenure: KubernetesTenure,
+        handed: &[crate::HandedShard],
+    ) -> Result<ReleaseOutcome, KubernetesError> {
+        Box::pin(self.retire_handing_inner(settings, tenure, handed)).await
+    }
+
+    /// Rebinds a shard taken up without a write (see the `handing` module).
+    async fn settle(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut KubernetesTenure,
+    ) -> Result<Option<LostReason>, KubernetesError> {
+        Box::pin(self.settle_taken_up(settings, tenure)).await
     }
 
     /// The preferred holder goes in the annotations `actix-coordination/preferred-holder` and

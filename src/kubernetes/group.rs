@@ -35,8 +35,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::record::{
-    binding_of, duration_of, handed_after, holder_of, incarnation_of, newer, older, revision_of,
-    stale_after, watching_since_of,
+    binding_of, duration_of, handed_after, handed_shards_of, holder_of, incarnation_of, newer,
+    older, revision_of, stale_after, watching_since_of,
 };
 use super::{object_name, LEASE_NAME_ANNOTATION};
 use crate::group::{group_channel, GroupRecord, GroupSender, GroupSnapshot};
@@ -92,7 +92,8 @@ impl Seen {
                 .with_incarnation(incarnation_of(lease))
                 .with_stale_after(stale_after(lease).filter(|_| binding.is_none()))
                 .with_watch_facts(revision_of(lease), watching_since_of(lease))
-                .with_binding(binding),
+                .with_binding(binding)
+                .with_handed(handed_shards_of(lease).map(Arc::new)),
             by_holder: handed_after(lease).is_none(),
         })
     }

@@ -19,9 +19,11 @@
 //! * `provider.rs`: the backend of the [`LeaseProvider`](crate::LeaseProvider).
 
 mod backend;
+mod bound;
 mod client;
 mod error;
 mod group;
+mod handing;
 mod handover;
 mod indexed;
 mod lease;
@@ -42,8 +44,9 @@ pub use name::{is_valid_object_name, object_name, LEASE_NAME_ANNOTATION};
 pub use provider::provider_factory;
 pub use record::{
     BOUND_DURATION_SECS, BOUND_INCARNATION_ANNOTATION, BOUND_TO_ANNOTATION,
-    HANDED_OVER_AFTER_ANNOTATION, HANDED_OVER_BY_ANNOTATION, HOLDER_METADATA_ANNOTATION,
-    HOLDER_METADATA_OWNER_ANNOTATION, PREFERRED_AT_ANNOTATION, PREFERRED_HOLDER_ANNOTATION,
+    HANDED_OVER_AFTER_ANNOTATION, HANDED_OVER_BY_ANNOTATION, HANDED_SHARDS_ANNOTATION,
+    HOLDER_METADATA_ANNOTATION, HOLDER_METADATA_OWNER_ANNOTATION, PREFERRED_AT_ANNOTATION,
+    PREFERRED_HOLDER_ANNOTATION,
 };
 pub use session::{KubernetesSession, KubernetesSessionStats};
 pub use settings::KubernetesSettings;

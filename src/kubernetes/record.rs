@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
 
 use super::{KubernetesBackend, KubernetesError, LEASE_NAME_ANNOTATION};
-use crate::binding::Binding;
+use crate::binding::{Binding, HandedShards};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
 
@@ -59,6 +59,16 @@ pub const WATCHING_SINCE_ANNOTATION: &str = "actix-coordination/watching-since";
 /// The annotation `<uid>/<leaseTransitions>`: the incarnation (the member tenure) of the member
 /// lease's object a bound record lives by.
 pub const BOUND_INCARNATION_ANNOTATION: &str = "actix-coordination/bound-incarnation";
+
+/// The annotation of a member lease's object listing the bound shards its ended tenures handed
+/// on ([`Lease::retire_handing`](crate::Lease::retire_handing)): JSON, per ended incarnation
+/// (`<uid>/<leaseTransitions>`), the targets with their shard leases:
+/// `{"<incarnation>":[{"owner":"…","member":"…","incarnation":"…","leases":["…"]}]}`. A shard
+/// record bound to a listed incarnation and listed for it is held by the target while the
+/// target's member object shows that target's incarnation held (its own `leaseTransitions`
+/// plus one is the target's fencing token until it rebinds the record), and free once it does
+/// not. Kept by every write of the member object until the listed records moved on.
+pub const HANDED_SHARDS_ANNOTATION: &str = "actix-coordination/handed-shards";
 
 /// The `leaseDurationSeconds` of a bound record: the largest the field holds (about 68 years).
 /// A bound record is never renewed; its validity is its member's, which only clients of this
@@ -245,6 +255,73 @@ pub(super) fn incarnation_of(lease: &LeaseObject) -> Option<String> {
     holder_of(lease)?;
     let uid = lease.metadata.uid.as_deref()?;
     Some(format!("{uid}/{}", transitions_of(lease)))
+}
+
+/// One target of [`HANDED_SHARDS_ANNOTATION`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HandedTarget {
+    owner: String,
+    member: String,
+    incarnation: String,
+    leases: Vec<String>,
+}
+
+/// What [`HANDED_SHARDS_ANNOTATION`] of `lease` lists (`None`: no such annotation, or one that
+/// does not parse, which lists nothing).
+pub(super) fn handed_shards_of(lease: &LeaseObject) -> Option<HandedShards> {
+    let value = lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(HANDED_SHARDS_ANNOTATION)?;
+    let parsed: BTreeMap<String, Vec<HandedTarget>> = serde_json::from_str(value).ok()?;
+    let mut handed = HandedShards::default();
+    for (incarnation, targets) in &parsed {
+        for target in targets {
+            let binding = Binding::new(target.member.clone(), target.incarnation.clone());
+            for lease in &target.leases {
+                handed.add_one(incarnation, lease, &target.owner, &binding);
+            }
+        }
+    }
+    (!handed.is_empty()).then_some(handed)
+}
+
+/// Writes `handed` into [`HANDED_SHARDS_ANNOTATION`] of `lease` (removes it when empty).
+pub(super) fn set_handed_shards(lease: &mut LeaseObject, handed: &HandedShards) {
+    if handed.is_empty() {
+        if let Some(annotations) = lease.metadata.annotations.as_mut() {
+            annotations.remove(HANDED_SHARDS_ANNOTATION);
+        }
+        return;
+    }
+    let mut wire: BTreeMap<&str, Vec<HandedTarget>> = BTreeMap::new();
+    for (incarnation, lease, owner, binding) in handed.entries() {
+        let targets = wire.entry(incarnation).or_default();
+        let target = match targets.iter().position(|t| {
+            t.owner == owner
+                && t.member == binding.member()
+                && t.incarnation == binding.incarnation()
+        }) {
+            Some(index) => &mut targets[index],
+            None => {
+                targets.push(HandedTarget {
+                    owner: owner.to_owned(),
+                    member: binding.member().to_owned(),
+                    incarnation: binding.incarnation().to_owned(),
+                    leases: Vec::new(),
+                });
+                targets.last_mut().expect("pushed")
+            }
+        };
+        target.leases.push(lease.to_owned());
+    }
+    let value = serde_json::to_string(&wire).expect("strings serialize");
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(HANDED_SHARDS_ANNOTATION.to_owned(), value);
 }
 
 /// The `resourceVersion` of `lease` as a number (`None` when it is not one).
@@ -495,6 +572,52 @@ pub(super) fn now_micro() -> MicroTime {
 
 #[cfg(test)]
 pub(super) mod tests {
+
+    #[test]
+    fn the_handed_shards_annotation_reads_back_what_was_written_grouped_by_target() {
+        let to_b = Binding::new("g.member.b", "uid-b/3");
+        let to_c = Binding::new("g.member.c", "uid-c/1");
+        let mut handed = HandedShards::default();
+        handed.add(
+            "uid-a/2",
+            &[
+                crate::HandedShard::new("g.shard.0", "b", to_b.clone()),
+                crate::HandedShard::new("g.shard.1", "c", to_c.clone()),
+                crate::HandedShard::new("g.shard.2", "b", to_b.clone()),
+            ],
+        );
+        handed.add_one("uid-a/1", "g.shard.9", "c", &to_c);
+        let mut lease = object(None, Some(4));
+        set_handed_shards(&mut lease, &handed);
+        let written = &lease.metadata.annotations.as_ref().unwrap()[HANDED_SHARDS_ANNOTATION];
+        let wire: serde_json::Value = serde_json::from_str(written).unwrap();
+        assert_eq!(
+            wire["uid-a/2"].as_array().unwrap().len(),
+            2,
+            "two targets: {wire}"
+        );
+        assert_eq!(handed_shards_of(&lease), Some(handed.clone()));
+        assert_eq!(handed.target("uid-a/2", "g.shard.2"), Some(("b", &to_b)));
+        assert_eq!(handed.target("uid-a/1", "g.shard.2"), None);
+        // Entries pruned to none: the annotation goes.
+        handed.retain(|_, _| false);
+        set_handed_shards(&mut lease, &handed);
+        assert_eq!(handed_shards_of(&lease), None);
+        assert!(!lease
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key(HANDED_SHARDS_ANNOTATION));
+        // One that does not parse lists nothing.
+        lease
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(HANDED_SHARDS_ANNOTATION.into(), "not json".into());
+        assert_eq!(handed_shards_of(&lease), None);
+    }
     use super::*;
 
     #[test]

@@ -189,6 +189,8 @@ pub(super) struct WatchHub {
     pub(super) counters: Arc<WatchCounters>,
     /// When the leases of this hub sent their latest writes (see the `handover` module).
     writes: Mutex<WriteLog>,
+    /// The member incarnations its leases found over (see the `bound` module).
+    pub(super) ended: super::bound::EndedMembers,
 }
 
 impl WatchHub {
@@ -199,6 +201,7 @@ impl WatchHub {
             watches: Mutex::default(),
             counters: Arc::default(),
             writes: Mutex::default(),
+            ended: Default::default(),
         }
     }
 

@@ -164,6 +164,25 @@ pub(super) async fn bound_loop<B: LeaseBackend>(
     mut stop: oneshot::Receiver<()>,
     _end: EndWithTask<B>,
 ) -> Option<B::Tenure> {
+    let mut tenure = tenure;
+    // A tenure taken up without a write (a shard handed on) is brought into the store's record
+    // first, off the acquire's path; a loss it finds ends the tenure. Bounded by the operation
+    // timeout: a settle that did not finish leaves the tenure as it was (its release reads first).
+    let settle = tokio::time::timeout(
+        shared.settings.operation_timeout(),
+        shared.backend.settle(&shared.settings, &mut tenure),
+    )
+    .await;
+    match settle {
+        Ok(Ok(None)) => {}
+        Ok(Ok(Some(reason))) => return shared.lost_or_released(generation, reason, tenure),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "could not bring a tenure taken up without a write into the store's record; its release reads first")
+        }
+        Err(_) => {
+            tracing::debug!("bringing a tenure taken up without a write into the store's record took longer than the operation timeout; its release reads first")
+        }
+    }
     let watch = watch_loss(&shared, token);
     tokio::pin!(watch);
     let mut changes = shared.tenure.receiver();

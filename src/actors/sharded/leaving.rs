@@ -8,7 +8,9 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use super::{LeaseError, ShardedWorkers};
-use crate::actors::singleton::{HandOverTo, HandoverTarget, KeepLeaseOnShutdown, Shutdown};
+use crate::actors::singleton::{
+    HandOverTo, HandoverTarget, KeepLeaseOnShutdown, RetireHanding, Shutdown,
+};
 use crate::lease::Lease;
 use crate::metrics;
 
@@ -98,6 +100,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// as usual.
     fn leave_bound(&mut self, ctx: &mut Context<Self>) -> impl ActorFuture<Self, Output = ()> {
         let turns: Vec<usize> = self.leaving.turns.drain(..).collect();
+        let handed = self.handed_on_leaving(&turns);
         let mut stops = Vec::with_capacity(turns.len());
         for index in turns {
             let shard = &self.shards[index];
@@ -129,6 +132,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 add(answer.unwrap_or(Ok(true)));
             }
             if let Some(member) = member {
+                if !handed.is_empty() {
+                    let _ = member.send(RetireHanding(handed)).await;
+                }
                 add(member.send(Shutdown).await.unwrap_or(Ok(true)));
             }
             result
@@ -139,6 +145,47 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 let _ = done.send(result.clone());
             }
         })
+    }
+
+    /// The bound shards of `turns` this node holds, each with the node it hands it on to as it
+    /// leaves (the target of [`target_on_leaving`](Self::target_on_leaving)) and that node's
+    /// member tenure as the group watch shows it now: what the member lease's retirement hands
+    /// on in its one write ([`Lease::retire_handing`]). A shard with no live target is left out
+    /// (freed, and claimed by whoever targets it).
+    fn handed_on_leaving(&mut self, turns: &[usize]) -> Vec<crate::HandedShard> {
+        let snapshot = self.watch.snapshot();
+        let now = Instant::now();
+        let mut handed = Vec::new();
+        for &index in turns {
+            let shard = &self.shards[index];
+            let bound = shard
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease.bound_to().is_some());
+            if !bound || !shard.held() {
+                continue;
+            }
+            let name = shard.name.clone();
+            let Some(target) = self.target_on_leaving(index) else {
+                continue;
+            };
+            let member = format!("{}{}", self.member_prefix, target.owner());
+            let Some(record) = snapshot.get(&member) else {
+                continue;
+            };
+            if record.live_holder(now) != Some(target.owner()) {
+                continue;
+            }
+            let Some(incarnation) = record.incarnation.clone() else {
+                continue;
+            };
+            handed.push(crate::HandedShard::new(
+                name,
+                target.owner(),
+                crate::Binding::new(member, incarnation),
+            ));
+        }
+        handed
     }
 
     /// Whom this node hands shard `index` over to as it leaves: the target the other members
@@ -218,14 +265,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let snapshot = self.watch.snapshot();
         let now = Instant::now();
         let handed: Vec<usize> = (0..self.shards.len())
-            .filter(|&index| {
-                let shard = &self.shards[index];
-                !shard.held()
-                    && snapshot.get(&shard.name).is_some_and(|record| {
-                        record.live_holder(now) == Some(self.node.as_str())
-                            && record.token > shard.last_token
-                    })
-            })
+            .filter(|&index| self.handed_here(index, &snapshot, now))
             .collect();
         let mut jobs = Vec::with_capacity(handed.len());
         for index in handed {

@@ -54,6 +54,8 @@ struct MemberSeen {
     bound: bool,
     watching_since: Option<u64>,
     quiet: bool,
+    /// What its ended tenures handed on (the holders of the shards bound to them).
+    handed: Option<std::sync::Arc<crate::binding::HandedShards>>,
 }
 
 /// The instants of a look: this process's monotonic and wall clocks, and the group's TTL and
@@ -75,6 +77,7 @@ impl MemberSeen {
             bound: record.bound_to.is_some(),
             watching_since: record.watching_since,
             quiet: OnTime::is_quiet(record, (at.now, at.ttl, at.renewal)),
+            handed: record.handed.clone(),
         }
     }
 
@@ -448,10 +451,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             if visits.next_if(|&&visit| visit == index).is_some() {
                 continue;
             }
-            let handed_here = snapshot.get(&shard.name).is_some_and(|record| {
-                record.live_holder(now) == Some(self.node.as_str())
-                    && record.token > shard.last_token
-            });
+            let handed_here = self.handed_here(index, snapshot, now);
             let target = self.view.targets[index];
             assert!(
                 shard.lease.is_none()

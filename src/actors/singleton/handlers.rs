@@ -301,6 +301,25 @@ where
     }
 }
 
+/// Sent by a sharded node that leaves with bound shard leases, to its member lease's manager:
+/// the release at the next [`Shutdown`] retires the member lease handing these shards on in the
+/// same write ([`Lease::retire_handing`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct RetireHanding(pub(crate) Vec<crate::HandedShard>);
+
+impl<A, L> Handler<RetireHanding> for ClusterSingletonManager<A, L>
+where
+    A: Actor<Context = Context<A>>,
+    L: Lease,
+{
+    type Result = ();
+
+    fn handle(&mut self, RetireHanding(handed): RetireHanding, _: &mut Self::Context) {
+        self.retire_handing = Some(handed);
+    }
+}
+
 impl<A, L> Handler<HandOverTo> for ClusterSingletonManager<A, L>
 where
     A: Actor<Context = Context<A>>,

@@ -129,6 +129,7 @@ fn tenure() -> KubernetesTenure {
         lease: Arc::new(object("held", Some("a"), "1")),
         transitions: 3,
         unconfirmed: Vec::new(),
+        taken_up: None,
     }
 }
 

@@ -1,0 +1,359 @@
+//! How a contender judges a *bound* record (see [`Binding`]): by its member's object, and by
+//! what that object lists as handed on ([`HANDED_SHARDS_ANNOTATION`](super::HANDED_SHARDS_ANNOTATION)).
+//!
+//! # The member's object
+//!
+//! The member's object is not the one a claim writes, so the compare-and-swap of the claim
+//! cannot tell what happened to the member meanwhile, and the namespace watch may lag (after a
+//! broken watch resumes, the changes it missed arrive after it counts as synced again): a view
+//! can show an *older* incarnation, a release before the holder's new claim, or no object
+//! before its creation. So only "held" and "handed on" are taken from the watch's view (a
+//! lagging view only makes it more careful; an entry, once written, stays until the record it
+//! lists moved on); every "free" is confirmed by a read of the member object (a quorum read:
+//! the object as it is now). In that read, any other holder or incarnation, a release or no
+//! object means the bound incarnation is over for good (an incarnation never lives again); the
+//! bound incarnation itself is free only once its version has stood for the member's duration
+//! since this process first received it. A member object whose deletion the namespace watch
+//! received (by its `uid`) needs no read: that object is gone for good. What a read found over
+//! is remembered per session, and one read at a time is made per member object: when a node
+//! dies, the claims of its shards on one node read its member object once, not once each.
+//!
+//! # Handed on, and why an expired member is released first
+//!
+//! A member tenure that ends with [`Lease::retire_handing`](crate::Lease::retire_handing)
+//! releases its object in one compare-and-swap that lists, for its incarnation, each bound
+//! shard and its target (an owner and that owner's member incarnation). A record bound to that
+//! incarnation and listed is held by the target while the target's member object shows the
+//! target's incarnation held (the target takes it up without a write, with the record's fencing
+//! token plus one, and rebinds it later), and free once it does not (a claim then writes the
+//! record's token plus two).
+//!
+//! The handover is written on the member object, a claim on the shard's: a handover sent before
+//! the member's deadline could land after a contender judged the member's last version expired
+//! and claimed a shard, and the target, seeing the list, would take that shard up too. So a
+//! contender that finds the member expired first *releases the member object* with a
+//! compare-and-swap on the expired version, and counts its shards free only once that write
+//! landed (or the object shows the incarnation over): of the handover and the release, only the
+//! first to land succeeds, and the other is refused.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use kube::api::Api;
+use tokio::time::Instant;
+
+use super::record::{duration_of, handed_shards_of, holder_of, incarnation_of, post_params, slim};
+use super::{object_name, KubernetesBackend, KubernetesError};
+use crate::binding::{Binding, HandedShards};
+use crate::group::GroupRecord;
+
+/// How many member objects a session remembers an ended incarnation of.
+const ENDED_KEPT: usize = 1024;
+
+/// How many times a confirmation reads the member object again after its release of an
+/// expired version met a newer one.
+const CONFIRM_ATTEMPTS: u32 = 3;
+
+/// A bound record as this lease's contender judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum BoundState {
+    /// Held by `holder` (the record's, or the target it was handed to) until at least `until`.
+    Held { holder: String, until: Instant },
+    /// Free: a claim writes the record's `leaseTransitions` plus one plus `hops` (the tenures
+    /// taken up without a write since the record was written: one if it was handed on).
+    Free { hops: i32 },
+    /// Handed on to this very owner under its member tenure now: taken up without a write.
+    Mine,
+}
+
+/// A member incarnation as judged here.
+enum MemberState {
+    Lives(Instant),
+    Ended,
+    Handed { owner: String, to: Binding },
+}
+
+/// What a session knows of member incarnations that are over (shared by its leases).
+#[derive(Default)]
+pub(super) struct EndedMembers {
+    /// Per `(namespace, object)`: an incarnation over for good, with what its object listed as
+    /// handed on when that was found.
+    ended: Mutex<HashMap<(String, String), (String, Option<Arc<HandedShards>>)>>,
+    /// One confirmation at a time per member object.
+    locks: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    /// Per `(namespace, object)`: an incarnation a read found live, and until when at least
+    /// (the confirmations waiting behind that read need not read again).
+    lives: Mutex<HashMap<(String, String), (String, Instant)>>,
+}
+
+impl EndedMembers {
+    /// Whether incarnation `incarnation` of `object` is known over, with its object's list.
+    fn ended(
+        &self,
+        namespace: &str,
+        object: &str,
+        incarnation: &str,
+    ) -> Option<Option<Arc<HandedShards>>> {
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        ended
+            .get(&(namespace.to_owned(), object.to_owned()))
+            .filter(|(known, _)| known == incarnation)
+            .map(|(_, handed)| handed.clone())
+    }
+
+    fn set_ended(
+        &self,
+        namespace: &str,
+        object: &str,
+        incarnation: &str,
+        handed: Option<Arc<HandedShards>>,
+    ) {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        if ended.len() >= ENDED_KEPT {
+            ended.clear();
+        }
+        ended.insert(
+            (namespace.to_owned(), object.to_owned()),
+            (incarnation.to_owned(), handed),
+        );
+    }
+
+    /// Until when a read found incarnation `incarnation` of `object` live, if that is still
+    /// ahead.
+    fn lives_until(&self, namespace: &str, object: &str, incarnation: &str) -> Option<Instant> {
+        let lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
+        lives
+            .get(&(namespace.to_owned(), object.to_owned()))
+            .filter(|(known, until)| known == incarnation && Instant::now() < *until)
+            .map(|(_, until)| *until)
+    }
+
+    fn set_lives(&self, namespace: &str, object: &str, incarnation: &str, until: Instant) {
+        let mut lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
+        if lives.len() >= ENDED_KEPT {
+            let now = Instant::now();
+            lives.retain(|_, (_, until)| now < *until);
+        }
+        lives.insert(
+            (namespace.to_owned(), object.to_owned()),
+            (incarnation.to_owned(), until),
+        );
+    }
+
+    fn lock_of(&self, namespace: &str, object: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if locks.len() >= ENDED_KEPT {
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        Arc::clone(
+            locks
+                .entry((namespace.to_owned(), object.to_owned()))
+                .or_default(),
+        )
+    }
+}
+
+/// The target that `handed` lists for shard lease `lease` bound to incarnation `incarnation`.
+fn target_in(handed: Option<&HandedShards>, incarnation: &str, lease: &str) -> Option<MemberState> {
+    let (owner, to) = handed?.target(incarnation, lease)?;
+    Some(MemberState::Handed {
+        owner: owner.to_owned(),
+        to: to.clone(),
+    })
+}
+
+impl KubernetesBackend {
+    /// This lease's record, held by `holder` and bound to `binding`, as this process judges it
+    /// (see the module docs); `me` is this owner with the member tenure it would bind to.
+    pub(super) async fn bound_state(
+        &self,
+        api: &Api<LeaseObject>,
+        binding: &Binding,
+        holder: &str,
+        me: Option<(&str, &Binding)>,
+    ) -> Result<BoundState, KubernetesError> {
+        Ok(match self.member_state(api, binding, holder, true).await? {
+            MemberState::Lives(until) => BoundState::Held {
+                holder: holder.to_owned(),
+                until,
+            },
+            MemberState::Ended => BoundState::Free { hops: 0 },
+            MemberState::Handed { owner, to } => {
+                if me.is_some_and(|(o, b)| o == owner && *b == to) {
+                    return Ok(BoundState::Mine);
+                }
+                match self.member_state(api, &to, &owner, false).await? {
+                    MemberState::Lives(until) => BoundState::Held {
+                        holder: owner,
+                        until,
+                    },
+                    _ => BoundState::Free { hops: 1 },
+                }
+            }
+        })
+    }
+
+    /// Member incarnation `binding` held by `holder`: whether it lives (until when, at least),
+    /// is over, or (with `follow`) handed this lease's record on.
+    async fn member_state(
+        &self,
+        api: &Api<LeaseObject>,
+        binding: &Binding,
+        holder: &str,
+        follow: bool,
+    ) -> Result<MemberState, KubernetesError> {
+        let object = object_name(binding.member());
+        let incarnation = binding.incarnation();
+        let namespace = self.namespace.as_str();
+        let now = Instant::now();
+        let holds = |record: &GroupRecord| {
+            record.holder.as_deref() == Some(holder)
+                && record.incarnation.as_deref() == Some(incarnation)
+        };
+        let seen_version = match self.hub.record_of(namespace, &object) {
+            Some(Some((record, version))) => {
+                if follow {
+                    if let Some(handed) =
+                        target_in(record.handed.as_deref(), incarnation, &self.name)
+                    {
+                        return Ok(handed);
+                    }
+                }
+                if holds(&record) {
+                    if let Some(until) = record.expires_at.filter(|until| now < *until) {
+                        return Ok(MemberState::Lives(until));
+                    }
+                    // Expired as this view shows: confirmed below if the member is still at it.
+                    version
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        let known_over = |this: &Self| {
+            this.hub
+                .ended
+                .ended(namespace, &object, incarnation)
+                .map(|handed| {
+                    follow
+                        .then(|| target_in(handed.as_deref(), incarnation, &this.name))
+                        .flatten()
+                        .unwrap_or(MemberState::Ended)
+                })
+        };
+        if let Some(state) = known_over(self) {
+            return Ok(state);
+        }
+        // The bound incarnation's object was deleted (its holder retired it once every shard it
+        // handed on had moved on): an object's `uid` never lives again.
+        let uid = incarnation.split('/').next().unwrap_or_default();
+        if !uid.is_empty() && self.hub.was_deleted(namespace, uid) {
+            return Ok(MemberState::Ended);
+        }
+        let lock = self.hub.ended.lock_of(namespace, &object);
+        let _one_at_a_time = lock.lock().await;
+        if let Some(state) = known_over(self) {
+            return Ok(state);
+        }
+        if let Some(until) = self.hub.ended.lives_until(namespace, &object, incarnation) {
+            return Ok(MemberState::Lives(until));
+        }
+        for _ in 0..CONFIRM_ATTEMPTS {
+            self.counters.gets.fetch_add(1, Ordering::Relaxed);
+            let read = api
+                .get_opt(&object)
+                .await
+                .map_err(|e| self.error("get", e))?;
+            let Some(member) = read else {
+                self.hub
+                    .ended
+                    .set_ended(namespace, &object, incarnation, None);
+                return Ok(MemberState::Ended);
+            };
+            let handed = handed_shards_of(&member).map(Arc::new);
+            let listed = target_in(handed.as_deref(), incarnation, &self.name);
+            let record = GroupRecord::new(holder_of(&member).map(str::to_owned), None, None)
+                .with_incarnation(incarnation_of(&member));
+            if listed.is_some() || !holds(&record) {
+                // Over for good: released (handing on or not), another holder or incarnation.
+                self.hub
+                    .ended
+                    .set_ended(namespace, &object, incarnation, handed);
+                return Ok(listed.filter(|_| follow).unwrap_or(MemberState::Ended));
+            }
+            let version = member.metadata.resource_version.clone();
+            if seen_version.is_none() || version != seen_version {
+                // A version this process may not have timed yet: from when it first received it
+                // (by the namespace watch, or by an earlier read of this instance).
+                let first_seen = match version.as_deref() {
+                    None => now,
+                    Some(v) => {
+                        let mut state = self.lock();
+                        let read_before = state
+                            .member_seen
+                            .as_ref()
+                            .filter(|(o, seen, _)| *o == object && seen == v)
+                            .map(|(_, _, at)| *at);
+                        let at = read_before.unwrap_or(now);
+                        state.member_seen = Some((object.clone(), v.to_owned(), at));
+                        self.hub
+                            .first_seen(namespace, &object, v)
+                            .map_or(at, |watched| watched.min(at))
+                    }
+                };
+                let until = first_seen + duration_of(&member);
+                if now < until {
+                    self.hub
+                        .ended
+                        .set_lives(namespace, &object, incarnation, until);
+                    return Ok(MemberState::Lives(until));
+                }
+            }
+            // Expired: released here before anything bound to it counts free (see the module
+            // docs); a newer version met instead is read and judged again.
+            if self.release_expired(api, &object, member).await? {
+                self.hub
+                    .ended
+                    .set_ended(namespace, &object, incarnation, handed);
+                return Ok(MemberState::Ended);
+            }
+        }
+        Err(KubernetesError::Conflict {
+            object: object.clone(),
+            attempts: CONFIRM_ATTEMPTS,
+        })
+    }
+
+    /// Releases `member` (object `object`, expired at the version read) with a compare-and-swap
+    /// on that version, keeping everything else it holds: `true` once it is released or gone,
+    /// `false` when a newer version stands (read it again).
+    async fn release_expired(
+        &self,
+        api: &Api<LeaseObject>,
+        object: &str,
+        member: LeaseObject,
+    ) -> Result<bool, KubernetesError> {
+        let mut released = slim(member);
+        if let Some(spec) = released.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        match api.replace(object, &post_params(), &released).await {
+            Ok(_) => {
+                tracing::debug!(object = %object, lease = %self.name, "released an expired member object before claiming a record bound to it");
+                Ok(true)
+            }
+            Err(error) => {
+                let error = self.write_error("update", error);
+                match error.status_code() {
+                    Some(404) => Ok(true),
+                    Some(409) => Ok(false),
+                    _ => Err(error),
+                }
+            }
+        }
+    }
+}

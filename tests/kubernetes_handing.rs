@@ -1,0 +1,395 @@
+//! `Lease::retire_handing` on a real kube-apiserver: a member lease that leaves hands its bound
+//! shards on in the one write that releases its object, each target takes its shards up with no
+//! write and rebinds them afterwards, and a contender never holds a handed shard while its
+//! target's member lives (issue 37: a graceful leave of 16 × 4,096 in one write). And the rule
+//! that makes the one write safe: a contender that finds a member expired releases its object
+//! first, so that a handover landing late is refused.
+//!
+//! Needs the test cluster (`scripts/test-cluster.sh`). Every test uses objects of its own.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use actix_coordination::{
+    kubernetes_object_name as object_name, Binding, GroupSnapshot, HandedShard, KubernetesLease,
+    KubernetesSession, Lease, LeaseSettings, KUBERNETES_BOUND_DURATION_SECS,
+    KUBERNETES_BOUND_INCARNATION_ANNOTATION, KUBERNETES_BOUND_TO_ANNOTATION,
+    KUBERNETES_HANDED_SHARDS_ANNOTATION, KUBERNETES_LEASE_NAME_ANNOTATION,
+};
+use common::event_driven_settings;
+use common::k8s::{admin_object, client, env, holder_of, settings_at, unique};
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::Api;
+use tokio::time::{sleep, timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(15);
+
+/// One attempt per `acquire` (a shard another owner holds answers `false` at once).
+fn settings(name: &str, owner: &str) -> LeaseSettings {
+    event_driven_settings(name, owner, TTL)
+        .to_builder()
+        .acquire_retries(0)
+        .build()
+        .unwrap()
+}
+
+fn admin() -> Api<LeaseObject> {
+    Api::namespaced(client(&env().url, &env().admin_token), &env().namespace)
+}
+
+/// `owner`'s member lease of `group` and its shard leases `shards`, bound to it.
+fn node(
+    session: &KubernetesSession,
+    group: &str,
+    owner: &str,
+    shards: &[String],
+) -> (KubernetesLease, Vec<KubernetesLease>) {
+    let member = session.lease(settings(&format!("{group}.member.{owner}"), owner));
+    let anchor = member.binding_anchor().unwrap();
+    let shards = shards
+        .iter()
+        .map(|name| {
+            let shard = session.lease(settings(name, owner));
+            shard.bind_to(&anchor).unwrap();
+            shard
+        })
+        .collect();
+    (member, shards)
+}
+
+/// Waits (at most 20 s) until `lease`'s group watch of `group` shows `what`.
+async fn watch_until(
+    lease: &KubernetesLease,
+    group: &str,
+    what: &str,
+    done: impl Fn(&GroupSnapshot) -> bool,
+) {
+    let mut watch = lease.watch_group(group).expect("a group watch");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done(&watch.snapshot()) {
+        timeout(deadline - Instant::now(), watch.changed())
+            .await
+            .unwrap_or_else(|_| panic!("{what} within 20 s"))
+            .unwrap();
+    }
+}
+
+/// Waits (at most 20 s) until the object of lease `name` satisfies `done` (`None`: no object).
+async fn object_until(name: &str, what: &str, done: impl Fn(Option<&LeaseObject>) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let object = admin_object(&env().namespace, &object_name(name)).await;
+        if done(object.as_ref()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} within 20 s: {object:?}");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn annotation<'a>(object: &'a LeaseObject, key: &str) -> Option<&'a str> {
+    object
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+fn transitions(object: &LeaseObject) -> i32 {
+    object
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0)
+}
+
+/// `a` holds three bound shards and leaves, handing shards 0 and 1 to `b` in the one write that
+/// releases its member object; shard 2, not listed, is freed. `b` takes its two up without a
+/// write (token +1) and rebinds them afterwards; `c` cannot have them while `b`'s member lives,
+/// but claims the freed one; `a`'s object is deleted once both records moved on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
+    let group = unique("handing");
+    let names: Vec<String> = (0..3).map(|i| format!("{group}.shard.{i}")).collect();
+    let sessions: Vec<KubernetesSession> = (0..3)
+        .map(|_| KubernetesSession::new(settings_at(env().url.clone())).unwrap())
+        .collect();
+    let (member_a, shards_a) = node(&sessions[0], &group, "a", &names);
+    let (member_b, shards_b) = node(&sessions[1], &group, "b", &names);
+    let (member_c, shards_c) = node(&sessions[2], &group, "c", &names);
+    assert!(member_a.acquire().await.unwrap());
+    for shard in &shards_a {
+        assert!(shard.acquire().await.unwrap());
+    }
+    let tokens_a: Vec<u64> = shards_a
+        .iter()
+        .map(|s| s.fencing_token().unwrap().value())
+        .collect();
+    assert!(member_b.acquire().await.unwrap());
+    assert!(member_c.acquire().await.unwrap());
+    let member_b_name = format!("{group}.member.b");
+    let all_seen = |snapshot: &GroupSnapshot| {
+        let now = Instant::now();
+        names
+            .iter()
+            .all(|n| snapshot.live_holder(n, now) == Some("a"))
+            && snapshot.live_holder(&member_b_name, now) == Some("b")
+            && snapshot.live_holder(&format!("{group}.member.c"), now) == Some("c")
+    };
+    watch_until(&member_a, &group, "a's watch saw the group", all_seen).await;
+    watch_until(&member_b, &group, "b's watch saw the group", all_seen).await;
+    watch_until(&member_c, &group, "c's watch saw the group", all_seen).await;
+    let incarnation_b = member_b
+        .watch_group(&group)
+        .unwrap()
+        .snapshot()
+        .get(&member_b_name)
+        .and_then(|r| r.incarnation.clone())
+        .expect("b's member incarnation");
+    let to_b = Binding::new(member_b_name.clone(), incarnation_b);
+    let handed = vec![
+        HandedShard::new(names[0].clone(), "b", to_b.clone()),
+        HandedShard::new(names[1].clone(), "b", to_b.clone()),
+    ];
+    let before_a = member_a.backend().stats();
+    let member_a = std::sync::Arc::new(member_a);
+    let retiring = {
+        let member_a = std::sync::Arc::clone(&member_a);
+        tokio::spawn(async move { member_a.retire_handing(handed).await })
+    };
+    // The shards' tenures ended with the member, before its write.
+    watch_until(&member_b, &group, "b's watch saw the handover", |s| {
+        s.live_holder(&names[0], Instant::now()) == Some("b")
+    })
+    .await;
+    assert!(shards_a.iter().all(|s| !s.check_alive()));
+    // b takes shards 0 and 1 up: no write of its own on the way, each token one above a's.
+    for i in 0..2 {
+        let before = shards_b[i].backend().stats();
+        assert!(shards_b[i].acquire().await.unwrap(), "b took shard {i} up");
+        let after = shards_b[i].backend().stats();
+        assert_eq!(after.taken_up, before.taken_up + 1, "taken up: {after:?}");
+        assert_eq!(after.creates, before.creates);
+        assert_eq!(
+            shards_b[i].fencing_token().unwrap().value(),
+            tokens_a[i] + 1,
+            "the token rose by one"
+        );
+    }
+    // c cannot have them while b's member lives; it claims shard 2, which a freed.
+    watch_until(&member_c, &group, "c's watch saw the handover", |s| {
+        s.live_holder(&names[0], Instant::now()) == Some("b")
+    })
+    .await;
+    assert!(!shards_c[0].acquire().await.unwrap(), "shard 0 is b's");
+    assert_eq!(shards_c[0].observed_holder().as_deref(), Some("b"));
+    assert!(
+        shards_c[2].acquire().await.unwrap(),
+        "c claimed the freed shard"
+    );
+    assert!(shards_c[2].fencing_token().unwrap().value() > tokens_a[2]);
+    assert!(retiring.await.unwrap().unwrap(), "a retired");
+    let after_a = member_a.backend().stats();
+    assert_eq!(
+        after_a.updates - before_a.updates,
+        1,
+        "a's leave was one write (and the delete): {after_a:?}"
+    );
+    // b rebound both records: b, its token, bound to its member; then a's object was deleted.
+    for i in 0..2 {
+        let token = shards_b[i].fencing_token().unwrap().value();
+        let member = object_name(&member_b_name);
+        object_until(&names[i], "the record rebound to b", |o| {
+            o.is_some_and(|o| {
+                holder_of(o) == Some("b")
+                    && transitions(o) as u64 == token
+                    && annotation(o, KUBERNETES_BOUND_TO_ANNOTATION) == Some(member_b_name.as_str())
+                    && annotation(o, KUBERNETES_LEASE_NAME_ANNOTATION) == Some(names[i].as_str())
+            })
+        })
+        .await;
+        let _ = member;
+    }
+    object_until(
+        &format!("{group}.member.a"),
+        "a's member object deleted",
+        |o| o.is_none(),
+    )
+    .await;
+    // b leaves plainly: its shards are c's to claim, tokens rising.
+    let token_b0 = shards_b[0].fencing_token().unwrap().value();
+    assert!(shards_b[0].release().await.unwrap());
+    assert!(shards_c[0].acquire().await.unwrap());
+    assert!(shards_c[0].fencing_token().unwrap().value() > token_b0);
+    assert!(member_b.retire().await.unwrap());
+    assert!(shards_c[1].acquire().await.unwrap());
+    for shard in &shards_c {
+        let _ = shard.release().await;
+    }
+    let _ = member_c.retire().await;
+}
+
+/// `lease`'s object created by the admin: `holder`, `duration` seconds, `transitions`, and the
+/// annotations `extra` (with the lease name).
+async fn raw_object(
+    lease: &str,
+    holder: Option<&str>,
+    duration: i32,
+    transitions: i32,
+    extra: &[(&str, String)],
+) -> LeaseObject {
+    let mut annotations = BTreeMap::from([(
+        KUBERNETES_LEASE_NAME_ANNOTATION.to_owned(),
+        lease.to_owned(),
+    )]);
+    for (key, value) in extra {
+        annotations.insert((*key).to_owned(), value.clone());
+    }
+    let object = LeaseObject {
+        metadata: ObjectMeta {
+            name: Some(object_name(lease)),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            lease_duration_seconds: Some(duration),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }),
+    };
+    admin()
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap()
+}
+
+fn incarnation_of(object: &LeaseObject) -> String {
+    format!(
+        "{}/{}",
+        object.metadata.uid.as_deref().unwrap(),
+        transitions(object)
+    )
+}
+
+/// A shard record bound to `x`'s member, whose object expires (2 s) with nobody renewing it:
+/// the contender claims the shard only after it released the member object (holder gone), and
+/// a handover written on the member's expired version afterwards is refused (`409`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_releases_an_expired_member_before_claiming_so_a_late_handover_is_refused() {
+    let group = unique("expired-member");
+    let member_x = format!("{group}.member.x");
+    let shard = format!("{group}.shard");
+    let member = raw_object(&member_x, Some("x"), 2, 1, &[]).await;
+    let bound = [
+        (KUBERNETES_BOUND_TO_ANNOTATION, member_x.clone()),
+        (
+            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
+            incarnation_of(&member),
+        ),
+    ];
+    raw_object(&shard, Some("x"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
+    let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let (member_c, shards_c) = node(&session, &group, "c", &[shard.clone()]);
+    assert!(member_c.acquire().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !shards_c[0].acquire().await.unwrap() {
+        assert!(Instant::now() < deadline, "c claimed the shard within 20 s");
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(shards_c[0].fencing_token().unwrap().value(), 5);
+    let now = admin_object(&env().namespace, &object_name(&member_x))
+        .await
+        .expect("the member object stays");
+    assert_eq!(holder_of(&now), None, "released by the contender first");
+    // x's handover, written on the version that expired, lands too late: refused.
+    let mut late = member.clone();
+    late.spec.as_mut().unwrap().holder_identity = None;
+    late.metadata.annotations.as_mut().unwrap().insert(
+        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
+        "{}".to_owned(),
+    );
+    let refused = admin()
+        .replace(&object_name(&member_x), &PostParams::default(), &late)
+        .await
+        .expect_err("a write on the expired version is refused");
+    assert!(
+        matches!(&refused, kube::Error::Api(status) if status.code == 409),
+        "409 Conflict: {refused}"
+    );
+    assert!(shards_c[0].release().await.unwrap());
+    assert!(member_c.release().await.unwrap());
+    let _ = admin()
+        .delete(&object_name(&member_x), &DeleteParams::default())
+        .await;
+}
+
+/// A shard that a released member object lists as handed to `t`: held by `t` for a contender
+/// while `t`'s member object lives, and claimed with the record's token plus two (one for `t`'s
+/// tenure taken up without a write) once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
+    let group = unique("handed-target");
+    let member_m = format!("{group}.member.m");
+    let member_t = format!("{group}.member.t");
+    let shard = format!("{group}.shard");
+    let target = raw_object(&member_t, Some("t"), 3600, 1, &[]).await;
+    let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
+    let incarnation_m = incarnation_of(&member);
+    let bound = [
+        (KUBERNETES_BOUND_TO_ANNOTATION, member_m.clone()),
+        (
+            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
+            incarnation_m.clone(),
+        ),
+    ];
+    raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
+    // m leaves, handing the shard to t: its object released, with the list.
+    let mut released = member.clone();
+    released.spec.as_mut().unwrap().holder_identity = None;
+    let list = serde_json::json!({
+        incarnation_m: [{
+            "owner": "t",
+            "member": member_t,
+            "incarnation": incarnation_of(&target),
+            "leases": [shard],
+        }]
+    });
+    released.metadata.annotations.as_mut().unwrap().insert(
+        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
+        list.to_string(),
+    );
+    admin()
+        .replace(&object_name(&member_m), &PostParams::default(), &released)
+        .await
+        .unwrap();
+    let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let (member_c, shards_c) = node(&session, &group, "c", &[shard.clone()]);
+    assert!(member_c.acquire().await.unwrap());
+    assert!(!shards_c[0].acquire().await.unwrap(), "t's while t lives");
+    assert_eq!(shards_c[0].observed_holder().as_deref(), Some("t"));
+    watch_until(&member_c, &group, "c's watch shows t holding it", |s| {
+        s.live_holder(&shard, Instant::now()) == Some("t")
+    })
+    .await;
+    // t's member object goes: the shard is free, its token two above the record's.
+    admin()
+        .delete(&object_name(&member_t), &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !shards_c[0].acquire().await.unwrap() {
+        assert!(Instant::now() < deadline, "c claimed the shard within 20 s");
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(shards_c[0].fencing_token().unwrap().value(), 6);
+    assert!(shards_c[0].release().await.unwrap());
+    assert!(member_c.release().await.unwrap());
+    let _ = admin()
+        .delete(&object_name(&member_m), &DeleteParams::default())
+        .await;
+}
