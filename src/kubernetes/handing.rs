@@ -44,6 +44,21 @@ use crate::settings::LeaseSettings;
 /// How often a leaving member looks whether the records it handed on moved on.
 const MOVED_ON_POLL: Duration = Duration::from_millis(50);
 
+/// The shortest pause before a target rebinds a shard taken up without a write.
+const SETTLE_AFTER: Duration = Duration::from_millis(250);
+
+/// How long after the take-up the target rebinds shard lease `name`: between
+/// [`SETTLE_AFTER`] and four times that, spread over the shards by their names, and at most a
+/// quarter of `operation_timeout`.
+fn settle_delay(name: &str, operation_timeout: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut hasher);
+    let spread = (SETTLE_AFTER * 3).as_millis() as u64;
+    let delay = SETTLE_AFTER + Duration::from_millis(hasher.finish() % spread.max(1));
+    delay.min(operation_timeout / 4)
+}
+
 /// Adds `hops` to the `leaseTransitions` of `claim` (the tenures taken up without a write since
 /// the record was written: see the `bound` module).
 pub(super) fn add_hops(
@@ -107,6 +122,9 @@ impl KubernetesBackend {
         let Some(to) = tenure.taken_up.clone() else {
             return Ok(None);
         };
+        // After a moment, spread over the shards: the move completes first, and the targets'
+        // rebinds (and the watch events they cause on every node) do not compete with it.
+        tokio::time::sleep(settle_delay(&self.name, settings.operation_timeout())).await;
         let api = self.api()?;
         let handed = (*tenure.lease).clone();
         let handed_version = handed.metadata.resource_version.clone();

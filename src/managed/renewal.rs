@@ -166,20 +166,38 @@ pub(super) async fn bound_loop<B: LeaseBackend>(
 ) -> Option<B::Tenure> {
     let mut tenure = tenure;
     // A tenure taken up without a write (a shard handed on) is brought into the store's record
-    // first, off the acquire's path; a loss it finds ends the tenure. Bounded by the operation
-    // timeout: a settle that did not finish leaves the tenure as it was (its release reads first).
-    let settle = tokio::time::timeout(
-        shared.settings.operation_timeout(),
-        shared.backend.settle(&shared.settings, &mut tenure),
-    )
-    .await;
-    match settle {
-        Ok(Ok(None)) => {}
-        Ok(Ok(Some(reason))) => return shared.lost_or_released(generation, reason, tenure),
-        Ok(Err(error)) => {
+    // first, off the acquire's path (the backend may wait a moment first, so that a move's
+    // rebinds do not compete with the move); a loss it finds ends the tenure. Bounded by the
+    // operation timeout, and given up when the tenure ends or is released meanwhile: a settle
+    // that did not finish leaves the tenure as it was (its release reads the record first).
+    let settled = {
+        let settle = tokio::time::timeout(
+            shared.settings.operation_timeout(),
+            shared.backend.settle(&shared.settings, &mut tenure),
+        );
+        tokio::pin!(settle);
+        let mut changes = shared.tenure.receiver();
+        let ended = async {
+            while shared.tenure.published(generation).is_some() {
+                if changes.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            settled = &mut settle => Some(settled),
+            _ = &mut stop => None,
+            () = ended => Some(Ok(Ok(None))),
+        }
+    };
+    match settled {
+        None => return Some(tenure),
+        Some(Ok(Ok(None))) => {}
+        Some(Ok(Ok(Some(reason)))) => return shared.lost_or_released(generation, reason, tenure),
+        Some(Ok(Err(error))) => {
             tracing::debug!(%error, "could not bring a tenure taken up without a write into the store's record; its release reads first")
         }
-        Err(_) => {
+        Some(Err(_)) => {
             tracing::debug!("bringing a tenure taken up without a write into the store's record took longer than the operation timeout; its release reads first")
         }
     }
