@@ -226,6 +226,10 @@ async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
     assert!(shards_c[0].acquire().await.unwrap());
     assert!(shards_c[0].fencing_token().unwrap().value() > token_b0);
     assert!(member_b.retire().await.unwrap());
+    watch_until(&member_c, &group, "c's watch saw b's member go", |s| {
+        s.live_holder(&names[1], Instant::now()).is_none()
+    })
+    .await;
     assert!(shards_c[1].acquire().await.unwrap());
     for shard in &shards_c {
         let _ = shard.release().await;

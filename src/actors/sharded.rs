@@ -20,6 +20,7 @@ use crate::placement::Placer;
 use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
 
+mod handed;
 mod leaving;
 mod locate;
 mod on_time;
@@ -369,6 +370,14 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 /// it, which takes it up at once; the workers of the shards not yet handed over run on under
 /// their tenures meanwhile, so that each shard is down for its own handover only, not behind
 /// every other shard's, nor sharing the backend with them.
+///
+/// With bound shard leases ([`ShardedSettings::bind_shards`], the default) [`Shutdown`] stops
+/// every worker first, all at once, each under its tenure, then retires the member lease
+/// handing every shard on to the node its placement targets ([`Lease::retire_handing`]): on
+/// Kubernetes the one write that releases the member object lists each shard with its target,
+/// which takes it up without a write of its own and rebinds it a moment later (a graceful leave
+/// of a node holding 256 shards is one write, BENCHMARKS.md); elsewhere that write frees the
+/// shards and their targets claim them.
 ///
 /// # Example
 ///
@@ -725,30 +734,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect()
     }
 
-    /// Whether shard `index`, not held here, was handed to this node with a tenure newer than
-    /// any it had: its record names this node (a one-write handover), or the member tenure it
-    /// is bound to ended handing it on to this node's member tenure, which the snapshot shows
-    /// live (see [`Lease::retire_handing`]).
-    fn handed_here(&self, index: usize, snapshot: &GroupSnapshot, now: Instant) -> bool {
-        let shard = &self.shards[index];
-        if shard.held() {
-            return false;
-        }
-        let Some(record) = snapshot.get(&shard.name) else {
-            return false;
-        };
-        if record.live_holder(now) == Some(self.node.as_str()) && record.token > shard.last_token {
-            return true;
-        }
-        snapshot
-            .handed_to(&shard.name)
-            .is_some_and(|(owner, _, token)| {
-                owner == self.node
-                    && token > shard.last_token
-                    && snapshot.live_holder(&shard.name, now) == Some(self.node.as_str())
-            })
-    }
-
     /// The live members other than this node in `snapshot` at `now`, sorted (see
     /// [`live_member`]).
     fn other_members(
@@ -857,6 +842,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     .retire_on_shutdown()
                     .start(),
             );
+        }
+        // Shards handed to this node by a member that just left start competing first: they are
+        // taken up before this node folds the whole change (a look of every shard, at 4,096
+        // shards several ms), which comes right after.
+        if self.start_handed(&snapshot, ctx) {
+            ctx.notify(Reconcile);
+            return;
         }
         let now = Instant::now();
         // The view, folded from the records that changed since the last look (or from every

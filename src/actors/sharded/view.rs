@@ -181,6 +181,11 @@ impl View {
         }
     }
 
+    /// The version of the snapshot folded in last (`None` before the first look).
+    pub(super) fn seen_version(&self) -> Option<SnapshotVersion> {
+        self.seen.map(|(version, _)| version)
+    }
+
     /// The shards the next reconcile looks at, in index order (and forgets them).
     pub(super) fn take_visits(&mut self, shards: usize) -> Vec<usize> {
         let unstarted = std::mem::take(&mut self.unstarted);
@@ -210,7 +215,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     }
 
     /// The index of the shard whose lease is `name`.
-    fn shard_index(&self, name: &str) -> Option<usize> {
+    pub(super) fn shard_index(&self, name: &str) -> Option<usize> {
         let by_name = &self.view.by_name;
         by_name
             .binary_search_by(|&i| self.shards[i as usize].name.as_str().cmp(name))
