@@ -847,7 +847,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // taken up before this node folds the whole change (a look of every shard, at 4,096
         // shards several ms), which comes right after.
         if self.start_handed(&snapshot, ctx) {
-            ctx.notify(Reconcile);
+            // After a timer's turn: the new managers' first polls (their take-ups) come first.
+            self.wake = Some(ctx.run_later(Duration::from_millis(1), |act, ctx| {
+                act.wake = None;
+                act.reconcile(ctx);
+            }));
             return;
         }
         let now = Instant::now();
