@@ -863,6 +863,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         #[cfg(debug_assertions)]
         self.check_view(&snapshot, now, &visits);
         let mut candidates = Vec::new();
+        let handing = self.members_handing_on(&snapshot);
         for index in visits {
             let target = self.view.targets[index];
             let held = self.shards[index].held();
@@ -871,7 +872,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             // unrun (the node that handed it over may have placed it differently), even while
             // this node sees no member at all (its own member lease not yet, or no longer,
             // held); if it is targeted elsewhere, it is then handed over again like any other.
-            let handed_here = self.handed_here(index, &snapshot, now);
+            let handed_here = self.handed_here_among(index, &snapshot, now, &handing);
             let Some(target) = target else {
                 if handed_here {
                     self.set_eligible(index, true, ctx);

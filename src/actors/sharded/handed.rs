@@ -14,6 +14,30 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// is bound to ended handing it on to this node's member tenure, which the snapshot shows
     /// live (see [`Lease::retire_handing`]).
     pub(super) fn handed_here(&self, index: usize, snapshot: &GroupSnapshot, now: Instant) -> bool {
+        let handing = self.members_handing_on(snapshot);
+        self.handed_here_among(index, snapshot, now, &handing)
+    }
+
+    /// The member records of `snapshot` that list shards handed on (rarely more than one: a
+    /// member that left moments ago).
+    pub(super) fn members_handing_on(&self, snapshot: &GroupSnapshot) -> Vec<String> {
+        snapshot
+            .with_prefix(&self.member_prefix)
+            .filter(|(_, record)| record.handed.is_some())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// [`handed_here`](Self::handed_here), given the member records that list shards handed on
+    /// ([`members_handing_on`](Self::members_handing_on)): a look at every shard reads one record
+    /// per shard, not three.
+    pub(super) fn handed_here_among(
+        &self,
+        index: usize,
+        snapshot: &GroupSnapshot,
+        now: Instant,
+        handing: &[String],
+    ) -> bool {
         let shard = &self.shards[index];
         if shard.held() {
             return false;
@@ -24,13 +48,18 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if record.live_holder(now) == Some(self.node.as_str()) && record.token > shard.last_token {
             return true;
         }
-        snapshot
-            .handed_to(&shard.name)
-            .is_some_and(|(owner, _, token)| {
-                owner == self.node
-                    && token > shard.last_token
-                    && snapshot.live_holder(&shard.name, now) == Some(self.node.as_str())
-            })
+        let listed = record
+            .bound_to
+            .as_ref()
+            .is_some_and(|binding| handing.iter().any(|m| m == binding.member()));
+        listed
+            && snapshot
+                .handed_to(&shard.name)
+                .is_some_and(|(owner, _, token)| {
+                    owner == self.node
+                        && token > shard.last_token
+                        && snapshot.live_holder(&shard.name, now) == Some(self.node.as_str())
+                })
     }
 
     /// Starts competing at once for the shards that the member records changed since the last

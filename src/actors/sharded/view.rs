@@ -452,11 +452,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         assert_eq!(self.view.holders.len(), walked.len(), "the view's holders");
         let mut visits = visits.iter().peekable();
+        let handing = self.members_handing_on(snapshot);
         for (index, shard) in self.shards.iter().enumerate() {
             if visits.next_if(|&&visit| visit == index).is_some() {
                 continue;
             }
-            let handed_here = self.handed_here(index, snapshot, now);
+            let handed_here = self.handed_here_among(index, snapshot, now, &handing);
             let target = self.view.targets[index];
             assert!(
                 shard.lease.is_none()
