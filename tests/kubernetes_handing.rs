@@ -298,7 +298,7 @@ async fn a_contender_releases_an_expired_member_before_claiming_so_a_late_handov
     ];
     raw_object(&shard, Some("x"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
     let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
-    let (member_c, shards_c) = node(&session, &group, "c", &[shard.clone()]);
+    let (member_c, shards_c) = node(&session, &group, "c", std::slice::from_ref(&shard));
     assert!(member_c.acquire().await.unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     while !shards_c[0].acquire().await.unwrap() {
@@ -372,7 +372,7 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         .await
         .unwrap();
     let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
-    let (member_c, shards_c) = node(&session, &group, "c", &[shard.clone()]);
+    let (member_c, shards_c) = node(&session, &group, "c", std::slice::from_ref(&shard));
     assert!(member_c.acquire().await.unwrap());
     assert!(!shards_c[0].acquire().await.unwrap(), "t's while t lives");
     assert_eq!(shards_c[0].observed_holder().as_deref(), Some("t"));

@@ -75,17 +75,23 @@ enum MemberState {
     Handed { owner: String, to: Binding },
 }
 
+/// A member object: its namespace and name.
+type ObjectKey = (String, String);
+
+/// An incarnation over for good, with what its object listed as handed on.
+type Ended = (String, Option<Arc<HandedShards>>);
+
 /// What a session knows of member incarnations that are over (shared by its leases).
 #[derive(Default)]
 pub(super) struct EndedMembers {
     /// Per `(namespace, object)`: an incarnation over for good, with what its object listed as
     /// handed on when that was found.
-    ended: Mutex<HashMap<(String, String), (String, Option<Arc<HandedShards>>)>>,
+    ended: Mutex<HashMap<ObjectKey, Ended>>,
     /// One confirmation at a time per member object.
-    locks: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
     /// Per `(namespace, object)`: an incarnation a read found live, and until when at least
     /// (the confirmations waiting behind that read need not read again).
-    lives: Mutex<HashMap<(String, String), (String, Instant)>>,
+    lives: Mutex<HashMap<ObjectKey, (String, Instant)>>,
 }
 
 impl EndedMembers {

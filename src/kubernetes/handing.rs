@@ -31,11 +31,10 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::api::{DeleteParams, Preconditions};
 use tokio::time::Instant;
 
-use super::backend::KubernetesTenure;
 use super::record::{
     bind, handed_shards_of, holder_of, incarnation_of, released, set_handed_shards, transitions_of,
 };
-use super::{object_name, KubernetesBackend, KubernetesError};
+use super::{object_name, KubernetesBackend, KubernetesError, KubernetesTenure};
 use crate::backend::{AcquireAttempt, ReleaseOutcome};
 use crate::binding::{Binding, HandedShard};
 use crate::lease::{FencingToken, LostReason};
