@@ -154,6 +154,7 @@ impl HandedShards {
     }
 
     /// Adds what member incarnation `incarnation` hands on.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn add(&mut self, incarnation: &str, shards: &[HandedShard]) {
         for shard in shards {
             self.add_one(incarnation, &shard.lease, &shard.owner, &shard.binding);
@@ -161,6 +162,7 @@ impl HandedShards {
     }
 
     /// Adds one entry.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn add_one(
         &mut self,
         incarnation: &str,
@@ -187,6 +189,7 @@ impl HandedShards {
 
     /// Keeps the entries `keep` says yes to (`(incarnation, lease)`); targets no entry names any
     /// more are dropped.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
         let mut rebuilt = Self::default();
         for (incarnation, leases) in &self.by_incarnation {
@@ -201,6 +204,7 @@ impl HandedShards {
     }
 
     /// Whether no entry is left.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.by_incarnation.values().all(|leases| leases.is_empty())
     }
