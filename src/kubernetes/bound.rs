@@ -89,8 +89,9 @@ pub(super) struct EndedMembers {
     ended: Mutex<HashMap<ObjectKey, Ended>>,
     /// One confirmation at a time per member object.
     locks: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
-    /// Per `(namespace, object)`: an incarnation a read found live, and until when at least
-    /// (the confirmations waiting behind that read need not read again).
+    /// Per `(namespace, object)`: a version the watch showed expired that a read found renewed
+    /// since, and until when the member lives at least (the confirmations waiting behind that
+    /// read, which saw the same version expire, need not read again).
     lives: Mutex<HashMap<ObjectKey, (String, Instant)>>,
 }
 
@@ -126,17 +127,17 @@ impl EndedMembers {
         );
     }
 
-    /// Until when a read found incarnation `incarnation` of `object` live, if that is still
-    /// ahead.
-    fn lives_until(&self, namespace: &str, object: &str, incarnation: &str) -> Option<Instant> {
+    /// Until when the member of `object` lives, as a read found when the watch showed version
+    /// `version` expired, if that is still ahead.
+    fn lives_until(&self, namespace: &str, object: &str, version: &str) -> Option<Instant> {
         let lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
         lives
             .get(&(namespace.to_owned(), object.to_owned()))
-            .filter(|(known, until)| known == incarnation && Instant::now() < *until)
+            .filter(|(known, until)| known == version && Instant::now() < *until)
             .map(|(_, until)| *until)
     }
 
-    fn set_lives(&self, namespace: &str, object: &str, incarnation: &str, until: Instant) {
+    fn set_lives(&self, namespace: &str, object: &str, version: &str, until: Instant) {
         let mut lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
         if lives.len() >= ENDED_KEPT {
             let now = Instant::now();
@@ -144,7 +145,7 @@ impl EndedMembers {
         }
         lives.insert(
             (namespace.to_owned(), object.to_owned()),
-            (incarnation.to_owned(), until),
+            (version.to_owned(), until),
         );
     }
 
@@ -264,7 +265,12 @@ impl KubernetesBackend {
         if let Some(state) = known_over(self) {
             return Ok(state);
         }
-        if let Some(until) = self.hub.ended.lives_until(namespace, &object, incarnation) {
+        // The version the watch shows expired was read live meanwhile (by the confirmation
+        // this one waited behind).
+        if let Some(until) = seen_version
+            .as_deref()
+            .and_then(|v| self.hub.ended.lives_until(namespace, &object, v))
+        {
             return Ok(MemberState::Lives(until));
         }
         for _ in 0..CONFIRM_ATTEMPTS {
@@ -312,9 +318,11 @@ impl KubernetesBackend {
                 };
                 let until = first_seen + duration_of(&member);
                 if now < until {
-                    self.hub
-                        .ended
-                        .set_lives(namespace, &object, incarnation, until);
+                    // Remembered against the version the watch showed expired: the claims that
+                    // saw the same need not read again.
+                    if let Some(seen) = seen_version.as_deref() {
+                        self.hub.ended.set_lives(namespace, &object, seen, until);
+                    }
                     return Ok(MemberState::Lives(until));
                 }
             }
