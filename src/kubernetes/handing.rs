@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
-use kube::api::{DeleteParams, Preconditions};
 use tokio::time::Instant;
 
 use super::record::{
@@ -81,6 +80,19 @@ pub(super) fn add_hops(
     Ok(())
 }
 
+/// The record of a tenure taken up without a write and not rebound, as a read finds it.
+enum Unsettled {
+    /// Rebound by this tenure already (this owner, its token): the record as it is.
+    Ours(LeaseObject),
+    /// Still the version handed on: this tenure's claim of it (this owner, its token, its
+    /// binding), to write over that version.
+    Handed(LeaseObject),
+    /// No object.
+    Gone,
+    /// Another tenure's record, with its holder.
+    Other(Option<String>),
+}
+
 impl KubernetesBackend {
     /// `current` (a record handed on to this owner under member tenure `to`) taken up without
     /// a write, with its `leaseTransitions` plus one; `None` when that is no newer than a
@@ -126,7 +138,6 @@ impl KubernetesBackend {
         tokio::time::sleep(settle_delay(&self.name, settings.operation_timeout())).await;
         let api = self.api()?;
         let handed = (*tenure.lease).clone();
-        let handed_version = handed.metadata.resource_version.clone();
         let mut claim = self.claimed(handed, settings)?;
         bind(&mut claim, &to);
         if !self.patch_forbidden.load(Ordering::Relaxed) {
@@ -144,31 +155,23 @@ impl KubernetesBackend {
         }
         // Read, and decide: still the version handed on (replace it), or rebound already by
         // this tenure (an answer lost), or lost.
-        let Some(current) = self.get(&api).await? else {
-            return Ok(Some(LostReason::Deleted));
-        };
-        if holder_of(&current) == Some(settings.owner())
-            && transitions_of(&current) == tenure.transitions
-        {
-            self.rebound(tenure, Arc::new(current));
-            return Ok(None);
-        }
-        if current.metadata.resource_version != handed_version {
-            return Ok(Some(LostReason::TakenOver {
-                holder: holder_of(&current).map(str::to_owned),
-            }));
-        }
-        let mut claim = self.claimed(current, settings)?;
-        bind(&mut claim, &to);
-        match self.update(&api, &claim).await {
-            Ok(rebound) => {
-                self.rebound(tenure, rebound);
+        match self.read_unsettled(settings, tenure).await? {
+            Unsettled::Ours(current) => {
+                self.rebound(tenure, Arc::new(current));
                 Ok(None)
             }
-            Err(e) if matches!(e.status_code(), Some(409) | Some(404)) => {
-                Ok(Some(LostReason::TakenOver { holder: None }))
-            }
-            Err(e) => Err(e),
+            Unsettled::Handed(claim) => match self.update(&api, &claim).await {
+                Ok(rebound) => {
+                    self.rebound(tenure, rebound);
+                    Ok(None)
+                }
+                Err(e) if matches!(e.status_code(), Some(409) | Some(404)) => {
+                    Ok(Some(LostReason::TakenOver { holder: None }))
+                }
+                Err(e) => Err(e),
+            },
+            Unsettled::Gone => Ok(Some(LostReason::Deleted)),
+            Unsettled::Other(holder) => Ok(Some(LostReason::TakenOver { holder })),
         }
     }
 
@@ -186,25 +189,36 @@ impl KubernetesBackend {
         settings: &LeaseSettings,
         tenure: &KubernetesTenure,
     ) -> Result<Result<LeaseObject, ReleaseOutcome>, KubernetesError> {
+        Ok(match self.read_unsettled(settings, tenure).await? {
+            Unsettled::Ours(record) | Unsettled::Handed(record) => Ok(record),
+            Unsettled::Gone => Err(ReleaseOutcome::Released),
+            Unsettled::Other(holder) => Err(ReleaseOutcome::HeldByOther { holder }),
+        })
+    }
+
+    /// The record of a tenure taken up but not rebound, as a read finds it (see [`Unsettled`]).
+    async fn read_unsettled(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &KubernetesTenure,
+    ) -> Result<Unsettled, KubernetesError> {
         let api = self.api()?;
         let Some(current) = self.get(&api).await? else {
-            return Ok(Err(ReleaseOutcome::Released));
+            return Ok(Unsettled::Gone);
         };
-        let ours = holder_of(&current) == Some(settings.owner())
-            && transitions_of(&current) == tenure.transitions;
-        if ours {
-            return Ok(Ok(current));
+        if holder_of(&current) == Some(settings.owner())
+            && transitions_of(&current) == tenure.transitions
+        {
+            return Ok(Unsettled::Ours(current));
         }
         if current.metadata.resource_version == tenure.lease.metadata.resource_version {
             let mut claim = self.claimed(current, settings)?;
             if let Some(to) = &tenure.taken_up {
                 bind(&mut claim, to);
             }
-            return Ok(Ok(claim));
+            return Ok(Unsettled::Handed(claim));
         }
-        Ok(Err(ReleaseOutcome::HeldByOther {
-            holder: holder_of(&current).map(str::to_owned),
-        }))
+        Ok(Unsettled::Other(holder_of(&current).map(str::to_owned)))
     }
 
     /// Releases the member object of `tenure` handing `handed` on (see the module docs).
@@ -278,17 +292,19 @@ impl KubernetesBackend {
             }
             tokio::time::sleep(MOVED_ON_POLL).await;
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: written.metadata.resource_version.clone(),
-                uid: None,
-            }),
-            ..DeleteParams::default()
-        };
-        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
-        if let Err(error) = api.delete(&self.object, &params).await {
-            let error = self.write_error("delete", error);
-            tracing::debug!(error = &error as &dyn std::error::Error, object = %self.object, "the released member object was not deleted: it stays");
+        // Deleted at the released version, as `retire` deletes (a Role without `delete` is
+        // warned about once there); an object not deleted stays released, with its list.
+        match self
+            .delete_retired(written.metadata.resource_version.clone())
+            .await
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::debug!(object = %self.object, "the released member object was not deleted: it stays");
+            }
+            Err(error) => {
+                tracing::debug!(error = &error as &dyn std::error::Error, object = %self.object, "the released member object was not deleted: it stays");
+            }
         }
         Ok(ReleaseOutcome::Released)
     }
