@@ -223,6 +223,11 @@ async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
     // b leaves plainly: its shards are c's to claim, tokens rising.
     let token_b0 = shards_b[0].fencing_token().unwrap().value();
     assert!(shards_b[0].release().await.unwrap());
+    // (c's lease decides from what its watch has shown: a record still shown held is held)
+    watch_until(&member_c, &group, "c's watch saw b's release", |s| {
+        s.live_holder(&names[0], Instant::now()).is_none()
+    })
+    .await;
     assert!(shards_c[0].acquire().await.unwrap());
     assert!(shards_c[0].fencing_token().unwrap().value() > token_b0);
     assert!(member_b.retire().await.unwrap());
