@@ -78,6 +78,10 @@
 //!    time, the requests the server counted and, on Kubernetes, its own mean time per verb
 //!    (`apiserver_request_duration_seconds`), which tells a slow server from busy nodes.
 //!
+//!    A run of scenario 3 on a loaded machine (`BENCH_BUSY=N`, with N busy processes beside
+//!    it, as `BUSY=N scripts/ci-under-load.sh 1 -- cargo bench ...` starts them) is recorded as
+//!    a variant of its own (`N busy processes`), beside the run on an idle machine.
+//!
 //! Environment: `BENCH_IDLE_WINDOW_SECS` (60), `BENCH_FLEET_WINDOW_SECS` (60),
 //! `BENCH_LARGE_WINDOW_SECS` (120), `BENCH_LARGE_NODES` (16), `BENCH_LARGE_SHARDS` (4,096),
 //! `BENCH_NODE_RUST_LOG` (the nodes' `RUST_LOG`, default `actix_coordination=warn`; their logs
@@ -1730,10 +1734,14 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
         "nodes_cpu_percent": cpu / elapsed * 100.0,
         "server_cpu_percent": server_cpu.map(|c| c / elapsed * 100.0),
     });
+    // A run on a loaded machine is a variant of its own (see the module docs).
+    let busy = std::env::var("BENCH_BUSY")
+        .ok()
+        .map(|n| format!("{n} busy processes"));
     report.record(
         "fleet-large",
         backend,
-        None,
+        busy.as_deref(),
         json!({
             "reference": "sharded_node processes of one group on a server of their own (its counters count them alone): the steady state once every shard ran, balanced; then a join, a SIGKILL, a SIGTERM",
             "stats": {

@@ -581,7 +581,10 @@ def t_fleet(d):
 
 def t_fleet_large(d):
     """Issue 37's fleet of real processes (`benches/fleet.rs`, scenario `large`)."""
-    recs = [r for backend, _ in BACKENDS for r in [d.get("fleet-large", backend)] if r]
+    # Per backend: the run on an idle machine, then those beside busy processes (`BENCH_BUSY`).
+    recs = [r for backend, _ in BACKENDS
+            for r in sorted(d.all("fleet-large", backend),
+                            key=lambda r: (r.get("variant") is not None, r.get("variant") or ""))]
     if not recs:
         return "(no results yet)"
 
@@ -611,7 +614,7 @@ def t_fleet_large(d):
     steady, changes = [], []
     for r in recs:
         v, st, s = r["values"], r["values"]["steady"], r["stats"]
-        name = BACKEND_NAME[r["backend"]]
+        name = BACKEND_NAME[r["backend"]] + (f" ({r['variant']})" if r.get("variant") else "")
         rss = sorted(st["rss_bytes"])
         per_node = v["shards"] // v["nodes"]
         writes = ", ".join(f"{k.removeprefix('received ')} {x:.0f}"
