@@ -302,6 +302,16 @@ pub trait LeaseBackend: Send + Sync + 'static {
         self.retire(settings, tenure)
     }
 
+    /// Keeps a plan of where the shards bound to member tenure `ended` go, for the write that
+    /// ends that member's record once a claim of this process finds it expired (see
+    /// [`Lease::plan_hand_on`](crate::Lease::plan_hand_on)). A backend that uses it lists only
+    /// records bound to `ended`, in the very compare-and-swap that ends the expired member
+    /// record, with the binding rules of [`retire_handing`](Self::retire_handing). The default
+    /// keeps nothing.
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        let _ = (ended, handed);
+    }
+
     /// Brings a tenure that was taken up without a write (a shard handed on by
     /// [`retire_handing`](Self::retire_handing)) into the store's own record, off the path of
     /// the acquire: called once, right after such an acquire, from the bound tenure's task.

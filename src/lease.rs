@@ -451,6 +451,23 @@ pub trait Lease: Send + Sync + 'static {
         self.retire()
     }
 
+    /// Plans where the shards bound to member tenure `ended` (another owner's, which this
+    /// process sees expired) go: should a claim by this process find that tenure expired and
+    /// end its member record, the same compare-and-swap lists them as
+    /// [`retire_handing`](Lease::retire_handing) would have, each with its target (an owner and
+    /// that owner's member tenure). The targets then take them up without a write, as from a
+    /// member that left. Call it on a member lease; the latest plan for a member tenure counts.
+    ///
+    /// Nothing is written here: the plan is used only by the write that ends the expired member
+    /// record, after the same confirmation as any claim by expiry, and only for the records this
+    /// process's watch shows bound to that tenure. A record not listed is freed as before.
+    ///
+    /// * Kubernetes: kept by the session of this lease (its leases share it).
+    /// * Everywhere else, and the default: nothing (the shards are freed and claimed).
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        let _ = (ended, handed);
+    }
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;

@@ -634,7 +634,13 @@ impl<B: LeaseBackend> ManagedLease<B> {
         };
         // End the tenure for every reader first: a tenure already past its deadline is lost
         // (and reported once), a live one released.
-        shared.end_by_choice(renewal.generation, TenureEnd::Released);
+        let live = shared
+            .end_by_choice(renewal.generation, TenureEnd::Released)
+            .is_some();
+        // A bound tenure past its deadline: its member tenure has ended, and may have handed the
+        // record on (the target takes it up without a write, so the record still looks ours):
+        // nothing of it is written.
+        let write = live || shared.bound.get().is_none();
         // Stopping the renewal and telling the backend are polled right here, but never cut
         // short: if this future is dropped first, they are finished on a task of their own.
         let call = FinishOnDrop::new(&runtime, {
@@ -642,7 +648,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
             let span = tracing::Span::current();
             async move {
                 let mut ops = ops;
-                let Some(tenure) = stop_renewal(renewal).await else {
+                let Some(tenure) = stop_renewal(renewal).await.filter(|_| write) else {
                     // The tenure was lost before the release; there is nothing of ours to
                     // release (nor to hand over).
                     return Ok(!matches!(giving, Giving::Prefer(_)));
@@ -1000,6 +1006,10 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
     ) -> impl std::future::Future<Output = Result<bool, LeaseError>> + Send {
         self.release_inner(Giving::RetireHanding(handed))
             .instrument(self.span("lease_release"))
+    }
+
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        self.shared.backend.plan_hand_on(ended, handed);
     }
 
     fn release_to(

@@ -27,6 +27,7 @@ trait DynLease: Send + Sync + 'static {
         &self,
         handed: Vec<crate::HandedShard>,
     ) -> BoxFuture<'_, Result<bool, LeaseError>>;
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>);
     fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -64,6 +65,9 @@ impl<L: Lease> DynLease for L {
         handed: Vec<crate::HandedShard>,
     ) -> BoxFuture<'_, Result<bool, LeaseError>> {
         Box::pin(Lease::retire_handing(self, handed))
+    }
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        Lease::plan_hand_on(self, ended, handed)
     }
     fn records_preference(&self) -> bool {
         Lease::records_preference(self)
@@ -176,6 +180,9 @@ impl Lease for SharedLease {
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         self.0.retire_handing(handed)
     }
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        self.0.plan_hand_on(ended, handed)
+    }
     fn records_preference(&self) -> bool {
         self.0.records_preference()
     }
@@ -232,6 +239,9 @@ impl<L: Lease> Lease for Arc<L> {
         handed: Vec<crate::HandedShard>,
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send {
         (**self).retire_handing(handed)
+    }
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        (**self).plan_hand_on(ended, handed)
     }
     fn records_preference(&self) -> bool {
         (**self).records_preference()

@@ -402,3 +402,223 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         .delete(&object_name(&member_m), &DeleteParams::default())
         .await;
 }
+
+/// Two shard records bound to `x`'s member, whose object expires (2 s) with nobody renewing it:
+/// `c` planned where they go (shard 0 to itself, shard 1 to `t`), so the claim that finds `x`
+/// expired ends `x`'s object listing both, in one write; `c` takes shard 0 up with no other
+/// write (token +1) and rebinds it afterwards, `t` takes shard 1 up with no write at all, and
+/// `c` cannot have shard 1 while `t`'s member lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_release() {
+    let group = unique("expired-handing");
+    let member_x = format!("{group}.member.x");
+    let names: Vec<String> = (0..2).map(|i| format!("{group}.shard.{i}")).collect();
+    let member = raw_object(&member_x, Some("x"), 2, 1, &[]).await;
+    let bound = [
+        (KUBERNETES_BOUND_TO_ANNOTATION, member_x.clone()),
+        (
+            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
+            incarnation_of(&member),
+        ),
+    ];
+    raw_object(
+        &names[0],
+        Some("x"),
+        KUBERNETES_BOUND_DURATION_SECS,
+        4,
+        &bound,
+    )
+    .await;
+    raw_object(
+        &names[1],
+        Some("x"),
+        KUBERNETES_BOUND_DURATION_SECS,
+        7,
+        &bound,
+    )
+    .await;
+    let sessions: Vec<KubernetesSession> = (0..2)
+        .map(|_| KubernetesSession::new(settings_at(env().url.clone())).unwrap())
+        .collect();
+    let (member_c, shards_c) = node(&sessions[0], &group, "c", &names);
+    let (member_t, shards_t) = node(&sessions[1], &group, "t", &names);
+    assert!(member_c.acquire().await.unwrap());
+    assert!(member_t.acquire().await.unwrap());
+    let member_c_name = format!("{group}.member.c");
+    let member_t_name = format!("{group}.member.t");
+    let incarnation = |snapshot: &GroupSnapshot, member: &str| {
+        snapshot
+            .get(member)
+            .and_then(|r| r.incarnation.clone())
+            .expect("a member incarnation")
+    };
+    let live = |s: &GroupSnapshot| {
+        let now = Instant::now();
+        s.live_holder(&member_c_name, now) == Some("c")
+            && s.live_holder(&member_t_name, now) == Some("t")
+            && names.iter().all(|n| s.get(n).is_some())
+    };
+    watch_until(&member_c, &group, "c's watch saw the group", live).await;
+    watch_until(&member_t, &group, "t's watch saw the group", live).await;
+    let snapshot = member_c.watch_group(&group).unwrap().snapshot();
+    let to_c = Binding::new(
+        member_c_name.clone(),
+        incarnation(&snapshot, &member_c_name),
+    );
+    let to_t = Binding::new(
+        member_t_name.clone(),
+        incarnation(&snapshot, &member_t_name),
+    );
+    member_c.plan_hand_on(
+        &Binding::new(member_x.clone(), incarnation_of(&member)),
+        vec![
+            HandedShard::new(names[0].clone(), "c", to_c),
+            HandedShard::new(names[1].clone(), "t", to_t),
+        ],
+    );
+    let before = shards_c[0].backend().stats();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !shards_c[0].acquire().await.unwrap() {
+        assert!(Instant::now() < deadline, "c had shard 0 within 20 s");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let after = shards_c[0].backend().stats();
+    assert_eq!(after.taken_up, before.taken_up + 1, "taken up: {after:?}");
+    assert_eq!(
+        after.updates - before.updates,
+        1,
+        "one write: the release of x's object, listing both shards ({after:?})"
+    );
+    assert_eq!(after.creates, before.creates);
+    assert_eq!(shards_c[0].fencing_token().unwrap().value(), 5);
+    let released = admin_object(&env().namespace, &object_name(&member_x))
+        .await
+        .expect("x's object stays, released");
+    assert_eq!(holder_of(&released), None);
+    let list = annotation(&released, KUBERNETES_HANDED_SHARDS_ANNOTATION).expect("a list");
+    assert!(
+        names.iter().all(|n| list.contains(n.as_str())),
+        "both shards listed: {list}"
+    );
+    // t takes shard 1 up with no write; c cannot have it while t's member lives.
+    watch_until(&member_t, &group, "t's watch saw x's list", |s| {
+        s.live_holder(&names[1], Instant::now()) == Some("t")
+    })
+    .await;
+    let before_t = shards_t[1].backend().stats();
+    assert!(shards_t[1].acquire().await.unwrap(), "t took shard 1 up");
+    let after_t = shards_t[1].backend().stats();
+    assert_eq!(after_t.taken_up, before_t.taken_up + 1);
+    assert_eq!(
+        after_t.requests(),
+        before_t.requests(),
+        "no request: {after_t:?}"
+    );
+    assert_eq!(shards_t[1].fencing_token().unwrap().value(), 8);
+    assert!(!shards_c[1].acquire().await.unwrap(), "shard 1 is t's");
+    assert_eq!(shards_c[1].observed_holder().as_deref(), Some("t"));
+    // Both records are rebound afterwards, each to its taker's member, with its token.
+    for (i, (owner, member, token)) in [("c", &member_c_name, 5), ("t", &member_t_name, 8)]
+        .into_iter()
+        .enumerate()
+    {
+        object_until(&names[i], "the record rebound", |o| {
+            o.is_some_and(|o| {
+                holder_of(o) == Some(owner)
+                    && transitions(o) == token
+                    && annotation(o, KUBERNETES_BOUND_TO_ANNOTATION) == Some(member.as_str())
+            })
+        })
+        .await;
+    }
+    assert!(shards_c[0].release().await.unwrap());
+    assert!(shards_t[1].release().await.unwrap());
+    assert!(member_c.release().await.unwrap());
+    assert!(member_t.release().await.unwrap());
+    let _ = admin()
+        .delete(&object_name(&member_x), &DeleteParams::default())
+        .await;
+}
+
+/// A member that ended handing a shard on to `t` comes back (a new member tenure of the same
+/// owner, a node back from a freeze or restarted under its name): the record still names it
+/// (`t` took it up without a write), but it is `t`'s while `t`'s member lives, and the owner's
+/// claim is refused until then; once `t`'s member is gone it is claimed with token + 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_back_under_a_new_member_tenure_does_not_claim_what_its_last_one_handed_on() {
+    let group = unique("handed-back");
+    let member_m = format!("{group}.member.m");
+    let member_t = format!("{group}.member.t");
+    let shard = format!("{group}.shard");
+    let target = raw_object(&member_t, Some("t"), 3600, 1, &[]).await;
+    let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
+    let incarnation_m = incarnation_of(&member);
+    let bound = [
+        (KUBERNETES_BOUND_TO_ANNOTATION, member_m.clone()),
+        (
+            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
+            incarnation_m.clone(),
+        ),
+    ];
+    raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
+    // m's tenure ends handing the shard to t: its object released, with the list.
+    let mut released = member.clone();
+    released.spec.as_mut().unwrap().holder_identity = None;
+    let list = serde_json::json!({
+        incarnation_m: [{
+            "owner": "t",
+            "member": member_t,
+            "incarnation": incarnation_of(&target),
+            "leases": [shard],
+        }]
+    });
+    released.metadata.annotations.as_mut().unwrap().insert(
+        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
+        list.to_string(),
+    );
+    admin()
+        .replace(&object_name(&member_m), &PostParams::default(), &released)
+        .await
+        .unwrap();
+    // m comes back: a new member tenure (its object claimed again, the list kept).
+    let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let (member_back, shards_back) = node(&session, &group, "m", std::slice::from_ref(&shard));
+    assert!(member_back.acquire().await.unwrap());
+    let again = admin_object(&env().namespace, &object_name(&member_m))
+        .await
+        .unwrap();
+    assert_eq!(holder_of(&again), Some("m"));
+    assert!(
+        annotation(&again, KUBERNETES_HANDED_SHARDS_ANNOTATION).is_some(),
+        "the list stays while a record may follow it"
+    );
+    assert!(
+        !shards_back[0].acquire().await.unwrap(),
+        "t's while t's member lives, though the record names m"
+    );
+    assert_eq!(shards_back[0].observed_holder().as_deref(), Some("t"));
+    let record = admin_object(&env().namespace, &object_name(&shard))
+        .await
+        .unwrap();
+    assert_eq!(
+        transitions(&record),
+        4,
+        "the record is as m's last tenure left it"
+    );
+    // t's member object goes: m claims the shard, its token two above the record's.
+    admin()
+        .delete(&object_name(&member_t), &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !shards_back[0].acquire().await.unwrap() {
+        assert!(Instant::now() < deadline, "m claimed the shard within 20 s");
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(shards_back[0].fencing_token().unwrap().value(), 6);
+    assert!(shards_back[0].release().await.unwrap());
+    assert!(member_back.release().await.unwrap());
+    let _ = admin()
+        .delete(&object_name(&member_m), &DeleteParams::default())
+        .await;
+}

@@ -15,7 +15,8 @@
 //! The tests run one at a time (each starts three or four processes holding 64 leases); each one
 //! waits on the logs with deadlines, never on a bare sleep. The measured times are printed (per
 //! shard) and are not asserted beyond "much faster than the TTL" and "within TTL + slack": the
-//! figures belong in benchmarks.
+//! figures belong in benchmarks. `SHARDED_PROCESSES_NODE_LOG` sets the nodes' `RUST_LOG`
+//! (default `actix_coordination=info`); each run's logs stay in `target/sharded-processes/`.
 
 #[path = "sharded_processes/churn.rs"]
 mod churn;
@@ -252,7 +253,11 @@ impl Fleet {
             .args(["--shards", &SHARDS.to_string()])
             .args(["--owner", owner])
             .args(["--events", events.to_str().unwrap()])
-            .env("RUST_LOG", "actix_coordination=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SHARDED_PROCESSES_NODE_LOG")
+                    .unwrap_or_else(|_| "actix_coordination=info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())

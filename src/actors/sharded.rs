@@ -427,6 +427,8 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     wake: Option<SpawnHandle>,
     /// Shards handed here being taken up: the fold of the change waits for them (`handed.rs`).
     taking_up: handed::TakingUp,
+    /// The expired member tenures this node planned a hand-on for (`handed.rs`).
+    hand_on_planned: HashMap<String, String>,
     /// A reconcile planned after a shard's lease could not be built, and the pause before the
     /// next such one.
     retry: Option<SpawnHandle>,
@@ -585,6 +587,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             handing_over: HashMap::new(),
             wake: None,
             taking_up: handed::TakingUp::default(),
+            hand_on_planned: HashMap::new(),
             retry: None,
             retry_backoff: None,
             shutting_down: false,
@@ -858,6 +861,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // record when it cannot tell what changed: `view.rs`); the shards to look at are those
         // for which the walk of every shard could do anything (`View::take_visits`).
         self.refresh_view(&snapshot, now);
+        // Before this fold starts claims: a claim that ends an expired member's record hands its
+        // shards on in the same write.
+        self.plan_hand_on_expired(&snapshot, now);
         let visits = self.view.take_visits(self.shards.len());
         #[cfg(debug_assertions)]
         self.check_view(&snapshot, now, &visits);

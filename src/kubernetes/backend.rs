@@ -542,9 +542,15 @@ impl KubernetesBackend {
                 None => preferred_of(&current).is_some_and(|p| p != owner),
             };
             // A bound record of another holder lives by its member record, or by the target's
-            // it was handed on to (see the `bound` module).
+            // it was handed on to (see the `bound` module). So does one of this owner bound to
+            // another member tenure than the one it claims under: that tenure ended, and may
+            // have handed the record on (a target takes it up without a write, so the record
+            // still names this owner).
+            let bound = binding_of(&current);
+            let ours_ended =
+                holder.as_deref() == Some(owner) && bound.is_some() && bound.as_ref() != binding;
             let mut hops = 0;
-            if let (true, Some(bound), Some(h)) = (blocked, binding_of(&current), holder.as_deref())
+            if let (true, Some(bound), Some(h)) = (blocked || ours_ended, bound, holder.as_deref())
             {
                 let me = binding.map(|b| (owner, b));
                 match self.bound_state(&api, &bound, h, me).await? {
@@ -885,6 +891,17 @@ impl LeaseBackend for KubernetesBackend {
         Box::pin(self.retire_handing_inner(settings, tenure, handed)).await
     }
 
+    /// Kept by the session, for the release of that member's object as expired (see the `bound`
+    /// module).
+    fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
+        self.hub.ended.plan(
+            &self.namespace,
+            &object_name(ended.member()),
+            ended.incarnation(),
+            handed,
+        );
+    }
+
     /// Rebinds a shard taken up without a write (see the `handing` module).
     async fn settle(
         &self,
@@ -951,7 +968,22 @@ impl LeaseBackend for KubernetesBackend {
                         .and_then(|s| s.acquire_time.as_ref())
                         .is_some_and(|t| pending.contains(t))
             });
-            let Some(current) = current.filter(|_| ours) else {
+            // A bound claim is released only while the member tenure it names is this owner's
+            // and lives, as the namespace watch shows it: once that tenure ended, the record may
+            // have been handed on (taken up without a write), and is not ours to write.
+            let member_lives = |lease: &LeaseObject| {
+                binding_of(lease).is_none_or(|bound| {
+                    self.hub
+                        .record_of(&self.namespace, &object_name(bound.member()))
+                        .flatten()
+                        .is_some_and(|(member, _)| {
+                            member.holder.as_deref() == Some(settings.owner())
+                                && member.incarnation.as_deref() == Some(bound.incarnation())
+                                && member.expires_at.is_some_and(|at| Instant::now() < at)
+                        })
+                })
+            };
+            let Some(current) = current.filter(|lease| ours && member_lives(lease)) else {
                 self.lock().unanswered.clear();
                 return Ok(());
             };

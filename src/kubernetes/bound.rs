@@ -44,9 +44,11 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::api::Api;
 use tokio::time::Instant;
 
-use super::record::{duration_of, handed_shards_of, holder_of, incarnation_of, post_params, slim};
+use super::record::{
+    duration_of, handed_shards_of, holder_of, incarnation_of, post_params, set_handed_shards, slim,
+};
 use super::{object_name, KubernetesBackend, KubernetesError};
-use crate::binding::{Binding, HandedShards};
+use crate::binding::{Binding, HandedShard, HandedShards};
 use crate::group::GroupRecord;
 
 /// How many member objects a session remembers an ended incarnation of.
@@ -81,6 +83,9 @@ type ObjectKey = (String, String);
 /// An incarnation over for good, with what its object listed as handed on.
 type Ended = (String, Option<Arc<HandedShards>>);
 
+/// An incarnation, and where its bound shards go should it be found expired.
+type Planned = (String, Arc<Vec<HandedShard>>);
+
 /// What a session knows of member incarnations that are over (shared by its leases).
 #[derive(Default)]
 pub(super) struct EndedMembers {
@@ -89,6 +94,9 @@ pub(super) struct EndedMembers {
     ended: Mutex<HashMap<ObjectKey, Ended>>,
     /// One confirmation at a time per member object.
     locks: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per `(namespace, object)`: where the shards bound to an incarnation go should a claim of
+    /// this session find it expired ([`Lease::plan_hand_on`](crate::Lease::plan_hand_on)).
+    planned: Mutex<HashMap<ObjectKey, Planned>>,
     /// Per `(namespace, object)`: a version the watch showed expired that a read found renewed
     /// since, and until when the member lives at least (the confirmations waiting behind that
     /// read, which saw the same version expire, need not read again).
@@ -147,6 +155,39 @@ impl EndedMembers {
             (namespace.to_owned(), object.to_owned()),
             (version.to_owned(), until),
         );
+    }
+
+    /// Keeps `handed` as the plan for incarnation `incarnation` of `object` (replacing any
+    /// earlier plan for that object).
+    pub(super) fn plan(
+        &self,
+        namespace: &str,
+        object: &str,
+        incarnation: &str,
+        handed: Vec<HandedShard>,
+    ) {
+        let mut planned = self.planned.lock().unwrap_or_else(|p| p.into_inner());
+        if planned.len() >= ENDED_KEPT {
+            planned.clear();
+        }
+        planned.insert(
+            (namespace.to_owned(), object.to_owned()),
+            (incarnation.to_owned(), Arc::new(handed)),
+        );
+    }
+
+    /// The plan for incarnation `incarnation` of `object`, if one is kept.
+    fn planned(
+        &self,
+        namespace: &str,
+        object: &str,
+        incarnation: &str,
+    ) -> Option<Arc<Vec<HandedShard>>> {
+        let planned = self.planned.lock().unwrap_or_else(|p| p.into_inner());
+        planned
+            .get(&(namespace.to_owned(), object.to_owned()))
+            .filter(|(known, _)| known == incarnation)
+            .map(|(_, handed)| Arc::clone(handed))
     }
 
     fn lock_of(&self, namespace: &str, object: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -327,12 +368,14 @@ impl KubernetesBackend {
                 }
             }
             // Expired: released here before anything bound to it counts free (see the module
-            // docs); a newer version met instead is read and judged again.
-            if self.release_expired(api, &object, member).await? {
+            // docs), listing the shards this session planned to hand on; a newer version met
+            // instead is read and judged again.
+            if let Some(handed) = self.release_expired(api, &object, member, binding).await? {
+                let listed = target_in(handed.as_deref(), incarnation, &self.name);
                 self.hub
                     .ended
                     .set_ended(namespace, &object, incarnation, handed);
-                return Ok(MemberState::Ended);
+                return Ok(listed.filter(|_| follow).unwrap_or(MemberState::Ended));
             }
         }
         Err(KubernetesError::Conflict {
@@ -341,33 +384,68 @@ impl KubernetesBackend {
         })
     }
 
-    /// Releases `member` (object `object`, expired at the version read) with a compare-and-swap
-    /// on that version, keeping everything else it holds: `true` once it is released or gone,
-    /// `false` when a newer version stands (read it again).
+    /// Releases `member` (object `object`, expired at the version read, member tenure
+    /// `binding`) with a compare-and-swap on that version, keeping everything else it holds,
+    /// and adding to its list of shards handed on those this session planned for that tenure
+    /// (see [`plan`](EndedMembers::plan)) that the watch shows bound to it: `Some` with what
+    /// the object lists once it is released (`Some(None)` when gone), `None` when a newer
+    /// version stands (read it again).
     async fn release_expired(
         &self,
         api: &Api<LeaseObject>,
         object: &str,
         member: LeaseObject,
-    ) -> Result<bool, KubernetesError> {
+        binding: &Binding,
+    ) -> Result<Option<Option<Arc<HandedShards>>>, KubernetesError> {
+        let incarnation = binding.incarnation();
+        let mut entries = handed_shards_of(&member);
         let mut released = slim(member);
         if let Some(spec) = released.spec.as_mut() {
             spec.holder_identity = None;
         }
+        let listed: Vec<HandedShard> = self
+            .hub
+            .ended
+            .planned(&self.namespace, object, incarnation)
+            .map(|plan| {
+                plan.iter()
+                    .filter(|shard| self.bound_to_ended(shard.lease(), binding))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !listed.is_empty() {
+            // (entries of earlier incarnations stay as they are: a record may still follow one)
+            entries
+                .get_or_insert_with(HandedShards::default)
+                .add(incarnation, &listed);
+            if let Some(entries) = &entries {
+                set_handed_shards(&mut released, entries);
+            }
+        }
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
         match api.replace(object, &post_params(), &released).await {
             Ok(_) => {
-                tracing::debug!(object = %object, lease = %self.name, "released an expired member object before claiming a record bound to it");
-                Ok(true)
+                tracing::debug!(object = %object, lease = %self.name, handed = listed.len(), "released an expired member object before claiming a record bound to it");
+                Ok(Some(entries.map(Arc::new)))
             }
             Err(error) => {
                 let error = self.write_error("update", error);
                 match error.status_code() {
-                    Some(404) => Ok(true),
-                    Some(409) => Ok(false),
+                    Some(404) => Ok(Some(None)),
+                    Some(409) => Ok(None),
                     _ => Err(error),
                 }
             }
         }
+    }
+
+    /// Whether the namespace watch shows the record of shard lease `lease` bound to member
+    /// tenure `binding`.
+    fn bound_to_ended(&self, lease: &str, binding: &Binding) -> bool {
+        self.hub
+            .record_of(&self.namespace, &object_name(lease))
+            .flatten()
+            .is_some_and(|(record, _)| record.bound_to.as_ref() == Some(binding))
     }
 }

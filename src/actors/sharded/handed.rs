@@ -7,6 +7,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use super::ShardedWorkers;
+use crate::binding::{Binding, HandedShard};
 use crate::group::GroupSnapshot;
 use crate::lease::Lease;
 
@@ -118,6 +119,64 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                         && token > shard.last_token
                         && snapshot.live_holder(&shard.name, now) == Some(self.node.as_str())
                 })
+    }
+
+    /// Plans, for every member tenure that `snapshot` shows expired but not yet ended in its
+    /// record, where its bound shards go: each to the target this fold placed it on, with that
+    /// target's member tenure ([`Lease::plan_hand_on`]). The first claim of this process that
+    /// finds the member expired then ends its record listing them, and the targets take them up
+    /// without a write, as from a member that left: a node that died costs the store one write
+    /// on the move's path, not one claim per shard. Once per member tenure.
+    pub(super) fn plan_hand_on_expired(&mut self, snapshot: &GroupSnapshot, now: Instant) {
+        if self.view.me.is_none() || self.shutting_down {
+            return;
+        }
+        let expired: Vec<(String, String)> = snapshot
+            .with_prefix(&self.member_prefix)
+            .filter(|(_, record)| {
+                record.holder.is_some()
+                    && record.bound_to.is_none()
+                    && record.live_holder(now).is_none()
+            })
+            .filter_map(|(name, record)| Some((name.clone(), record.incarnation.clone()?)))
+            .filter(|(name, incarnation)| self.hand_on_planned.get(name) != Some(incarnation))
+            .collect();
+        for (member, incarnation) in expired {
+            if self.hand_on_planned.len() >= 1024 {
+                self.hand_on_planned.clear();
+            }
+            self.hand_on_planned
+                .insert(member.clone(), incarnation.clone());
+            let ended = Binding::new(member, incarnation);
+            let mut handed = Vec::new();
+            for (index, shard) in self.shards.iter().enumerate() {
+                let bound_there = snapshot
+                    .get(&shard.name)
+                    .is_some_and(|record| record.bound_to.as_ref() == Some(&ended));
+                let Some(target) = self.view.targets[index].filter(|_| bound_there) else {
+                    continue;
+                };
+                let owner = &self.view.members[target];
+                let name = format!("{}{owner}", self.member_prefix);
+                let Some(record) = snapshot.get(&name) else {
+                    continue;
+                };
+                let Some(incarnation) = record.incarnation.clone() else {
+                    continue;
+                };
+                if record.live_holder(now) == Some(owner.as_str()) {
+                    handed.push(HandedShard::new(
+                        shard.name.clone(),
+                        owner.as_str(),
+                        Binding::new(name, incarnation),
+                    ));
+                }
+            }
+            if !handed.is_empty() {
+                tracing::debug!(group = %self.group, member = %ended.member(), shards = handed.len(), "a member expired: planned where its shards go");
+                self.member_lease.plan_hand_on(&ended, handed);
+            }
+        }
     }
 
     /// Starts competing at once for the shards that the member records changed since the last
