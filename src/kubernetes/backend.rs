@@ -968,19 +968,23 @@ impl LeaseBackend for KubernetesBackend {
                         .and_then(|s| s.acquire_time.as_ref())
                         .is_some_and(|t| pending.contains(t))
             });
-            // A bound claim is released only while the member tenure it names is this owner's
-            // and lives, as the namespace watch shows it: once that tenure ended, the record may
-            // have been handed on (taken up without a write), and is not ours to write.
+            // A bound claim is not released once the namespace watch shows the member tenure it
+            // names ended or expired: the record may have been handed on (taken up without a
+            // write), and is not ours to write.
             let member_lives = |lease: &LeaseObject| {
                 binding_of(lease).is_none_or(|bound| {
-                    self.hub
+                    match self
+                        .hub
                         .record_of(&self.namespace, &object_name(bound.member()))
-                        .flatten()
-                        .is_some_and(|(member, _)| {
+                    {
+                        None => true, // no synced watch: the claim's own compare-and-swap decides
+                        Some(None) => false,
+                        Some(Some((member, _))) => {
                             member.holder.as_deref() == Some(settings.owner())
                                 && member.incarnation.as_deref() == Some(bound.incarnation())
                                 && member.expires_at.is_some_and(|at| Instant::now() < at)
-                        })
+                        }
+                    }
                 })
             };
             let Some(current) = current.filter(|lease| ours && member_lives(lease)) else {

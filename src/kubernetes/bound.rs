@@ -35,6 +35,19 @@
 //! compare-and-swap on the expired version, and counts its shards free only once that write
 //! landed (or the object shows the incarnation over): of the handover and the release, only the
 //! first to land succeeds, and the other is refused.
+//!
+//! # A member found expired hands its shards on too
+//!
+//! That release may carry a list of its own: where this session planned the expired tenure's
+//! shards to go ([`Lease::plan_hand_on`](crate::Lease::plan_hand_on): the sharded workers plan
+//! it from their placement as soon as their view shows the member expired). Only records the
+//! namespace watch shows bound to that tenure are listed, and entries of earlier incarnations
+//! stay. The list is written after the same confirmation as any claim by expiry (the tenure's
+//! holder has passed its own deadline by then), so a target that takes a listed record up
+//! without a write holds it as if this contender had claimed it and handed it over: one write
+//! for a dead node's shards instead of one claim each. Its records still name the dead holder
+//! until they are rebound, so a record of *this* owner bound to another member tenure than the
+//! one it claims under is judged by this same rule, not as its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
