@@ -40,6 +40,13 @@
 //!   Kubernetes a contender that finds the member expired first releases the member's object with
 //!   a compare-and-swap, so that a handover sent before the member's deadline but landing late is
 //!   refused (of the two writes on the member's object, only the first lands).
+//! * that release may list the expired tenure's shards itself, where the contender's process
+//!   planned them to go ([`Lease::plan_hand_on`](crate::Lease::plan_hand_on)): the expiry is
+//!   confirmed first, so the list lands only once the dead holder's own deadline has passed, and
+//!   a node that dies costs one write as a node that leaves does;
+//! * the records keep naming the ended holder until they are rebound: the same owner back under
+//!   a new member tenure judges its own record bound to the ended one by these rules too, and a
+//!   bound tenure released after its deadline writes nothing.
 //!
 //! Backends that do not list (etcd, in memory) retire the member plainly.
 //!

@@ -706,3 +706,44 @@ async fn a_bound_release_that_timed_out_is_released_once_the_store_answers() {
     assert!(!a.shards[0].check_alive());
     assert!(a.shards[0].release().await.unwrap(), "nothing of a's left");
 }
+
+/// A bound tenure released after its deadline, before its renewal task could tell (a process
+/// frozen past its TTL, then told to release: a node back from `SIGSTOP`), writes nothing: its
+/// member tenure has ended, and the record may have been handed on since (on Kubernetes a target
+/// takes a shard handed on up without a write, so a release of the unchanged record would land
+/// over the target's tenure). Real time on a runtime of its own, frozen by blocking its thread.
+#[test]
+fn a_bound_tenure_released_after_its_deadline_writes_nothing() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = InMemoryStore::new();
+        let ttl = Duration::from_millis(600);
+        let settings = |name: &str| {
+            LeaseSettings::builder(name, "a")
+                .ttl(ttl)
+                .renewal_interval(Duration::from_millis(200))
+                .operation_timeout(Duration::from_millis(150))
+                .acquire_retries(0)
+                .build()
+                .unwrap()
+        };
+        let member = store.lease(settings(&member_name("a")));
+        let shard = store.lease(settings(&shard_name(0)));
+        shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+        assert!(member.acquire().await.unwrap());
+        assert!(shard.acquire().await.unwrap());
+        let before = store.stats();
+        // Frozen: nothing of this runtime runs for twice the TTL.
+        std::thread::sleep(ttl * 2);
+        assert!(shard.release().await.unwrap(), "nothing of its own left");
+        assert_eq!(
+            store.stats().releases,
+            before.releases,
+            "no release reached the store"
+        );
+        assert!(!shard.check_alive());
+    });
+}
