@@ -148,35 +148,44 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             self.hand_on_planned
                 .insert(member.clone(), incarnation.clone());
             let ended = Binding::new(member, incarnation);
-            let mut handed = Vec::new();
-            for (index, shard) in self.shards.iter().enumerate() {
-                let bound_there = snapshot
-                    .get(&shard.name)
-                    .is_some_and(|record| record.bound_to.as_ref() == Some(&ended));
-                let Some(target) = self.view.targets[index].filter(|_| bound_there) else {
-                    continue;
-                };
-                let owner = &self.view.members[target];
-                let name = format!("{}{owner}", self.member_prefix);
-                let Some(record) = snapshot.get(&name) else {
-                    continue;
-                };
-                let Some(incarnation) = record.incarnation.clone() else {
-                    continue;
-                };
-                if record.live_holder(now) == Some(owner.as_str()) {
-                    handed.push(HandedShard::new(
-                        shard.name.clone(),
-                        owner.as_str(),
-                        Binding::new(name, incarnation),
-                    ));
-                }
-            }
+            let handed: Vec<HandedShard> = (0..self.shards.len())
+                .filter(|&index| {
+                    snapshot
+                        .get(&self.shards[index].name)
+                        .is_some_and(|record| record.bound_to.as_ref() == Some(&ended))
+                })
+                .filter_map(|index| {
+                    let owner = &self.view.members[self.view.targets[index]?];
+                    self.handed_to_member(snapshot, now, &self.shards[index].name, owner)
+                })
+                .collect();
             if !handed.is_empty() {
                 tracing::debug!(group = %self.group, member = %ended.member(), shards = handed.len(), "a member expired: planned where its shards go");
                 self.member_lease.plan_hand_on(&ended, handed);
             }
         }
+    }
+
+    /// Shard lease `shard` handed to `owner` under the member tenure `snapshot` shows live for it
+    /// at `now`; `None` when its member record shows none.
+    pub(super) fn handed_to_member(
+        &self,
+        snapshot: &GroupSnapshot,
+        now: Instant,
+        shard: &str,
+        owner: &str,
+    ) -> Option<HandedShard> {
+        let member = format!("{}{owner}", self.member_prefix);
+        let record = snapshot.get(&member)?;
+        if record.live_holder(now) != Some(owner) {
+            return None;
+        }
+        let incarnation = record.incarnation.clone()?;
+        Some(HandedShard::new(
+            shard.to_owned(),
+            owner,
+            Binding::new(member, incarnation),
+        ))
     }
 
     /// Starts competing at once for the shards that the member records changed since the last

@@ -169,21 +169,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let Some(target) = self.target_on_leaving(index) else {
                 continue;
             };
-            let member = format!("{}{}", self.member_prefix, target.owner());
-            let Some(record) = snapshot.get(&member) else {
-                continue;
-            };
-            if record.live_holder(now) != Some(target.owner()) {
-                continue;
-            }
-            let Some(incarnation) = record.incarnation.clone() else {
-                continue;
-            };
-            handed.push(crate::HandedShard::new(
-                name,
-                target.owner(),
-                crate::Binding::new(member, incarnation),
-            ));
+            handed.extend(self.handed_to_member(&snapshot, now, &name, target.owner()));
         }
         handed
     }
