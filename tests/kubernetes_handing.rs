@@ -337,12 +337,10 @@ async fn a_contender_releases_an_expired_member_before_claiming_so_a_late_handov
         .await;
 }
 
-/// A shard that a released member object lists as handed to `t`: held by `t` for a contender
-/// while `t`'s member object lives, and claimed with the record's token plus two (one for `t`'s
-/// tenure taken up without a write) once it is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
-    let group = unique("handed-target");
+/// In group `group`: `t`'s member object, `m`'s, and a shard record held by `m` bound to `m`'s
+/// member tenure (token 4); then `m`'s tenure ends handing the shard to `t` (its object
+/// released, with the list). Answers the names of `m`'s and `t`'s member leases and the shard's.
+async fn handed_to_t(group: &str) -> (String, String, String) {
     let member_m = format!("{group}.member.m");
     let member_t = format!("{group}.member.t");
     let shard = format!("{group}.shard");
@@ -357,7 +355,6 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         ),
     ];
     raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
-    // m leaves, handing the shard to t: its object released, with the list.
     let mut released = member.clone();
     released.spec.as_mut().unwrap().holder_identity = None;
     let list = serde_json::json!({
@@ -376,6 +373,16 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         .replace(&object_name(&member_m), &PostParams::default(), &released)
         .await
         .unwrap();
+    (member_m, member_t, shard)
+}
+
+/// A shard that a released member object lists as handed to `t`: held by `t` for a contender
+/// while `t`'s member object lives, and claimed with the record's token plus two (one for `t`'s
+/// tenure taken up without a write) once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
+    let group = unique("handed-target");
+    let (member_m, member_t, shard) = handed_to_t(&group).await;
     let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
     let (member_c, shards_c) = node(&session, &group, "c", std::slice::from_ref(&shard));
     assert!(member_c.acquire().await.unwrap());
@@ -547,39 +554,7 @@ async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_rele
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_back_under_a_new_member_tenure_does_not_claim_what_its_last_one_handed_on() {
     let group = unique("handed-back");
-    let member_m = format!("{group}.member.m");
-    let member_t = format!("{group}.member.t");
-    let shard = format!("{group}.shard");
-    let target = raw_object(&member_t, Some("t"), 3600, 1, &[]).await;
-    let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
-    let incarnation_m = incarnation_of(&member);
-    let bound = [
-        (KUBERNETES_BOUND_TO_ANNOTATION, member_m.clone()),
-        (
-            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
-            incarnation_m.clone(),
-        ),
-    ];
-    raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
-    // m's tenure ends handing the shard to t: its object released, with the list.
-    let mut released = member.clone();
-    released.spec.as_mut().unwrap().holder_identity = None;
-    let list = serde_json::json!({
-        incarnation_m: [{
-            "owner": "t",
-            "member": member_t,
-            "incarnation": incarnation_of(&target),
-            "leases": [shard],
-        }]
-    });
-    released.metadata.annotations.as_mut().unwrap().insert(
-        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
-        list.to_string(),
-    );
-    admin()
-        .replace(&object_name(&member_m), &PostParams::default(), &released)
-        .await
-        .unwrap();
+    let (member_m, member_t, shard) = handed_to_t(&group).await;
     // m comes back: a new member tenure (its object claimed again, the list kept).
     let session = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
     let (member_back, shards_back) = node(&session, &group, "m", std::slice::from_ref(&shard));
