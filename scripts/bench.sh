@@ -26,6 +26,10 @@
 #                               backend and seed, for each of CHURN_SEEDS ("37 1 3"), etcd and
 #                               Kubernetes one after the other (about 35 minutes); prints the spans
 #                               without a worker of each run; a span past TTL + 1 s fails it
+#   scripts/bench.sh model      the model check of the Kubernetes bound-record protocol in its large
+#                               configuration (tests/protocol_model.rs, release build: about 15
+#                               minutes on 2 cores), then every rule removal of the CI configuration;
+#                               prints the states explored (no server needed: it runs without one)
 #
 # Every bench runs with --check: the script goes on after a bench that missed a target or failed,
 # and exits with status 1 at the end if any did (a documented known miss does not count).
@@ -35,13 +39,25 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=${1:-full}
 case $mode in
-    full | quick | chaos | chaos-long | chaos-sharded | rollouts | churn) ;;
+    full | quick | chaos | chaos-long | chaos-sharded | rollouts | churn | model) ;;
     --inner) ;;
     *)
-        sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
+
+if [[ $mode == model ]]; then
+    # No server: the model is the protocol's, with the store in it.
+    export CARGO_TERM_COLOR=never
+    mkdir -p target/bench-results
+    log=target/bench-results/model.log
+    echo "=== model: the large configuration, then the rule removals ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
+    status=0
+    cargo test --release --features kubernetes --test protocol_model -- --include-ignored --nocapture 2>&1 | tee -a "$log" || status=1
+    grep -E '^protocol model|violated after' "$log"
+    exit $status
+fi
 
 if [[ $mode != --inner ]]; then
     exec scripts/test-cluster.sh run target/bench-cluster -- "$0" --inner "$mode"

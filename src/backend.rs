@@ -5,7 +5,7 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
-use crate::binding::Binding;
+use crate::binding::{Binding, BindingAnchor};
 use crate::group::{GroupError, GroupWatch};
 use crate::settings::LeaseSettings;
 pub use crate::vocab::BackendError;
@@ -163,12 +163,24 @@ pub trait LeaseBackend: Send + Sync + 'static {
         None
     }
 
+    /// This lease's tenures are bound to the member tenures of `anchor` from now on
+    /// ([`Lease::bind_to`](crate::Lease::bind_to) calls it once). A backend that writes bound
+    /// records keeps it, and before each write of a record it held as its holder (a release, an
+    /// abandoned claim's release, an unanswered claim's) asks it which member incarnation lives
+    /// now by this process's clock ([`BindingAnchor::live`]): a record bound to another one is
+    /// not written ([`protocol::may_write_own`](crate::protocol::may_write_own)). The default
+    /// keeps nothing.
+    fn bound_to(&self, anchor: &BindingAnchor) {
+        let _ = anchor;
+    }
+
     /// One attempt to claim the lease for `settings.owner()`, *bound* to `binding`: the record
     /// names the member lease and its incarnation, is never renewed, and counts as held exactly
     /// as long as that member tenure lives. Called only when [`binds`](Self::binds) is `true`.
     ///
-    /// A backend that binds must keep these rules: the claim is a compare-and-swap and its token
-    /// rises, like every claim; every contender (a bound claim or a plain one, of this owner or
+    /// A backend that binds must keep these rules (see [`protocol`](crate::protocol)): every
+    /// tenure starts with a compare-and-swap on the record itself, and its token rises, like
+    /// every claim (no tenure is taken up without a write); every contender (a bound claim or a plain one, of this owner or
     /// another) counts a bound record held by another owner free only once it has itself observed
     /// the member record expired (its TTL passed on the contender's clock since it saw that
     /// version), released, removed or naming another incarnation or holder; and a record bound to
@@ -278,9 +290,10 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// [`retire`](Self::retire) of a member tenure whose bound tenures (all ended by now) are
     /// handed on to the targets `handed` names, in the same write
     /// ([`Lease::retire_handing`](crate::Lease::retire_handing)). A backend that does it must
-    /// keep the binding rules for the listed records: each is held by its target while the
-    /// target's member tenure lives (the target takes it up without a write, with the record's
-    /// fencing token plus one), and free once it does not; and the write must exclude any
+    /// keep the binding rules for the listed records: each is its target's to claim while the
+    /// target's member tenure lives (the target claims it at once, with a compare-and-swap that
+    /// writes the record's fencing token plus one), and free once it does not; and the write
+    /// must exclude any
     /// contender's claim made by the member's expiry (a claim by expiry first ends the member
     /// record with a compare-and-swap, so that a handover landing late is refused). The
     /// default is [`retire`](Self::retire).
@@ -310,27 +323,6 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// keeps nothing.
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         let _ = (ended, handed);
-    }
-
-    /// Brings a tenure that was taken up without a write (a shard handed on by
-    /// [`retire_handing`](Self::retire_handing)) into the store's own record, off the path of
-    /// the acquire: called once, right after such an acquire, from the bound tenure's task.
-    /// `Ok(Some(reason))` when the store shows the tenure lost. The default does nothing.
-    ///
-    /// # Errors
-    ///
-    /// The backend's error; the tenure stays as it is (a later release settles it).
-    ///
-    /// # Cancel safety
-    ///
-    /// Not cancel safe: it runs to its end, bounded by the operation timeout.
-    fn settle(
-        &self,
-        settings: &LeaseSettings,
-        tenure: &mut Self::Tenure,
-    ) -> impl Future<Output = Result<Option<crate::vocab::LostReason>, Self::Error>> + Send {
-        let _ = (settings, tenure);
-        std::future::ready(Ok(None))
     }
 
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,

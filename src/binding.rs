@@ -24,39 +24,63 @@
 //! # Handing bound shards on as the member leaves
 //!
 //! A node that leaves frees every shard bound to it in the one write that ends its member tenure,
-//! but each shard then needs a claim of its own (a write per shard, all at once: 256 when one of
-//! 16 nodes with 4,096 shards leaves). [`Lease::retire_handing`](crate::Lease::retire_handing)
-//! moves them in that one write instead: the write that ends the member tenure lists each bound
-//! shard with its target (an owner and that owner's member tenure), and from then on
+//! but each shard then waits for its claimants to notice and compete (every node targets its own
+//! shards, all at once: 256 claims when one of 16 nodes with 4,096 shards leaves).
+//! [`Lease::retire_handing`](crate::Lease::retire_handing) names a target for each in that one
+//! write instead: the write that ends the member tenure lists each bound shard with its target
+//! (an owner and that owner's member tenure), and from then on
 //!
-//! * a record bound to the ended member tenure and listed is held by its target while the
-//!   target's member tenure lives, judged as any bound record is (the observed-time rule on the
-//!   target's member record), and free once it does not;
-//! * the target takes it up with no write, with the record's fencing token plus one and its
-//!   member tenure's deadline, and rebinds the record to its own member tenure afterwards, off
-//!   the path of the move (a claim after a target that died before rebinding writes the token
-//!   plus two);
+//! * a record bound to the ended member tenure and listed is its target's to claim while the
+//!   target's member tenure lives (the observed-time rule on the target's member record), and
+//!   free for anyone once it does not;
+//! * the target claims it at once, with a compare-and-swap on the record that names it, the
+//!   record's fencing token plus one and its own member tenure, and acts once that write is
+//!   answered: **no tenure starts without a write on its own record** (why, below);
 //! * a backend must make the listing exclusive with any claim by the member's expiry: on
 //!   Kubernetes a contender that finds the member expired first releases the member's object with
 //!   a compare-and-swap, so that a handover sent before the member's deadline but landing late is
-//!   refused (of the two writes on the member's object, only the first lands).
+//!   refused (of the two writes on the member's object, only the first lands);
 //! * that release may list the expired tenure's shards itself, where the contender's process
 //!   planned them to go ([`Lease::plan_hand_on`](crate::Lease::plan_hand_on)): the expiry is
 //!   confirmed first, so the list lands only once the dead holder's own deadline has passed, and
-//!   a node that dies costs one write as a node that leaves does;
-//! * the records keep naming the ended holder until they are rebound: the same owner back under
-//!   a new member tenure judges its own record bound to the ended one by these rules too, and a
-//!   bound tenure released after its deadline writes nothing.
+//!   a node that dies costs one write to name the targets, as a node that leaves does.
 //!
 //! Backends that do not list (etcd, in memory) retire the member plainly.
+//!
+//! # Why no stale write can free a record someone holds
+//!
+//! The rules are [`protocol`](crate::protocol)'s, one function each, and the model check
+//! (`tests/protocol_model.rs`) explores every interleaving of three nodes and two shards under
+//! them. The argument:
+//!
+//! * a holder holds from the moment its claim lands, at a version of the record that names it;
+//!   every other tenure must begin with a compare-and-swap on that version or a later one;
+//! * its claimant judged that version free: the holder's member incarnation is over (no
+//!   contender can see it expire before the holder's own deadline), or the holder gave the record
+//!   up itself (a release, or a list, each written after its local tenure ended);
+//! * any write that arrives late — a claim answered after its member's deadline, a release sent
+//!   just before it, a list landing after the member expired — is a compare-and-swap on the
+//!   version it read: refused once anyone claimed since, and before that it frees a record that
+//!   nobody holds;
+//! * a holder writes a record it held only while the member tenure that record names lives by its
+//!   own clock ([`protocol::may_write_own`](crate::protocol::may_write_own)): a claim answered
+//!   after that, an abandoned claim and an unanswered one are left to the next claimant.
+//!
+//! So every tenure starts at a version of its own, with the token of the version before plus
+//! one: tokens strictly rise, and two live holders would need two claims to land on one version.
+//! An earlier design let a target take a listed record up *without* a write (the record kept the
+//! old holder's version until the target rebound it): a late release of the old holder on that
+//! version still landed, and the next claimant wrote the target's token again (two holders with
+//! one token against a real API server; issue 47).
 //!
 //! # Races
 //!
 //! * A bound acquire needs a live member tenure: without one it fails with
 //!   [`LeaseError::Unbound`](crate::LeaseError::Unbound) (transient: acquire the member lease
-//!   first). A member tenure that ends while the bound claim is in flight ends the new tenure at
-//!   once; the claim (bound to an incarnation that no longer lives) is free for others already,
-//!   and is released all the same.
+//!   first). A claim is judged by the member tenure as it is when the claim is answered: renewed
+//!   meanwhile, the tenure starts with the member's deadline now; ended meanwhile, the claim
+//!   (bound to an incarnation that no longer lives) is free for others already and is not
+//!   written again.
 //! * A bound tenure starts with the member's deadline and is attached to the member in one step
 //!   that checks the member is still the same tenure: the member cannot end between the two
 //!   without ending the bound tenure.
@@ -98,7 +122,7 @@ impl Binding {
 
 /// A bound shard a leaving member hands on as its tenure ends
 /// ([`Lease::retire_handing`](crate::Lease::retire_handing)): the shard lease, and the node that
-/// takes it up with the member tenure it will be bound to.
+/// claims it next with the member tenure it will be bound to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HandedShard {
     lease: String,
@@ -134,8 +158,8 @@ impl HandedShard {
 
 /// The shards the ended tenures of one member lease handed on, as its record names them: per
 /// ended incarnation, each shard lease with its target (an owner and that owner's member
-/// tenure). A record bound to such an incarnation, listed here, is held by its target while the
-/// target's member tenure lives, and free once it does not (see the module docs).
+/// tenure). A record bound to such an incarnation, listed here, is its target's to claim while
+/// the target's member tenure lives, and free once it does not (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HandedShards {
     /// Per ended incarnation: shard lease name → index into `targets`.
@@ -267,6 +291,34 @@ impl BindingAnchor {
     /// ([`LeaseBackend::store_id`](crate::LeaseBackend::store_id)).
     pub fn store_id(&self) -> Option<&str> {
         self.inner.store.as_deref()
+    }
+
+    /// The member incarnation that lives now by this process's clock: what a claim made now
+    /// would name, and the only one whose bound records this owner may still write (see
+    /// [`protocol::may_write_own`](crate::protocol::may_write_own)). `None` while no member
+    /// tenure lives (or its incarnation is not known yet).
+    pub fn live(&self) -> Option<Binding> {
+        self.current().map(|(binding, ..)| binding)
+    }
+
+    /// The deadline a bound claim made under member tenure `generation` (named
+    /// `claimed_under`) starts its tenure with, now that it is answered: the member's deadline as
+    /// it is now (moved by every renewal since the claim was sent), or `None` when that member
+    /// tenure is not the one that lives now by this process's clock
+    /// ([`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim)).
+    pub(crate) fn claim_deadline(
+        &self,
+        generation: u64,
+        claimed_under: &Binding,
+    ) -> Option<Instant> {
+        let live = self.live();
+        if !crate::protocol::keep_bound_claim(claimed_under, live.as_ref()) {
+            return None;
+        }
+        let state = self.inner.lock();
+        let current = state.current.as_ref()?;
+        (current.generation == generation && Instant::now() < current.deadline)
+            .then_some(current.deadline)
     }
 
     /// The binding a claim made now would name, with the member tenure's generation and

@@ -443,8 +443,8 @@ impl GroupSnapshot {
     }
 
     /// The target a bound record's ended member tenure handed it to, as this snapshot shows
-    /// it: the target's owner and member tenure, and the fencing token the target holds it
-    /// with (the record's plus one: the target takes it up without a write).
+    /// it: the target's owner and member tenure, and the fencing token the target's claim
+    /// writes (the record's plus one).
     pub fn handed_to(&self, name: &str) -> Option<(&str, &Binding, Option<FencingToken>)> {
         let record = self.records.get(name)?;
         let binding = record.bound_to.as_ref()?;

@@ -116,6 +116,7 @@ mod managed;
 mod memory;
 mod metrics;
 mod placement;
+pub mod protocol;
 mod provider;
 mod redact;
 mod settings;

@@ -27,7 +27,9 @@ mod registry;
 mod renewal;
 
 use registry::InstanceKey;
-use renewal::{bound_loop, renewal_loop, spawn_release_retry, BoundLink, EndWithTask};
+use renewal::{
+    bound_loop, renewal_loop, spawn_release_abandoned, spawn_release_retry, BoundLink, EndWithTask,
+};
 
 /// First delay before retrying a renewal that failed with an error; doubles up to a quarter of
 /// the renewal interval. A renewal that timed out is retried at once.
@@ -479,10 +481,24 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 valid_from,
             } => {
                 // A bound tenure lives by its member tenure's deadline (moved by every member
-                // renewal); any other from the start of the claim.
-                let deadline = match &member {
-                    Some((_, _, member_deadline)) => *member_deadline,
-                    None => valid_from.map_or(start, |v| v.min(start)) + settings.local_validity(),
+                // renewal), as it is now that the claim is answered, not as it was when the
+                // claim was sent; any other from the start of the claim.
+                let deadline = match (&member, shared.bound.get()) {
+                    (Some((claimed_under, generation, _)), Some(anchor)) => {
+                        let Some(member_deadline) =
+                            anchor.claim_deadline(*generation, claimed_under)
+                        else {
+                            // Its member tenure ended while the claim was in flight: the record
+                            // names an incarnation that is over, free for the next claimant, and
+                            // is not written again (see `protocol`).
+                            tracing::warn!(lease = %settings.name(), owner = %settings.owner(), fencing_token = %token, "a bound claim was answered after its member tenure ended; it is free by the binding rule, and not written");
+                            metrics::acquire_attempt(&shared.label, "error");
+                            let member = anchor.member().to_owned();
+                            return Err(LeaseError::Unbound { member });
+                        };
+                        member_deadline
+                    }
+                    _ => valid_from.map_or(start, |v| v.min(start)) + settings.local_validity(),
                 };
                 if Instant::now() >= deadline {
                     // The claim took longer than its own validity: it cannot be trusted; give
@@ -516,9 +532,10 @@ impl<B: LeaseBackend> ManagedLease<B> {
                             shared.tenure.extend(renewal.generation, member_deadline);
                         }
                         None => {
-                            // The member tenure ended while the claim was in flight: the claim
-                            // (bound to an incarnation that no longer lives) is free for others
-                            // already; it is given back all the same, and nobody saw this tenure.
+                            // The member tenure ended between the answer and the attach: the
+                            // claim (bound to an incarnation that no longer lives) is free for
+                            // others already, and nobody saw this tenure; its release writes
+                            // nothing (the backend judges it, see `protocol`).
                             let member = anchor.member().to_owned();
                             shared.tenure.end(
                                 renewal.generation,
@@ -637,9 +654,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let live = shared
             .end_by_choice(renewal.generation, TenureEnd::Released)
             .is_some();
-        // A bound tenure past its deadline: its member tenure has ended, and may have handed the
-        // record on (the target takes it up without a write, so the record still looks ours):
-        // nothing of it is written.
+        // A bound tenure past its deadline: its member tenure has ended, and may have listed the
+        // record to a target that has not claimed it yet (the record still looks ours): nothing
+        // of it is written (the backend judges every write too: `protocol::may_write_own`).
         let write = live || shared.bound.get().is_none();
         // Stopping the renewal and telling the backend are polled right here, but never cut
         // short: if this future is dropped first, they are finished on a task of their own.
@@ -724,33 +741,10 @@ impl<B: LeaseBackend> Drop for InFlight<B> {
     }
 }
 
-/// Releases a claim nobody will use, holding the `ops` lock; a failure is reported by every
-/// `release` until the claim has surely expired.
 /// The runtime this operation runs on, or [`LeaseError::NoRuntime`] outside one (every
 /// operation needs its timer, and a tenure needs it for its renewal task).
 fn current_runtime(operation: Operation) -> Result<tokio::runtime::Handle, LeaseError> {
     tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime { operation })
-}
-
-fn spawn_release_abandoned<B: LeaseBackend>(
-    runtime: &tokio::runtime::Handle,
-    shared: Arc<Shared<B>>,
-    mut ops: OpsGuard<B::Tenure>,
-    tenure: B::Tenure,
-) {
-    runtime.spawn(async move {
-        match shared.release_tenure(tenure, &Giving::Release).await {
-            Ok(_) => ops.unreleased = None,
-            Err(error) => {
-                tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it is released once the store answers again (or ends by itself)");
-                ops.unreleased = Some(Unreleased::now(error, &shared.settings));
-                drop(ops);
-                if let Ok(runtime) = current_runtime(Operation::Release) {
-                    spawn_release_retry(&runtime, shared);
-                }
-            }
-        }
-    });
 }
 
 /// The outcome of a backend call bounded by the operation timeout, as a `LeaseError` on failure.
@@ -1106,6 +1100,7 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
                 return refuse("bind a lease that is bound to another lease already");
             }
         }
+        shared.backend.bound_to(anchor);
         // Anchors handed out before are refused from now on (`is_bound`).
         if let Some(own) = shared.tenure.anchor() {
             own.set_bound();

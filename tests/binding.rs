@@ -709,9 +709,9 @@ async fn a_bound_release_that_timed_out_is_released_once_the_store_answers() {
 
 /// A bound tenure released after its deadline, before its renewal task could tell (a process
 /// frozen past its TTL, then told to release: a node back from `SIGSTOP`), writes nothing: its
-/// member tenure has ended, and the record may have been handed on since (on Kubernetes a target
-/// takes a shard handed on up without a write, so a release of the unchanged record would land
-/// over the target's tenure). Real time on a runtime of its own, frozen by blocking its thread.
+/// member tenure has ended, so the record is free by the binding rule already, and may have been
+/// listed to a target since (`protocol::may_write_own`). Real time on a runtime of its own,
+/// frozen by blocking its thread.
 #[test]
 fn a_bound_tenure_released_after_its_deadline_writes_nothing() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -746,4 +746,155 @@ fn a_bound_tenure_released_after_its_deadline_writes_nothing() {
         );
         assert!(!shard.check_alive());
     });
+}
+
+/// An in-memory backend whose bound claims are applied at once but answered `delay` later (a
+/// slow way back), while everything else — the member's renewals — is answered promptly.
+struct LateBoundClaims {
+    inner: InMemoryBackend,
+    delay: Duration,
+}
+
+impl LeaseBackend for LateBoundClaims {
+    type Tenure = actix_coordination::InMemoryTenure;
+    type Error = InMemoryError;
+
+    fn store_id(&self) -> Option<String> {
+        self.inner.store_id()
+    }
+
+    async fn try_acquire(
+        &self,
+        settings: &LeaseSettings,
+    ) -> Result<AcquireAttempt<Self::Tenure>, InMemoryError> {
+        self.inner.try_acquire(settings).await
+    }
+
+    async fn renew(
+        &self,
+        settings: &LeaseSettings,
+        tenure: &mut Self::Tenure,
+    ) -> Result<actix_coordination::RenewOutcome, InMemoryError> {
+        self.inner.renew(settings, tenure).await
+    }
+
+    async fn release(
+        &self,
+        settings: &LeaseSettings,
+        tenure: Self::Tenure,
+    ) -> Result<actix_coordination::ReleaseOutcome, InMemoryError> {
+        self.inner.release(settings, tenure).await
+    }
+
+    fn binds(&self) -> bool {
+        true
+    }
+
+    fn incarnation(&self, tenure: &Self::Tenure) -> Option<String> {
+        self.inner.incarnation(tenure)
+    }
+
+    async fn try_acquire_bound(
+        &self,
+        settings: &LeaseSettings,
+        binding: &Binding,
+    ) -> Result<AcquireAttempt<Self::Tenure>, InMemoryError> {
+        let answer = self.inner.try_acquire_bound(settings, binding).await;
+        sleep(self.delay).await;
+        answer
+    }
+}
+
+/// `owner`'s member lease, and its lease of shard 0 bound to it, whose claims are answered
+/// `delay` late (the shard lease's operation timeout is longer than that).
+fn late_answered_node(
+    store: &InMemoryStore,
+    owner: &str,
+    delay: Duration,
+) -> (
+    InMemoryLease,
+    actix_coordination::ManagedLease<LateBoundClaims>,
+) {
+    let member = store.lease(settings(&member_name(owner), owner));
+    let shard_settings = LeaseSettings::builder(shard_name(0), owner)
+        .ttl(Duration::from_secs(60))
+        .operation_timeout(Duration::from_secs(5))
+        .acquire_retries(0)
+        .build()
+        .unwrap();
+    let shard = actix_coordination::ManagedLease::from_backend(
+        shard_settings,
+        LateBoundClaims {
+            inner: InMemoryBackend::new(store),
+            delay,
+        },
+    );
+    shard.bind_to(&member.binding_anchor().unwrap()).unwrap();
+    (member, shard)
+}
+
+/// Issue 47, item 6: a bound claim answered after the member deadline that held when it was
+/// sent, while the member was renewed meanwhile, is judged by the member tenure as it is when
+/// the answer comes: it starts a tenure with the member's deadline now (it used to be abandoned,
+/// and released).
+#[tokio::test(start_paused = true)]
+async fn a_bound_claim_answered_late_is_judged_by_its_member_tenure_as_it_is_then() {
+    let store = InMemoryStore::new();
+    let (member, shard) = late_answered_node(&store, "a", TTL + INTERVAL);
+    assert!(member.acquire().await.unwrap());
+    let deadline_at_send = member.deadline().unwrap();
+    let before = store.stats();
+    assert!(
+        shard.acquire().await.unwrap(),
+        "a claim answered under the member tenure it was made under holds"
+    );
+    assert!(Instant::now() > deadline_at_send, "answered past it");
+    assert!(shard.check_alive());
+    assert_eq!(
+        shard.deadline(),
+        member.deadline(),
+        "the member's deadline now"
+    );
+    assert_eq!(
+        store.stats().releases,
+        before.releases,
+        "nothing was released"
+    );
+    let record = store.record(&shard_name(0)).unwrap();
+    assert_eq!(record.holder.as_deref(), Some("a"));
+}
+
+/// A bound claim answered after its member tenure ended (released meanwhile) starts nothing and
+/// writes nothing more: the record names an incarnation that is over, and another owner claims
+/// it at once (`protocol::keep_bound_claim`).
+#[tokio::test(start_paused = true)]
+async fn a_bound_claim_answered_after_its_member_tenure_ended_writes_nothing() {
+    let store = InMemoryStore::new();
+    let (member, shard) = late_answered_node(&store, "a", INTERVAL);
+    let b = node(&store, "b", 1);
+    assert!(member.acquire().await.unwrap());
+    assert!(b.member.acquire().await.unwrap());
+    let claim = {
+        let shard = Arc::new(shard);
+        let claiming = Arc::clone(&shard);
+        (tokio::spawn(async move { claiming.acquire().await }), shard)
+    };
+    sleep(INTERVAL / 2).await;
+    assert!(member.release().await.unwrap(), "the member tenure ends");
+    let before = store.stats();
+    let answer = claim.0.await.unwrap();
+    assert!(
+        matches!(answer, Err(LeaseError::Unbound { .. })),
+        "{answer:?}"
+    );
+    assert!(!claim.1.check_alive());
+    assert_eq!(
+        store.stats().releases,
+        before.releases,
+        "the claim answered late was not released"
+    );
+    assert!(
+        b.shards[0].acquire().await.unwrap(),
+        "free by the binding rule: b claims it at once"
+    );
 }

@@ -1,9 +1,10 @@
 //! `Lease::retire_handing` on a real kube-apiserver: a member lease that leaves hands its bound
-//! shards on in the one write that releases its object, each target takes its shards up with no
-//! write and rebinds them afterwards, and a contender never holds a handed shard while its
-//! target's member lives (issue 37: a graceful leave of 16 × 4,096 in one write). And the rule
-//! that makes the one write safe: a contender that finds a member expired releases its object
-//! first, so that a handover landing late is refused.
+//! shards on in the one write that releases its object, each target claims its shards at once
+//! with a compare-and-swap of its own (never taken up without a write: issue 47), and a
+//! contender never holds a handed shard while its target's member lives (issue 37: a graceful
+//! leave of 16 × 4,096 names every target in one write). And the rule that makes the one write
+//! safe: a contender that finds a member expired releases its object first, so that a handover
+//! landing late is refused.
 //!
 //! Needs the test cluster (`scripts/test-cluster.sh`). Every test uses objects of its own.
 
@@ -108,9 +109,9 @@ fn transitions(object: &LeaseObject) -> i32 {
 }
 
 /// `a` holds three bound shards and leaves, handing shards 0 and 1 to `b` in the one write that
-/// releases its member object; shard 2, not listed, is freed. `b` takes its two up without a
-/// write (token +1) and rebinds them afterwards; `c` cannot have them while `b`'s member lives,
-/// but claims the freed one; `a`'s object is deleted once both records moved on.
+/// releases its member object; shard 2, not listed, is freed. `b` claims its two at once, one
+/// compare-and-swap each (token +1, bound to its member); `c` cannot have them while `b`'s
+/// member lives, but claims the freed one; `a`'s object is deleted once both records moved on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
     let group = unique("handing");
@@ -167,12 +168,14 @@ async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
     })
     .await;
     assert!(shards_a.iter().all(|s| !s.check_alive()));
-    // b takes shards 0 and 1 up: no write of its own on the way, each token one above a's.
+    // b claims shards 0 and 1 at once: one write each (never taken up without one), each
+    // token one above a's.
     for i in 0..2 {
         let before = shards_b[i].backend().stats();
-        assert!(shards_b[i].acquire().await.unwrap(), "b took shard {i} up");
+        assert!(shards_b[i].acquire().await.unwrap(), "b claimed shard {i}");
         let after = shards_b[i].backend().stats();
-        assert_eq!(after.taken_up, before.taken_up + 1, "taken up: {after:?}");
+        assert_eq!(after.taken_up, before.taken_up, "not taken up: {after:?}");
+        assert_eq!(after.updates, before.updates + 1, "one write: {after:?}");
         assert_eq!(after.creates, before.creates);
         assert_eq!(
             shards_b[i].fencing_token().unwrap().value(),
@@ -199,11 +202,12 @@ async fn a_leaving_member_hands_its_bound_shards_on_in_one_write() {
         1,
         "a's leave was one write (and the delete): {after_a:?}"
     );
-    // b rebound both records: b, its token, bound to its member; then a's object was deleted.
+    // b's claims wrote both records: b, its token, bound to its member; then a's object was
+    // deleted.
     for i in 0..2 {
         let token = shards_b[i].fencing_token().unwrap().value();
         let member = object_name(&member_b_name);
-        object_until(&names[i], "the record rebound to b", |o| {
+        object_until(&names[i], "the record claimed by b", |o| {
             o.is_some_and(|o| {
                 holder_of(o) == Some("b")
                     && transitions(o) as u64 == token
@@ -377,8 +381,8 @@ async fn handed_to_t(group: &str) -> (String, String, String) {
 }
 
 /// A shard that a released member object lists as handed to `t`: held by `t` for a contender
-/// while `t`'s member object lives, and claimed with the record's token plus two (one for `t`'s
-/// tenure taken up without a write) once it is gone.
+/// while `t`'s member object lives, and claimed with the record's token plus one once it is
+/// gone (`t` never claimed it: no tenure starts without a write on the record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
     let group = unique("handed-target");
@@ -392,7 +396,7 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         s.live_holder(&shard, Instant::now()) == Some("t")
     })
     .await;
-    // t's member object goes: the shard is free, its token two above the record's.
+    // t's member object goes: the shard is free, its token one above the record's.
     admin()
         .delete(&object_name(&member_t), &DeleteParams::default())
         .await
@@ -402,7 +406,7 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         assert!(Instant::now() < deadline, "c claimed the shard within 20 s");
         sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(shards_c[0].fencing_token().unwrap().value(), 6);
+    assert_eq!(shards_c[0].fencing_token().unwrap().value(), 5);
     assert!(shards_c[0].release().await.unwrap());
     assert!(member_c.release().await.unwrap());
     let _ = admin()
@@ -412,9 +416,9 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
 
 /// Two shard records bound to `x`'s member, whose object expires (2 s) with nobody renewing it:
 /// `c` planned where they go (shard 0 to itself, shard 1 to `t`), so the claim that finds `x`
-/// expired ends `x`'s object listing both, in one write; `c` takes shard 0 up with no other
-/// write (token +1) and rebinds it afterwards, `t` takes shard 1 up with no write at all, and
-/// `c` cannot have shard 1 while `t`'s member lives.
+/// expired ends `x`'s object listing both, in one write; `c` then claims shard 0 with one
+/// more write (token +1), `t` claims shard 1 with one write of its own, and `c` cannot have
+/// shard 1 while `t`'s member lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_release() {
     let group = unique("expired-handing");
@@ -490,11 +494,11 @@ async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_rele
         sleep(Duration::from_millis(200)).await;
     }
     let after = shards_c[0].backend().stats();
-    assert_eq!(after.taken_up, before.taken_up + 1, "taken up: {after:?}");
+    assert_eq!(after.taken_up, before.taken_up, "not taken up: {after:?}");
     assert_eq!(
         after.updates - before.updates,
-        1,
-        "one write: the release of x's object, listing both shards ({after:?})"
+        2,
+        "two writes: the release of x's object, listing both shards, and the claim ({after:?})"
     );
     assert_eq!(after.creates, before.creates);
     assert_eq!(shards_c[0].fencing_token().unwrap().value(), 5);
@@ -507,29 +511,29 @@ async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_rele
         names.iter().all(|n| list.contains(n.as_str())),
         "both shards listed: {list}"
     );
-    // t takes shard 1 up with no write; c cannot have it while t's member lives.
+    // t claims shard 1 with one write; c cannot have it while t's member lives.
     watch_until(&member_t, &group, "t's watch saw x's list", |s| {
         s.live_holder(&names[1], Instant::now()) == Some("t")
     })
     .await;
     let before_t = shards_t[1].backend().stats();
-    assert!(shards_t[1].acquire().await.unwrap(), "t took shard 1 up");
+    assert!(shards_t[1].acquire().await.unwrap(), "t claimed shard 1");
     let after_t = shards_t[1].backend().stats();
-    assert_eq!(after_t.taken_up, before_t.taken_up + 1);
+    assert_eq!(after_t.taken_up, before_t.taken_up);
     assert_eq!(
-        after_t.requests(),
-        before_t.requests(),
-        "no request: {after_t:?}"
+        after_t.updates,
+        before_t.updates + 1,
+        "one write: {after_t:?}"
     );
     assert_eq!(shards_t[1].fencing_token().unwrap().value(), 8);
     assert!(!shards_c[1].acquire().await.unwrap(), "shard 1 is t's");
     assert_eq!(shards_c[1].observed_holder().as_deref(), Some("t"));
-    // Both records are rebound afterwards, each to its taker's member, with its token.
+    // Both records name their claimant, bound to its member, with its token.
     for (i, (owner, member, token)) in [("c", &member_c_name, 5), ("t", &member_t_name, 8)]
         .into_iter()
         .enumerate()
     {
-        object_until(&names[i], "the record rebound", |o| {
+        object_until(&names[i], "the record claimed", |o| {
             o.is_some_and(|o| {
                 holder_of(o) == Some(owner)
                     && transitions(o) == token
@@ -549,8 +553,8 @@ async fn a_contender_that_finds_a_member_expired_hands_its_shards_on_in_the_rele
 
 /// A member that ended handing a shard on to `t` comes back (a new member tenure of the same
 /// owner, a node back from a freeze or restarted under its name): the record still names it
-/// (`t` took it up without a write), but it is `t`'s while `t`'s member lives, and the owner's
-/// claim is refused until then; once `t`'s member is gone it is claimed with token + 2.
+/// (`t` has not claimed it yet), but it is `t`'s while `t`'s member lives, and the owner's
+/// claim is refused until then; once `t`'s member is gone it is claimed with token + 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_back_under_a_new_member_tenure_does_not_claim_what_its_last_one_handed_on() {
     let group = unique("handed-back");
@@ -580,7 +584,7 @@ async fn an_owner_back_under_a_new_member_tenure_does_not_claim_what_its_last_on
         4,
         "the record is as m's last tenure left it"
     );
-    // t's member object goes: m claims the shard, its token two above the record's.
+    // t's member object goes: m claims the shard, its token one above the record's.
     admin()
         .delete(&object_name(&member_t), &DeleteParams::default())
         .await
@@ -590,7 +594,7 @@ async fn an_owner_back_under_a_new_member_tenure_does_not_claim_what_its_last_on
         assert!(Instant::now() < deadline, "m claimed the shard within 20 s");
         sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(shards_back[0].fencing_token().unwrap().value(), 6);
+    assert_eq!(shards_back[0].fencing_token().unwrap().value(), 5);
     assert!(shards_back[0].release().await.unwrap());
     assert!(member_back.release().await.unwrap());
     let _ = admin()

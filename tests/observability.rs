@@ -924,6 +924,21 @@ async fn bound_shards_end_with_their_member_and_warn_no_more_than_it() {
         shards.iter().all(|s| !s.check_alive()),
         "lost with the member"
     );
+    // The loss is logged by the member's renewal task once it sees the deadline pass (a moment
+    // after `check_alive` turned false, by the clock), and the shards' ends in the same step.
+    let ended_logged = || {
+        logs.text()
+            .lines()
+            .filter(|l| {
+                l.contains("bound tenure ended with its member tenure") && l.contains("owner=b")
+            })
+            .count()
+            == shards.len()
+    };
+    wait_until(Duration::from_secs(10), || {
+        warnings("b") >= 1 && ended_logged()
+    })
+    .await;
     assert_eq!(warnings("b"), 1, "{}", logs.text());
     assert!(
         logs.text()

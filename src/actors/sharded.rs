@@ -375,9 +375,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 /// every worker first, all at once, each under its tenure, then retires the member lease
 /// handing every shard on to the node its placement targets ([`Lease::retire_handing`]): on
 /// Kubernetes the one write that releases the member object lists each shard with its target,
-/// which takes it up without a write of its own and rebinds it a moment later (a graceful leave
-/// of a node holding 256 shards is one write, BENCHMARKS.md); elsewhere that write frees the
-/// shards and their targets claim them.
+/// which claims it at once without waiting for any expiry (one write names every target of a
+/// node holding 256 shards; each target's claim is a compare-and-swap of its own,
+/// BENCHMARKS.md); elsewhere that write frees the shards and their targets claim them.
 ///
 /// # Example
 ///

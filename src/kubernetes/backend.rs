@@ -12,7 +12,6 @@ use kube::Client;
 use tokio::time::Instant;
 
 use super::bound::BoundState;
-use super::handing::add_hops;
 use super::observed::{Observed, State};
 use super::record::{
     bind, binding_of, clear_handed, duration_secs, handed_shards_of, holder_of, incarnation_of,
@@ -23,9 +22,10 @@ use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
 use crate::backend::{AcquireAttempt, LeaseBackend, ReleaseOutcome, RenewOutcome};
 use crate::backoff::Doubling;
-use crate::binding::Binding;
+use crate::binding::{Binding, BindingAnchor};
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
+use crate::protocol::{self, RecordSeen};
 use crate::settings::LeaseSettings;
 use crate::vocab::BackendError;
 
@@ -113,6 +113,9 @@ pub struct KubernetesBackend {
     /// Whether the API server refused to patch the object (RBAC, a Role from before `patch`
     /// was asked for): claims then read and replace, as they did.
     pub(super) patch_forbidden: AtomicBool,
+    /// The member lease this lease's tenures are bound to ([`LeaseBackend::bound_to`]): asked
+    /// before each write of a bound record this owner held.
+    pub(super) anchor: std::sync::OnceLock<BindingAnchor>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -135,11 +138,6 @@ pub struct KubernetesTenure {
     /// Renewals sent since the last confirmed one (their answer was lost or not yet received):
     /// the `renewTime` each wrote, and when the call started.
     pub(super) unconfirmed: Vec<(MicroTime, Instant)>,
-    /// A tenure taken up without a write (a shard handed on to this owner): the member tenure to
-    /// bind the record to, until [`settle`](LeaseBackend::settle) rebinds it; `lease` is then
-    /// the record as it was handed on (another holder's, with `leaseTransitions` one below this
-    /// tenure's).
-    pub(super) taken_up: Option<Binding>,
 }
 
 impl KubernetesTenure {
@@ -220,7 +218,27 @@ impl KubernetesBackend {
             counters: Counters::default(),
             delete_forbidden: AtomicBool::new(false),
             patch_forbidden: AtomicBool::new(false),
+            anchor: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether this owner may write `record` (a release, or another way of giving it up), a
+    /// record of its tenure with fencing token `token`, as it stands now: the one door of every
+    /// such write ([`protocol::may_write_own`]; a bound record only while the member tenure it
+    /// names lives by this process's clock).
+    pub(super) fn may_write_own(&self, record: &LeaseObject, owner: &str, token: i32) -> bool {
+        let binding = binding_of(record);
+        let live = self.anchor.get().and_then(BindingAnchor::live);
+        protocol::may_write_own(
+            RecordSeen {
+                holder: holder_of(record),
+                token: transitions_of(record).max(0) as u64,
+                binding: binding.as_ref(),
+            },
+            owner,
+            token.max(0) as u64,
+            live.as_ref(),
+        )
     }
 
     /// The namespace of the object.
@@ -411,7 +429,6 @@ impl KubernetesBackend {
                 lease,
                 transitions,
                 unconfirmed: Vec::new(),
-                taken_up: None,
             },
             valid_from,
         }
@@ -542,33 +559,24 @@ impl KubernetesBackend {
                 None => preferred_of(&current).is_some_and(|p| p != owner),
             };
             // A bound record of another holder lives by its member record, or by the target's
-            // it was handed on to (see the `bound` module). So does one of this owner bound to
+            // it was listed to (see the `bound` module). So does one of this owner bound to
             // another member tenure than the one it claims under: that tenure ended, and may
-            // have handed the record on (a target takes it up without a write, so the record
-            // still names this owner).
+            // have listed the record to a target that has not claimed it yet.
             let bound = binding_of(&current);
             let ours_ended =
                 holder.as_deref() == Some(owner) && bound.is_some() && bound.as_ref() != binding;
-            let mut hops = 0;
             if let (true, Some(bound), Some(h)) = (blocked || ours_ended, bound, holder.as_deref())
             {
+                // Listed to this owner under the member tenure it claims with, or free: claimed
+                // with a compare-and-swap (never taken up without a write: see `protocol`).
                 let me = binding.map(|b| (owner, b));
-                match self.bound_state(&api, &bound, h, me).await? {
-                    BoundState::Held { holder, until } => {
-                        return Ok(AcquireAttempt::HeldByOther {
-                            holder: Some(holder),
-                            expires_at: Some(until),
-                        });
-                    }
-                    BoundState::Free { hops: h } => hops = h,
-                    BoundState::Mine => {
-                        let to = binding.expect("`Mine` only for a bound claim");
-                        match self.take_up_handed(current.clone(), to) {
-                            Some(attempt) => return Ok(attempt),
-                            // Not newer than a tenure this instance had: claimed instead.
-                            None => hops = 1,
-                        }
-                    }
+                if let BoundState::Held { holder, until } =
+                    self.bound_state(&api, &bound, h, me).await?
+                {
+                    return Ok(AcquireAttempt::HeldByOther {
+                        holder: Some(holder),
+                        expires_at: until,
+                    });
                 }
             } else {
                 let free = !blocked || {
@@ -584,7 +592,6 @@ impl KubernetesBackend {
                 }
             }
             let mut claim = self.claimed(current, settings)?;
-            add_hops(&mut claim, hops, &self.object)?;
             if let Some(binding) = binding {
                 bind(&mut claim, binding);
             }
@@ -732,15 +739,13 @@ impl KubernetesBackend {
                 })
             }
         };
-        // A tenure taken up without a write and not rebound: its record is read first.
-        let start = match tenure.taken_up {
-            None => (*tenure.lease).clone(),
-            Some(_) => match self.unsettled_record(settings, &tenure).await? {
-                Ok(record) => record,
-                Err(outcome) => return Ok(outcome),
-            },
-        };
-        let (mut next, mut handing) = release(start, with_spec)?;
+        // A bound record is written only while the member tenure it names lives (a record of
+        // an ended one is free already, and may be listed to a target: see `protocol`).
+        if !self.may_write_own(&tenure.lease, owner, tenure.transitions) {
+            tracing::debug!(object = %self.object, "not releasing a bound record whose member tenure ended: it is free by the binding rule");
+            return Ok(ReleaseOutcome::Released);
+        }
+        let (mut next, mut handing) = release((*tenure.lease).clone(), with_spec)?;
         let started = Instant::now();
         tracing::debug!(object = %self.object, handing, "sending the release");
         let mut pauses = RELEASE_RETRY;
@@ -788,6 +793,9 @@ impl KubernetesBackend {
                 Some(holder)
                     if holder == owner && transitions_of(&current) == tenure.transitions =>
                 {
+                    if !self.may_write_own(&current, owner, tenure.transitions) {
+                        return Ok(ReleaseOutcome::Released);
+                    }
                     (next, handing) = release(current, with_spec)?
                 }
                 Some(holder) => {
@@ -832,6 +840,12 @@ impl LeaseBackend for KubernetesBackend {
 
     fn binds(&self) -> bool {
         true
+    }
+
+    /// Kept: every write of a bound record this owner held asks it first (see
+    /// [`protocol::may_write_own`](crate::protocol::may_write_own)).
+    fn bound_to(&self, anchor: &BindingAnchor) {
+        let _ = self.anchor.set(anchor.clone());
     }
 
     /// `<uid>/<leaseTransitions>` of the tenure's object.
@@ -902,15 +916,6 @@ impl LeaseBackend for KubernetesBackend {
         );
     }
 
-    /// Rebinds a shard taken up without a write (see the `handing` module).
-    async fn settle(
-        &self,
-        settings: &LeaseSettings,
-        tenure: &mut KubernetesTenure,
-    ) -> Result<Option<LostReason>, KubernetesError> {
-        Box::pin(self.settle_taken_up(settings, tenure)).await
-    }
-
     /// The preferred holder goes in the annotations `actix-coordination/preferred-holder` and
     /// `actix-coordination/preferred-at-transitions` (kept by every API server, and valid only
     /// while the object is free with the same `leaseTransitions`), and in `spec.preferredHolder`
@@ -968,26 +973,13 @@ impl LeaseBackend for KubernetesBackend {
                         .and_then(|s| s.acquire_time.as_ref())
                         .is_some_and(|t| pending.contains(t))
             });
-            // A bound claim is not released once the namespace watch shows the member tenure it
-            // names ended or expired: the record may have been handed on (taken up without a
-            // write), and is not ours to write.
-            let member_lives = |lease: &LeaseObject| {
-                binding_of(lease).is_none_or(|bound| {
-                    match self
-                        .hub
-                        .record_of(&self.namespace, &object_name(bound.member()))
-                    {
-                        None => true, // no synced watch: the claim's own compare-and-swap decides
-                        Some(None) => false,
-                        Some(Some((member, _))) => {
-                            member.holder.as_deref() == Some(settings.owner())
-                                && member.incarnation.as_deref() == Some(bound.incarnation())
-                                && member.expires_at.is_some_and(|at| Instant::now() < at)
-                        }
-                    }
-                })
+            // A bound claim only while the member tenure it names lives by this process's
+            // clock: one of an ended tenure is free by the binding rule already, and may be
+            // listed to a target (see `protocol`).
+            let writable = |lease: &LeaseObject| {
+                self.may_write_own(lease, settings.owner(), transitions_of(lease))
             };
-            let Some(current) = current.filter(|lease| ours && member_lives(lease)) else {
+            let Some(current) = current.filter(|lease| ours && writable(lease)) else {
                 self.lock().unanswered.clear();
                 return Ok(());
             };

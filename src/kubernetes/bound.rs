@@ -1,5 +1,8 @@
 //! How a contender judges a *bound* record (see [`Binding`]): by its member's object, and by
 //! what that object lists as handed on ([`HANDED_SHARDS_ANNOTATION`](super::HANDED_SHARDS_ANNOTATION)).
+//! The decisions are [`protocol`]'s (`member_verdict`, `bound_record`, `handed_record`); this
+//! module is the I/O around them: the namespace watch first, then a read, then the release of an
+//! expired version.
 //!
 //! # The member's object
 //!
@@ -23,31 +26,31 @@
 //! A member tenure that ends with [`Lease::retire_handing`](crate::Lease::retire_handing)
 //! releases its object in one compare-and-swap that lists, for its incarnation, each bound
 //! shard and its target (an owner and that owner's member incarnation). A record bound to that
-//! incarnation and listed is held by the target while the target's member object shows the
-//! target's incarnation held (the target takes it up without a write, with the record's fencing
-//! token plus one, and rebinds it later), and free once it does not (a claim then writes the
-//! record's token plus two).
+//! incarnation and listed is the target's to claim while the target's member object shows the
+//! target's incarnation held: the target claims it at once with a compare-and-swap (the record's
+//! fencing token plus one, its own binding), and no other contender claims it meanwhile; once
+//! the target's incarnation is over, it is free for anyone.
 //!
 //! The handover is written on the member object, a claim on the shard's: a handover sent before
 //! the member's deadline could land after a contender judged the member's last version expired
-//! and claimed a shard, and the target, seeing the list, would take that shard up too. So a
-//! contender that finds the member expired first *releases the member object* with a
-//! compare-and-swap on the expired version, and counts its shards free only once that write
-//! landed (or the object shows the incarnation over): of the handover and the release, only the
-//! first to land succeeds, and the other is refused.
+//! and claimed a shard, and the target, seeing the list, would claim that shard too (and lose
+//! its compare-and-swap, but only after the contender's worker started). So a contender that
+//! finds the member expired first *releases the member object* with a compare-and-swap on the
+//! expired version, and counts its shards free only once that write landed (or the object shows
+//! the incarnation over): of the handover and the release, only the first to land succeeds, and
+//! the other is refused.
 //!
 //! # A member found expired hands its shards on too
 //!
 //! That release may carry a list of its own: where this session planned the expired tenure's
 //! shards to go ([`Lease::plan_hand_on`](crate::Lease::plan_hand_on): the sharded workers plan
 //! it from their placement as soon as their view shows the member expired). Only records the
-//! namespace watch shows bound to that tenure are listed, and entries of earlier incarnations
-//! stay. The list is written after the same confirmation as any claim by expiry (the tenure's
-//! holder has passed its own deadline by then), so a target that takes a listed record up
-//! without a write holds it as if this contender had claimed it and handed it over: one write
-//! for a dead node's shards instead of one claim each. Its records still name the dead holder
-//! until they are rebound, so a record of *this* owner bound to another member tenure than the
-//! one it claims under is judged by this same rule, not as its own.
+//! namespace watch shows held by that tenure are listed ([`protocol::listable`]), and entries of
+//! earlier incarnations stay. The list is written after the same confirmation as any claim by
+//! expiry (the tenure's holder has passed its own deadline by then): one write names a dead
+//! node's targets, each of which then claims its shards at once. The records still name the dead
+//! holder until claimed, so a record of *this* owner bound to another member tenure than the one
+//! it claims under is judged by this same rule, not as its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -63,6 +66,7 @@ use super::record::{
 use super::{object_name, KubernetesBackend, KubernetesError};
 use crate::binding::{Binding, HandedShard, HandedShards};
 use crate::group::GroupRecord;
+use crate::protocol::{self, MemberSeen, MemberVerdict, RecordSeen, Source, Step};
 
 /// How many member objects a session remembers an ended incarnation of.
 const ENDED_KEPT: usize = 1024;
@@ -74,20 +78,15 @@ const CONFIRM_ATTEMPTS: u32 = 3;
 /// A bound record as this lease's contender judges it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum BoundState {
-    /// Held by `holder` (the record's, or the target it was handed to) until at least `until`.
-    Held { holder: String, until: Instant },
-    /// Free: a claim writes the record's `leaseTransitions` plus one plus `hops` (the tenures
-    /// taken up without a write since the record was written: one if it was handed on).
-    Free { hops: i32 },
-    /// Handed on to this very owner under its member tenure now: taken up without a write.
-    Mine,
-}
-
-/// A member incarnation as judged here.
-enum MemberState {
-    Lives(Instant),
-    Ended,
-    Handed { owner: String, to: Binding },
+    /// Held by `holder` (the record's, or the target it was listed to) until at least `until`.
+    Held {
+        holder: String,
+        until: Option<Instant>,
+    },
+    /// Free for this owner: a claim (a compare-and-swap on the version judged) writes the
+    /// record's `leaseTransitions` plus one. A record listed to this very owner under the member
+    /// tenure it claims with is free for it alone, at once.
+    Free,
 }
 
 /// A member object: its namespace and name.
@@ -216,18 +215,35 @@ impl EndedMembers {
     }
 }
 
-/// The target that `handed` lists for shard lease `lease` bound to incarnation `incarnation`.
-fn target_in(handed: Option<&HandedShards>, incarnation: &str, lease: &str) -> Option<MemberState> {
-    let (owner, to) = handed?.target(incarnation, lease)?;
-    Some(MemberState::Handed {
-        owner: owner.to_owned(),
-        to: to.clone(),
-    })
+/// What `handed` lists for shard lease `lease` bound to incarnation `incarnation`.
+fn listed_in<'a>(
+    handed: Option<&'a HandedShards>,
+    incarnation: &str,
+    lease: &str,
+) -> Option<(&'a str, &'a Binding)> {
+    handed?.target(incarnation, lease)
+}
+
+/// `record` (a member record of the namespace watch, or one read) as [`protocol`] takes it, with
+/// what it lists for `lease` under `incarnation`.
+fn member_seen<'a>(
+    record: &'a GroupRecord,
+    expires_at: Option<Instant>,
+    incarnation: &str,
+    lease: &str,
+) -> MemberSeen<'a> {
+    MemberSeen {
+        holder: record.holder.as_deref(),
+        incarnation: record.incarnation.as_deref(),
+        expires_at,
+        listed: listed_in(record.handed.as_deref(), incarnation, lease),
+    }
 }
 
 impl KubernetesBackend {
     /// This lease's record, held by `holder` and bound to `binding`, as this process judges it
-    /// (see the module docs); `me` is this owner with the member tenure it would bind to.
+    /// (see the module docs, and [`protocol`] for the rules); `me` is this owner with the member
+    /// tenure it would bind to.
     pub(super) async fn bound_state(
         &self,
         api: &Api<LeaseObject>,
@@ -235,89 +251,92 @@ impl KubernetesBackend {
         holder: &str,
         me: Option<(&str, &Binding)>,
     ) -> Result<BoundState, KubernetesError> {
-        Ok(match self.member_state(api, binding, holder, true).await? {
-            MemberState::Lives(until) => BoundState::Held {
-                holder: holder.to_owned(),
-                until,
-            },
-            MemberState::Ended => BoundState::Free { hops: 0 },
-            MemberState::Handed { owner, to } => {
-                if me.is_some_and(|(o, b)| o == owner && *b == to) {
-                    return Ok(BoundState::Mine);
-                }
-                match self.member_state(api, &to, &owner, false).await? {
-                    MemberState::Lives(until) => BoundState::Held {
-                        holder: owner,
-                        until,
-                    },
-                    _ => BoundState::Free { hops: 1 },
-                }
+        let member = self.member_state(api, binding, holder).await?;
+        let step = match protocol::bound_record(holder, member, me) {
+            Step::Target { owner, to } => {
+                let target = self.member_state(api, &to, &owner).await?;
+                protocol::handed_record(&owner, target)
+            }
+            step => step,
+        };
+        Ok(match step {
+            Step::Held { holder, until } => BoundState::Held { holder, until },
+            Step::Claim => BoundState::Free,
+            // `member_state` reads and confirms itself: it answers neither.
+            Step::Target { .. } | Step::Confirm | Step::Read => {
+                unreachable!("member_state answers only Lives, Over or Handed")
             }
         })
     }
 
     /// Member incarnation `binding` held by `holder`: whether it lives (until when, at least),
-    /// is over, or (with `follow`) handed this lease's record on.
+    /// is over, or listed this lease's record ([`MemberVerdict::Lives`], [`Over`] or
+    /// [`Handed`]: the namespace watch first, then a read, and the release of an expired
+    /// version, as [`protocol::member_verdict`] asks).
+    ///
+    /// [`Over`]: MemberVerdict::Over
+    /// [`Handed`]: MemberVerdict::Handed
     async fn member_state(
         &self,
         api: &Api<LeaseObject>,
         binding: &Binding,
         holder: &str,
-        follow: bool,
-    ) -> Result<MemberState, KubernetesError> {
+    ) -> Result<MemberVerdict, KubernetesError> {
         let object = object_name(binding.member());
         let incarnation = binding.incarnation();
         let namespace = self.namespace.as_str();
         let now = Instant::now();
-        let holds = |record: &GroupRecord| {
-            record.holder.as_deref() == Some(holder)
-                && record.incarnation.as_deref() == Some(incarnation)
-        };
-        let seen_version = match self.hub.record_of(namespace, &object) {
-            Some(Some((record, version))) => {
-                if follow {
-                    if let Some(handed) =
-                        target_in(record.handed.as_deref(), incarnation, &self.name)
-                    {
-                        return Ok(handed);
-                    }
+        // The version the watch shows held but expired, if it does.
+        let mut seen_version = None;
+        if let Some(Some((record, version))) = self.hub.record_of(namespace, &object) {
+            let seen = member_seen(&record, record.expires_at, incarnation, &self.name);
+            match protocol::member_verdict(Some(seen), Source::Watch, incarnation, holder, now) {
+                verdict @ (MemberVerdict::Lives { .. } | MemberVerdict::Handed { .. }) => {
+                    return Ok(verdict)
                 }
-                if holds(&record) {
-                    if let Some(until) = record.expires_at.filter(|until| now < *until) {
-                        return Ok(MemberState::Lives(until));
+                _ => {
+                    let holds = record.holder.as_deref() == Some(holder)
+                        && record.incarnation.as_deref() == Some(incarnation);
+                    if holds {
+                        seen_version = version;
                     }
-                    // Expired as this view shows: confirmed below if the member is still at it.
-                    version
-                } else {
-                    None
                 }
             }
-            _ => None,
-        };
+        }
         let known_over = |this: &Self| {
             this.hub
                 .ended
                 .ended(namespace, &object, incarnation)
-                .map(|handed| {
-                    follow
-                        .then(|| target_in(handed.as_deref(), incarnation, &this.name))
-                        .flatten()
-                        .unwrap_or(MemberState::Ended)
-                })
+                .map(
+                    |handed| match listed_in(handed.as_deref(), incarnation, &this.name) {
+                        Some((owner, to)) => MemberVerdict::Handed {
+                            owner: owner.to_owned(),
+                            to: to.clone(),
+                        },
+                        None => MemberVerdict::Over,
+                    },
+                )
         };
-        if let Some(state) = known_over(self) {
-            return Ok(state);
+        if let Some(verdict) = known_over(self) {
+            return Ok(verdict);
         }
         // The bound incarnation's object was deleted (its holder retired it once every shard it
-        // handed on had moved on): an object's `uid` never lives again.
+        // handed on had moved on): a deletion the watch received is final, judged as a read
+        // that finds no object (an object's `uid` never lives again).
         let uid = incarnation.split('/').next().unwrap_or_default();
         if !uid.is_empty() && self.hub.was_deleted(namespace, uid) {
-            return Ok(MemberState::Ended);
+            return Ok(protocol::member_verdict(
+                None,
+                Source::Read,
+                incarnation,
+                holder,
+                now,
+            ));
         }
         let lock = self.hub.ended.lock_of(namespace, &object);
         let _one_at_a_time = lock.lock().await;
-        if let Some(state) = known_over(self) {
-            return Ok(state);
+        if let Some(verdict) = known_over(self) {
+            return Ok(verdict);
         }
         // The version the watch shows expired was read live meanwhile (by the confirmation
         // this one waited behind).
@@ -325,7 +344,7 @@ impl KubernetesBackend {
             .as_deref()
             .and_then(|v| self.hub.ended.lives_until(namespace, &object, v))
         {
-            return Ok(MemberState::Lives(until));
+            return Ok(MemberVerdict::Lives { until: Some(until) });
         }
         for _ in 0..CONFIRM_ATTEMPTS {
             self.counters.gets.fetch_add(1, Ordering::Relaxed);
@@ -333,62 +352,86 @@ impl KubernetesBackend {
                 .get_opt(&object)
                 .await
                 .map_err(|e| self.error("get", e))?;
+            let now = Instant::now();
             let Some(member) = read else {
                 self.hub
                     .ended
                     .set_ended(namespace, &object, incarnation, None);
-                return Ok(MemberState::Ended);
+                return Ok(protocol::member_verdict(
+                    None,
+                    Source::Read,
+                    incarnation,
+                    holder,
+                    now,
+                ));
             };
             let handed = handed_shards_of(&member).map(Arc::new);
-            let listed = target_in(handed.as_deref(), incarnation, &self.name);
+            let version = member.metadata.resource_version.clone();
+            // From when this process first received the version read (by the namespace watch,
+            // or by an earlier read of this instance): the observed-time rule.
+            let first_seen = match version.as_deref() {
+                None => now,
+                Some(v) => {
+                    let mut state = self.lock();
+                    let read_before = state
+                        .member_seen
+                        .as_ref()
+                        .filter(|(o, seen, _)| *o == object && seen == v)
+                        .map(|(_, _, at)| *at);
+                    let at = read_before.unwrap_or(now);
+                    state.member_seen = Some((object.clone(), v.to_owned(), at));
+                    self.hub
+                        .first_seen(namespace, &object, v)
+                        .map_or(at, |watched| watched.min(at))
+                }
+            };
             let record = GroupRecord::new(holder_of(&member).map(str::to_owned), None, None)
                 .with_incarnation(incarnation_of(&member));
-            if listed.is_some() || !holds(&record) {
-                // Over for good: released (handing on or not), another holder or incarnation.
-                self.hub
-                    .ended
-                    .set_ended(namespace, &object, incarnation, handed);
-                return Ok(listed.filter(|_| follow).unwrap_or(MemberState::Ended));
-            }
-            let version = member.metadata.resource_version.clone();
-            if seen_version.is_none() || version != seen_version {
-                // A version this process may not have timed yet: from when it first received it
-                // (by the namespace watch, or by an earlier read of this instance).
-                let first_seen = match version.as_deref() {
-                    None => now,
-                    Some(v) => {
-                        let mut state = self.lock();
-                        let read_before = state
-                            .member_seen
-                            .as_ref()
-                            .filter(|(o, seen, _)| *o == object && seen == v)
-                            .map(|(_, _, at)| *at);
-                        let at = read_before.unwrap_or(now);
-                        state.member_seen = Some((object.clone(), v.to_owned(), at));
-                        self.hub
-                            .first_seen(namespace, &object, v)
-                            .map_or(at, |watched| watched.min(at))
-                    }
-                };
-                let until = first_seen + duration_of(&member);
-                if now < until {
+            let record = GroupRecord {
+                handed: handed.clone(),
+                ..record
+            };
+            let seen = member_seen(
+                &record,
+                Some(first_seen + duration_of(&member)),
+                incarnation,
+                &self.name,
+            );
+            match protocol::member_verdict(Some(seen), Source::Read, incarnation, holder, now) {
+                verdict @ (MemberVerdict::Over | MemberVerdict::Handed { .. }) => {
+                    // Over for good: released (handing on or not), another holder or
+                    // incarnation.
+                    self.hub
+                        .ended
+                        .set_ended(namespace, &object, incarnation, handed);
+                    return Ok(verdict);
+                }
+                MemberVerdict::Lives { until } => {
                     // Remembered against the version the watch showed expired: the claims that
                     // saw the same need not read again.
-                    if let Some(seen) = seen_version.as_deref() {
+                    if let (Some(seen), Some(until)) = (seen_version.as_deref(), until) {
                         self.hub.ended.set_lives(namespace, &object, seen, until);
                     }
-                    return Ok(MemberState::Lives(until));
+                    return Ok(MemberVerdict::Lives { until });
                 }
+                MemberVerdict::Expired => {}
+                MemberVerdict::Unsure => unreachable!("a read is never unsure"),
             }
             // Expired: released here before anything bound to it counts free (see the module
             // docs), listing the shards this session planned to hand on; a newer version met
             // instead is read and judged again.
             if let Some(handed) = self.release_expired(api, &object, member, binding).await? {
-                let listed = target_in(handed.as_deref(), incarnation, &self.name);
+                let verdict = match listed_in(handed.as_deref(), incarnation, &self.name) {
+                    Some((owner, to)) => MemberVerdict::Handed {
+                        owner: owner.to_owned(),
+                        to: to.clone(),
+                    },
+                    None => MemberVerdict::Over,
+                };
                 self.hub
                     .ended
                     .set_ended(namespace, &object, incarnation, handed);
-                return Ok(listed.filter(|_| follow).unwrap_or(MemberState::Ended));
+                return Ok(verdict);
             }
         }
         Err(KubernetesError::Conflict {
@@ -411,6 +454,8 @@ impl KubernetesBackend {
         binding: &Binding,
     ) -> Result<Option<Option<Arc<HandedShards>>>, KubernetesError> {
         let incarnation = binding.incarnation();
+        let holder = holder_of(&member).unwrap_or_default().to_owned();
+        let holder = holder.as_str();
         let mut entries = handed_shards_of(&member);
         let mut released = slim(member);
         if let Some(spec) = released.spec.as_mut() {
@@ -422,7 +467,7 @@ impl KubernetesBackend {
             .planned(&self.namespace, object, incarnation)
             .map(|plan| {
                 plan.iter()
-                    .filter(|shard| self.bound_to_ended(shard.lease(), binding))
+                    .filter(|shard| self.listable(shard.lease(), holder, binding))
                     .cloned()
                     .collect()
             })
@@ -453,12 +498,22 @@ impl KubernetesBackend {
         }
     }
 
-    /// Whether the namespace watch shows the record of shard lease `lease` bound to member
-    /// tenure `binding`.
-    fn bound_to_ended(&self, lease: &str, binding: &Binding) -> bool {
+    /// Whether the namespace watch shows the record of shard lease `lease` held by `holder`
+    /// bound to its member tenure `binding`: what a list of `binding` may name
+    /// ([`protocol::listable`]).
+    pub(super) fn listable(&self, lease: &str, holder: &str, binding: &Binding) -> bool {
         self.hub
             .record_of(&self.namespace, &object_name(lease))
             .flatten()
-            .is_some_and(|(record, _)| record.bound_to.as_ref() == Some(binding))
+            .is_some_and(|(record, _)| protocol::listable(record_seen(&record), holder, binding))
+    }
+}
+
+/// A shard record of the namespace watch as [`protocol`] takes it.
+pub(super) fn record_seen(record: &GroupRecord) -> RecordSeen<'_> {
+    RecordSeen {
+        holder: record.holder.as_deref(),
+        token: record.token.map_or(0, |t| t.value()),
+        binding: record.bound_to.as_ref(),
     }
 }

@@ -24,7 +24,6 @@ use kube::api::Api;
 use serde_json::{Map, Value};
 
 use super::bound::BoundState;
-use super::handing::add_hops;
 use super::record::{
     bind, BOUND_INCARNATION_ANNOTATION, BOUND_TO_ANNOTATION, HANDED_OVER_AFTER_ANNOTATION,
     HANDED_OVER_BY_ANNOTATION, HOLDER_METADATA_ANNOTATION, HOLDER_METADATA_OWNER_ANNOTATION,
@@ -91,16 +90,13 @@ impl KubernetesBackend {
             return Ok(None);
         }
         let me = Some((settings.owner(), binding));
-        let hops = match self.bound_state(api, bound, holder, me).await? {
-            BoundState::Held { holder, until } => {
-                return Ok(Some(AcquireAttempt::HeldByOther {
-                    holder: Some(holder),
-                    expires_at: Some(until),
-                }));
-            }
-            BoundState::Free { hops } => Some(hops),
-            BoundState::Mine => None,
-        };
+        if let BoundState::Held { holder, until } = self.bound_state(api, bound, holder, me).await?
+        {
+            return Ok(Some(AcquireAttempt::HeldByOther {
+                holder: Some(holder),
+                expires_at: until,
+            }));
+        }
         let Ok(transitions) = i32::try_from(record.token.map_or(0, |t| t.value())) else {
             return Ok(None);
         };
@@ -117,17 +113,7 @@ impl KubernetesBackend {
                 ..LeaseSpec::default()
             }),
         };
-        let hops = match hops {
-            Some(hops) => hops,
-            // Handed on to this owner: taken up without a write (claimed if this instance had a
-            // tenure as new).
-            None => match self.take_up_handed(known.clone(), binding) {
-                Some(attempt) => return Ok(Some(attempt)),
-                None => 1,
-            },
-        };
         let mut claim = self.claimed(known, settings)?;
-        add_hops(&mut claim, hops, &self.object)?;
         bind(&mut claim, binding);
         let sent = self.claim_sent(&claim);
         tracing::debug!(object = %self.object, "sending the claim, decided from the watch");

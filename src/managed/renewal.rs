@@ -9,9 +9,13 @@ use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
-use super::{bump, Shared, RENEW_BACKOFF_START, WATCH_BACKOFF_START};
+use super::{
+    bump, current_runtime, Giving, OpsGuard, Shared, Unreleased, RENEW_BACKOFF_START,
+    WATCH_BACKOFF_START,
+};
 use crate::backend::{BackendError, LeaseBackend, RenewOutcome};
 use crate::binding::BoundChild;
+use crate::lease::Operation;
 use crate::lease::{FencingToken, LostReason};
 use crate::metrics;
 use crate::tenure::{sleep_until_precise, RenewalTask, TenureEnd};
@@ -164,43 +168,6 @@ pub(super) async fn bound_loop<B: LeaseBackend>(
     mut stop: oneshot::Receiver<()>,
     _end: EndWithTask<B>,
 ) -> Option<B::Tenure> {
-    let mut tenure = tenure;
-    // A tenure taken up without a write (a shard handed on) is brought into the store's record
-    // first, off the acquire's path (the backend may wait a moment first, so that a move's
-    // rebinds do not compete with the move); a loss it finds ends the tenure. Bounded by the
-    // operation timeout, and given up when the tenure ends or is released meanwhile: a settle
-    // that did not finish leaves the tenure as it was (its release reads the record first).
-    let settled = {
-        let settle = tokio::time::timeout(
-            shared.settings.operation_timeout(),
-            shared.backend.settle(&shared.settings, &mut tenure),
-        );
-        tokio::pin!(settle);
-        let mut changes = shared.tenure.receiver();
-        let ended = async {
-            while shared.tenure.published(generation).is_some() {
-                if changes.changed().await.is_err() {
-                    break;
-                }
-            }
-        };
-        tokio::select! {
-            settled = &mut settle => Some(settled),
-            _ = &mut stop => None,
-            () = ended => Some(Ok(Ok(None))),
-        }
-    };
-    match settled {
-        None => return Some(tenure),
-        Some(Ok(Ok(None))) => {}
-        Some(Ok(Ok(Some(reason)))) => return shared.lost_or_released(generation, reason, tenure),
-        Some(Ok(Err(error))) => {
-            tracing::debug!(%error, "could not bring a tenure taken up without a write into the store's record; its release reads first")
-        }
-        Some(Err(_)) => {
-            tracing::debug!("bringing a tenure taken up without a write into the store's record took longer than the operation timeout; its release reads first")
-        }
-    }
     let watch = watch_loss(&shared, token);
     tokio::pin!(watch);
     let mut changes = shared.tenure.receiver();
@@ -361,6 +328,30 @@ pub(super) fn spawn_release_retry<B: LeaseBackend>(
             }
             drop(ops);
             pause = (pause * 2).min(most);
+        }
+    });
+}
+
+/// Releases a claim nobody will use, holding the `ops` lock; a failure is reported by every
+/// `release` until the claim has surely expired. (A bound claim whose member tenure ended is not
+/// written: the backend judges every write, see `protocol::may_write_own`.)
+pub(super) fn spawn_release_abandoned<B: LeaseBackend>(
+    runtime: &tokio::runtime::Handle,
+    shared: Arc<Shared<B>>,
+    mut ops: OpsGuard<B::Tenure>,
+    tenure: B::Tenure,
+) {
+    runtime.spawn(async move {
+        match shared.release_tenure(tenure, &Giving::Release).await {
+            Ok(_) => ops.unreleased = None,
+            Err(error) => {
+                tracing::warn!(lease = %shared.settings.name(), owner = %shared.settings.owner(), error = &error as &dyn StdError, "releasing an abandoned claim failed; it is released once the store answers again (or ends by itself)");
+                ops.unreleased = Some(Unreleased::now(error, &shared.settings));
+                drop(ops);
+                if let Ok(runtime) = current_runtime(Operation::Release) {
+                    spawn_release_retry(&runtime, shared);
+                }
+            }
         }
     });
 }

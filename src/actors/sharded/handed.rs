@@ -11,11 +11,11 @@ use crate::binding::{Binding, HandedShard};
 use crate::group::GroupSnapshot;
 use crate::lease::Lease;
 
-/// How long the fold of a change waits at most for the shards it handed here to be taken up.
+/// How long the fold of a change waits at most for the shards it handed here to be taken up
+/// (claimed: one compare-and-swap each, with no wait for any expiry).
 ///
-/// A take-up writes nothing (the member's list is the handover), so it waits on this node's own
-/// CPU only: but when a member leaves, every node folds the same change at the same moment, and
-/// at 16 × 4,096 on 2 cores the folds of the others (several ms each) held a take-up back by up
+/// When a member leaves, every node folds the same change at the same moment, and at
+/// 16 × 4,096 on 2 cores the folds of the others (several ms each) held a take-up back by up
 /// to 110 ms when the fold came one timer's turn after the take-ups started
 /// (`fleet -- kubernetes large`). The fold does not move a shard the leaving member's list
 /// named: waiting for it delays only what it would start or hand over besides.
@@ -124,9 +124,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Plans, for every member tenure that `snapshot` shows expired but not yet ended in its
     /// record, where its bound shards go: each to the target this fold placed it on, with that
     /// target's member tenure ([`Lease::plan_hand_on`]). The first claim of this process that
-    /// finds the member expired then ends its record listing them, and the targets take them up
-    /// without a write, as from a member that left: a node that died costs the store one write
-    /// on the move's path, not one claim per shard. Once per member tenure.
+    /// finds the member expired then ends its record listing them, and the targets claim them at
+    /// once, as from a member that left: no other node competes for them. Once per member
+    /// tenure.
     pub(super) fn plan_hand_on_expired(&mut self, snapshot: &GroupSnapshot, now: Instant) {
         if self.view.me.is_none() || self.shutting_down {
             return;

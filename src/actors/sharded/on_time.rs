@@ -74,7 +74,15 @@ impl OnTime {
                 let record = snapshot.get(name)?;
                 record.holder.as_ref()?;
                 match &record.bound_to {
-                    Some(binding) => snapshot.get(binding.member())?.revision,
+                    // A record its member tenure listed to a target lives by the target's member
+                    // record, and expires with it: that record's version decides (issue 47,
+                    // item 7), not the lister's.
+                    Some(binding) => {
+                        let decides = snapshot
+                            .handed_to(name)
+                            .map_or(binding.member(), |(_, to, _)| to.member());
+                        snapshot.get(decides)?.revision
+                    }
                     None => record.revision,
                 }
             })
@@ -283,6 +291,64 @@ mod tests {
         assert_eq!(
             (0..3).map(|m| on_time.may_take(0, m)).collect::<Vec<_>>(),
             [true, false, true]
+        );
+    }
+
+    /// Issue 47, item 7: `l` left listing shard `g.0` to `t`, whose member record (version 200)
+    /// is not live any more: the shard is an orphan whose expiry `t`'s record decides, so a
+    /// member that has watched since 150 (before `t`'s last version, after `l`'s 100) is on
+    /// time for it, and one that joined after 200 is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_listed_orphan_is_timed_by_its_target_s_member_record_not_the_lister_s() {
+        use crate::binding::{HandedShard, HandedShards};
+        let now = Instant::now();
+        let mut records = BTreeMap::new();
+        records.insert(
+            "g.member.a".to_owned(),
+            member("a", 300, 150, now, RENEWAL / 2),
+        );
+        records.insert(
+            "g.member.b".to_owned(),
+            member("b", 301, 250, now, RENEWAL / 2),
+        );
+        let to_t = Binding::new("g.member.t", "ut/1");
+        let mut listed = HandedShards::default();
+        listed.add("ul/1", &[HandedShard::new("g.0", "t", to_t.clone())]);
+        let mut leaver = GroupRecord::new(None, None, None).with_watch_facts(Some(100), Some(10));
+        leaver.handed = Some(std::sync::Arc::new(listed));
+        records.insert("g.member.l".to_owned(), leaver);
+        records.insert(
+            "g.member.t".to_owned(),
+            GroupRecord::new(
+                Some("t".into()),
+                None,
+                Some(now + Duration::from_millis(100)),
+            )
+            .with_incarnation(Some("ut/1".into()))
+            .with_watch_facts(Some(200), Some(20)),
+        );
+        records.insert(
+            "g.0".to_owned(),
+            GroupRecord::new(Some("l".into()), None, None)
+                .with_binding(Some(Binding::new("g.member.l", "ul/1"))),
+        );
+        let snapshot = GroupSnapshot::new(records, true);
+        let members = ["a".to_owned(), "b".to_owned()];
+        let on_time = OnTime::new(
+            &snapshot,
+            ["g.0"].into_iter(),
+            &[None],
+            &members,
+            "g.member.",
+            (now, TTL, RENEWAL),
+        );
+        assert!(
+            on_time.may_take(0, 0),
+            "a watched t's last version as it was written"
+        );
+        assert!(
+            !on_time.may_take(0, 1),
+            "b listed t's last version only after it joined"
         );
     }
 }

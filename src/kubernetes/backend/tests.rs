@@ -129,7 +129,6 @@ fn tenure() -> KubernetesTenure {
         lease: Arc::new(object("held", Some("a"), "1")),
         transitions: 3,
         unconfirmed: Vec::new(),
-        taken_up: None,
     }
 }
 
