@@ -6,10 +6,11 @@
 //! `tests/chaos_checker.rs`), and draws the timeline (`target/chaos/<backend>-<pid>/timeline.svg`).
 //! `unsafe_node_is_caught_etcd` shows that a node whose singleton ignores its guard is caught.
 //! `chaos_sharded_etcd` and `chaos_sharded_kubernetes` run `sharded_node` processes (a group of 16
-//! shards, each under its own lease) with the same faults, and check every shard's events on
-//! their own with the same verdicts (issue 24: exactly once per shard; `tests/common/shard_check.rs`,
-//! tested in `tests/chaos_checker.rs`); each shard gets its own timeline
-//! (`target/chaos/<backend>-sharded-<pid>/shards/<shard>/timeline.svg`).
+//! shards, each under its own lease) with the same faults and two more, late and lost answers (the
+//! node's proxies delay or drop the servers' answers while its requests take effect), and check
+//! every shard's events on their own with the same verdicts (issue 24: exactly once per shard;
+//! `tests/common/shard_check.rs`, tested in `tests/chaos_checker.rs`); each shard gets its own
+//! timeline (`target/chaos/<backend>-sharded-<pid>/shards/<shard>/timeline.svg`).
 //!
 //! The test suite runs a short run per backend: at least 40 s and until every kind of fault has
 //! hit an acting holder once (the schedule opens with every kind in a seeded order).
@@ -290,7 +291,7 @@ async fn chaos_kubernetes() {
 const SHARDS: usize = 16;
 
 /// A sharded run's summary checks, as [`summarize`]'s: every shard ran and moved, every kind of
-/// fault hit a node acting on a shard, a paused holder's workers stopped, a clock fault showed.
+/// fault (late and lost answers included) hit a node acting on a shard, a paused holder's workers stopped, a clock fault showed.
 fn summarize_sharded(report: &ShardedReport) {
     assert_eq!(report.shards.len(), SHARDS, "not every shard ran");
     let moved = report
@@ -300,9 +301,10 @@ fn summarize_sharded(report: &ShardedReport) {
         .count();
     assert!(moved > 0, "no shard ever moved");
     let met = report.kinds_met();
-    let missed: Vec<Fault> = Fault::ALL
-        .iter()
-        .copied()
+    // The backend's kinds (both sharded runs' backends inject `Fault::ALL`), and late and lost
+    // answers.
+    let missed: Vec<Fault> = Fault::sharded_kinds(&Fault::ALL)
+        .into_iter()
         .filter(|k| !met.contains(k))
         .collect();
     assert!(
@@ -323,7 +325,8 @@ fn summarize_sharded(report: &ShardedReport) {
     );
 }
 
-/// Three `sharded_node` processes run a group of 16 shards on etcd under every kind of fault;
+/// Three `sharded_node` processes run a group of 16 shards on etcd under every kind of fault
+/// (late and lost answers included);
 /// every shard's events are checked on their own (issue 24: exactly once per shard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_sharded_etcd() {
@@ -619,6 +622,66 @@ fn a_timeline_page_draws_what_crosses_its_edges() {
     assert!(
         first_bar > legend_bottom,
         "{legend_bottom} {first_bar}: {svg}"
+    );
+}
+
+/// Every kind of fault has a colour of its own in the timeline's legend; late and lost answers are
+/// in the legend only when a run has them (the singleton runs do not inject them), and drawn as a
+/// band under the node they hit.
+#[test]
+fn every_kind_of_fault_has_its_own_colour_and_late_and_lost_answers_are_drawn() {
+    const S: u128 = 1_000_000_000;
+    let record = |fault: Fault, at: u128| chaos::FaultRecord {
+        fault,
+        owner: (!fault.is_server()).then(|| format!("node-{}.0", at % 3)),
+        holder: None,
+        start_ns: (10 + at) * S,
+        end_ns: (11 + at) * S,
+    };
+    let all: Vec<chaos::FaultRecord> = Fault::EVERY
+        .into_iter()
+        .zip(0..)
+        .map(|(kind, at)| record(kind, at))
+        .collect();
+    let window = chaos::Window::whole(10 * S, 40 * S);
+    let svg = chaos::draw_svg("every kind", 3, &[], &[], &all, window);
+    let legend: Vec<(&str, &str)> = svg
+        .lines()
+        .filter(|l| l.contains(r#"width="18" height="10" fill=""#))
+        .filter_map(|l| {
+            let colour = l.split(r#"fill=""#).nth(1)?.split('"').next()?;
+            let text = l.split(r#"font-size="10">"#).nth(1)?.split(':').next()?;
+            Some((colour, text))
+        })
+        .collect();
+    for kind in Fault::EVERY {
+        assert!(
+            legend.iter().any(|(_, text)| *text == format!("{kind:?}")),
+            "{kind:?} is not in the legend: {legend:?}"
+        );
+    }
+    let colours: std::collections::BTreeSet<&str> = legend.iter().map(|(c, _)| *c).collect();
+    assert_eq!(
+        colours.len(),
+        legend.len(),
+        "a colour used twice: {legend:?}"
+    );
+    for (kind, at) in [(Fault::SlowAnswers, 13), (Fault::LostAnswers, 14)] {
+        let owner = format!("node-{}.0", at % 3);
+        assert!(
+            svg.contains(&format!("<title>{kind:?} of {owner}: ")),
+            "{kind:?} is not drawn: {svg}"
+        );
+    }
+    let singleton_kinds: Vec<chaos::FaultRecord> = Fault::ALL
+        .into_iter()
+        .zip(0..)
+        .map(|(kind, at)| record(kind, at))
+        .collect();
+    let svg = chaos::draw_svg("singleton", 3, &[], &[], &singleton_kinds, window);
+    assert!(
+        !svg.contains("SlowAnswers") && !svg.contains("LostAnswers"),
+        "{svg}"
     );
 }
 

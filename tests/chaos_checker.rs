@@ -391,6 +391,57 @@ fn the_cluster_schedule_opens_with_the_member_faults_and_draws_only_its_kinds() 
     }
 }
 
+/// A sharded run adds late and lost answers to its backend's kinds, once, after them; its schedule
+/// opens with every one of them and then draws only those, each of them. The singleton runs' kinds
+/// are as they were.
+#[test]
+fn sharded_runs_add_late_and_lost_answers_to_their_kinds() {
+    assert!(Fault::ANSWERS
+        .iter()
+        .all(|k| !k.is_server() && Fault::EVERY.contains(k)));
+    assert!(Fault::ANSWERS
+        .iter()
+        .all(|k| !Fault::ALL.contains(k) && !Fault::CLUSTER.contains(k)));
+    for backend in [&Fault::ALL[..], &Fault::CLUSTER[..]] {
+        let kinds = Fault::sharded_kinds(backend);
+        assert_eq!(&kinds[..backend.len()], backend);
+        assert_eq!(kinds[backend.len()..], Fault::ANSWERS);
+        assert_eq!(Fault::sharded_kinds(&kinds), kinds, "added once");
+        let set: BTreeSet<Fault> = kinds.iter().copied().collect();
+        for seed in [0, 1, 42, 20261126] {
+            let mut schedule = FaultSchedule::with_kinds(seed, &kinds);
+            let drawn: Vec<Fault> = (0..300)
+                .map(|_| {
+                    let f = schedule.next_fault();
+                    schedule.done(f, true);
+                    f
+                })
+                .collect();
+            assert_eq!(
+                drawn[..kinds.len()]
+                    .iter()
+                    .copied()
+                    .collect::<BTreeSet<_>>(),
+                set,
+                "seed {seed}: {drawn:?}"
+            );
+            assert_eq!(
+                drawn.iter().copied().collect::<BTreeSet<_>>(),
+                set,
+                "seed {seed}: only the run's kinds, and each of them"
+            );
+        }
+        // Coverage: a run is not covered until late and lost answers met a holder too.
+        let mut schedule = FaultSchedule::with_kinds(9, &kinds);
+        for _ in 0..kinds.len() * 4 {
+            let f = schedule.next_fault();
+            schedule.done(f, !Fault::ANSWERS.contains(&f));
+        }
+        assert!(!schedule.covered());
+        assert!(Fault::ANSWERS.contains(&schedule.next_fault()));
+    }
+}
+
 #[test]
 fn a_kind_that_met_no_holder_is_drawn_again() {
     let mut schedule = FaultSchedule::new(3);
@@ -920,6 +971,89 @@ fn a_fault_meets_the_shards_of_the_node_it_hits() {
             .any(|l| l.split_whitespace().take(5).collect::<Vec<_>>()
                 == ["Kill", "1", "1", "1", "1"]),
         "{summary}"
+    );
+}
+
+/// Late and lost answers are recorded, read back and reported like every other kind: `faults.jsonl`
+/// round-trips them, each shard meets them at the node they hit, their outcomes (a takeover, kept
+/// tenures) count under their kind, and the summary has a row for each; the safety verdicts are
+/// the same.
+#[test]
+fn late_and_lost_answers_are_recorded_and_reported() {
+    let logs = clean_sharded_logs();
+    let by_shard = shard_events(logs.iter().map(String::as_str));
+    let info = RunInfo {
+        backend: "kubernetes-sharded".into(),
+        seed: 7,
+        ttl: Duration::from_secs(3),
+        nodes: 2,
+        duration: Duration::from_secs(8),
+        wall_offset_ns: None,
+        span_ns: None,
+    };
+    // node-0.0's answers late from 1.98 s to 4 s: its shard 1 runs on node-1.0 from 2.15 s, its
+    // shard 0 acts on. node-1.0's answers lost from 5 s to 5.5 s: its shards 1, 2 and 3 act on.
+    let recorded = [
+        fault(Fault::SlowAnswers, Some(("node-0.0", 9)), 1980, 4000),
+        fault(Fault::LostAnswers, Some(("node-1.0", 2)), 5000, 5500),
+    ];
+    let text: String = recorded.iter().map(fault_line).collect();
+    assert!(text.contains(r#""fault":"SlowAnswers""#), "{text}");
+    assert!(text.contains(r#""fault":"LostAnswers""#), "{text}");
+    // As `analyze_sharded` reads them: each shard finds its own holder.
+    let faults = parse_faults(&text, &[]);
+    assert_eq!(
+        faults.iter().map(|f| f.fault).collect::<Vec<_>>(),
+        [Fault::SlowAnswers, Fault::LostAnswers]
+    );
+    assert_eq!(faults[1].owner.as_deref(), Some("node-1.0"));
+    assert_eq!(
+        (faults[0].start_ns, faults[0].end_ns),
+        (1980 * MS, 4000 * MS)
+    );
+    let report = sharded_report(&info, &by_shard, &faults);
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(
+        report.kinds_met(),
+        BTreeSet::from([Fault::SlowAnswers, Fault::LostAnswers])
+    );
+    assert_eq!(
+        report.shards["1"].outcomes[0],
+        FaultOutcome {
+            fault: Fault::SlowAnswers,
+            takeover: Some(Takeover {
+                after: Duration::from_millis(2150 - 1980),
+                gap: Duration::from_millis(150),
+            }),
+        }
+    );
+    let summary = report.summary();
+    let row = |kind: &str| -> Vec<String> {
+        summary
+            .lines()
+            .find(|l| l.starts_with(&format!("{kind} ")))
+            .unwrap_or_else(|| panic!("no {kind} row in\n{summary}"))
+            .split_whitespace()
+            .take(5)
+            .map(str::to_owned)
+            .collect()
+    };
+    // faults, at holder, takeovers, kept
+    assert_eq!(row("SlowAnswers"), ["SlowAnswers", "1", "1", "1", "1"]);
+    assert_eq!(row("LostAnswers"), ["LostAnswers", "1", "1", "0", "3"]);
+    // An overlap during late answers is caught as any other: node-0.0, its answers late, goes on
+    // acting on shard 1 after node-1.0 took it over.
+    let [a, b] = clean_sharded_logs();
+    let a = a + &worker("node-0.0", 1, 4, 2000, 2300);
+    let by_shard = shard_events([a.as_str(), b.as_str()]);
+    let report = sharded_report(&info, &by_shard, &faults);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.shard == "1" && matches!(v.violation, Violation::StepsOverlap { .. })),
+        "{:#?}",
+        report.violations
     );
 }
 

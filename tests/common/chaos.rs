@@ -2,7 +2,8 @@
 //! on a real server while the harness SIGKILLs holders, freezes them with SIGSTOP for longer than the
 //! TTL, blackholes their traffic, partitions them from the servers with the kernel (both ways or one
 //! way), makes their wall clock jump by more than the TTL, stops them gracefully and restarts the
-//! server. Each node runs in a network namespace of its own (`netns.rs`) and under libfaketime
+//! server, and (sharded runs) delays or drops the answers to a node's requests. Each node runs in
+//! a network namespace of its own (`netns.rs`) and under libfaketime
 //! (its wall clock follows a file the harness writes; its monotonic clock is untouched); its
 //! events are stamped with `CLOCK_MONOTONIC`, one clock for every process of the machine. Every process logs
 //! its singleton's start and stop, every timer tick (timestamp taken *before* `check_alive()`) and
@@ -403,7 +404,8 @@ fn assert_no_node_panicked(dir: &std::path::Path) {
 }
 
 /// [`run`] with `nodes` processes of `examples/sharded_node.rs`, a group of `shards` workers
-/// ([`Program::Sharded`]): the same faults, aimed at a node whose workers act; then every shard's
+/// ([`Program::Sharded`]): the same faults and late and lost answers ([`Fault::sharded_kinds`]),
+/// aimed at a node whose workers act; then every shard's
 /// events are checked on their own with every verdict ([`super::shard_check`]). Writes
 /// `summary.txt` and a timeline per shard (`shards/<shard>/timeline.svg`, pages for a long run),
 /// then panics on any violation (naming its shard) or a graceful stop whose shards were not
@@ -462,7 +464,10 @@ pub async fn run_sharded<B: ChaosBackend>(
 
 /// A graceful stop hands over at once (the release wakes a waiting node's watch), not after the
 /// TTL like a crash; a planned transfer within one TTL and a second (at once to a live target; a
-/// target that died a moment ago and still looked live is left the lease for one TTL).
+/// target that died a moment ago and still looked live is left the lease for one TTL). No other
+/// kind has a bound: a node cut off, frozen, or whose answers come late or not at all
+/// (`SlowAnswers`, `LostAnswers`, like `PartitionToNode`) may keep its tenure or lose it, and
+/// only the safety verdicts judge what follows.
 pub fn assert_graceful_handovers(outcomes: &[FaultOutcome], ttl: Duration) {
     for o in outcomes {
         match (o.fault, o.takeover) {
@@ -499,8 +504,11 @@ async fn drive<B: ChaosBackend>(
     // The kinds of fault come from their own generator, so that a seed replays them whatever
     // the other draws (waits, targets when nobody acts).
     let mut kinds = backend.fault_kinds();
-    if let Program::Singleton(_) = program {
-        kinds.push(Fault::Transfer); // planned transfers mixed with the faults
+    match program {
+        // Planned transfers mixed with the faults.
+        Program::Singleton(_) => kinds.push(Fault::Transfer),
+        // Late and lost answers mixed with the faults.
+        Program::Sharded { .. } => kinds = Fault::sharded_kinds(&kinds),
     }
     let mut schedule = FaultSchedule::with_kinds(seed, &kinds);
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
@@ -578,6 +586,27 @@ async fn drive<B: ChaosBackend>(
                 running[target].net.partition(direction);
                 sleep(length).await;
                 running[target].net.heal();
+            }
+            Fault::SlowAnswers => {
+                // Every answer 0.3 to 1.5 TTLs late, for one to two and a half TTLs: a claim or a
+                // renewal takes effect at once and is answered late. Then the proxies pass again;
+                // the answers they delayed meanwhile still come late, the last one up to `delay`
+                // after the switch (a later answer of the same connection waits behind them), and
+                // the fault lasts until then.
+                let delay = ttl.mul_f64(0.3 + 1.2 * rng.f64());
+                let length = ttl.mul_f64(1.0 + 1.5 * rng.f64());
+                running[target].set_mode(ProxyMode::SlowAnswers(delay));
+                sleep(length).await;
+                running[target].set_mode(ProxyMode::Pass);
+                sleep(delay).await;
+            }
+            Fault::LostAnswers => {
+                // Every answer dropped (requests still take effect) for 0.3 to 1.5 TTLs; the
+                // proxies reset the connections that lost answers when they pass again.
+                let length = ttl.mul_f64(0.3 + 1.2 * rng.f64());
+                running[target].set_mode(ProxyMode::DropAnswers);
+                sleep(length).await;
+                running[target].set_mode(ProxyMode::Pass);
             }
             Fault::ClockSkew => {
                 // More than the TTL, ahead or behind, for two to three TTLs; then back.
@@ -906,6 +935,11 @@ fn fault_style(fault: Fault) -> (&'static str, &'static str) {
         Fault::PartitionFromNode => ("#4dabf7", "kernel drops the node's packets"),
         Fault::PartitionToNode => ("#0b7285", "kernel drops packets to the node"),
         Fault::ClockSkew => ("#e64980", "wall clock off by more than the TTL"),
+        Fault::SlowAnswers => (
+            "#c29d00",
+            "answers 0.3..1.5 TTL late (requests take effect)",
+        ),
+        Fault::LostAnswers => ("#6b4f1d", "answers dropped (requests take effect)"),
     }
 }
 

@@ -433,6 +433,15 @@ pub enum Fault {
     /// leadership to the best other live candidate (`TransferLeadership::to_best`); a candidate
     /// killed a moment ago may still look live, and then the lease lapses for one TTL.
     Transfer,
+    /// Late answers (sharded runs): the node's proxies hold every answer of the servers for 0.3 to
+    /// 1.5 TTLs (`ProxyMode::SlowAnswers`) for one to two and a half TTLs, then pass again. A claim
+    /// or a renewal takes effect on the server at once but is answered late, some after the node's
+    /// own deadline. The fault ends when the last answer it delayed has been passed on.
+    SlowAnswers,
+    /// Lost answers (sharded runs): the node's proxies drop every answer of the servers
+    /// (`ProxyMode::DropAnswers`: requests still take effect) for 0.3 to 1.5 TTLs, then pass again
+    /// (the connections that lost answers are reset).
+    LostAnswers,
 }
 
 impl Fault {
@@ -465,8 +474,12 @@ impl Fault {
         Fault::MemberPartition,
     ];
 
+    /// The kinds of late and lost answers, which a sharded run adds to its backend's
+    /// ([`Fault::sharded_kinds`]).
+    pub const ANSWERS: [Fault; 2] = [Fault::SlowAnswers, Fault::LostAnswers];
+
     /// Every kind.
-    pub const EVERY: [Fault; 13] = [
+    pub const EVERY: [Fault; 15] = [
         Fault::Transfer,
         Fault::Kill,
         Fault::Pause,
@@ -480,7 +493,23 @@ impl Fault {
         Fault::PartitionFromNode,
         Fault::PartitionToNode,
         Fault::ClockSkew,
+        Fault::SlowAnswers,
+        Fault::LostAnswers,
     ];
+
+    /// The kinds of a sharded run (`chaos::run_sharded`) on a backend whose runs inject
+    /// `backend_kinds`: those, and late and lost answers ([`Fault::ANSWERS`]). The singleton runs
+    /// do not inject them, so what those assert (each of their kinds met a holder, graceful stops
+    /// and planned transfers handed over within their bounds) stays as it was.
+    pub fn sharded_kinds(backend_kinds: &[Fault]) -> Vec<Fault> {
+        let mut kinds = backend_kinds.to_vec();
+        for kind in Fault::ANSWERS {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        kinds
+    }
 
     /// Whether it hits the server side (no node in particular).
     pub fn is_server(self) -> bool {
@@ -559,7 +588,8 @@ pub struct FaultRecord {
     /// if any: for a node fault, the target itself.
     pub holder: Option<(String, u64)>,
     pub start_ns: u128,
-    /// For a pause: the instant before `SIGCONT` was sent.
+    /// For a pause: the instant before `SIGCONT` was sent. For late answers: once the last answer
+    /// the fault delayed was passed on (the proxies passed again up to one delay earlier).
     pub end_ns: u128,
 }
 
