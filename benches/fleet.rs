@@ -1738,6 +1738,12 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
     let busy = std::env::var("BENCH_BUSY")
         .ok()
         .map(|n| format!("{n} busy processes"));
+    let term_max = Check::at_most("large-term-max", term_sum.max, 100.0, "ms");
+    let term_max = if backend == "kubernetes" {
+        term_max.known_miss(TERM_WRITES_MISS)
+    } else {
+        term_max
+    };
     report.record(
         "fleet-large",
         backend,
@@ -1803,13 +1809,15 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
                 "KB",
             ),
             Check::at_most("large-kill-max", kill.max, ms(TTL) + 1000.0, "ms"),
-            Check::at_most("large-term-max", term_sum.max, 100.0, "ms"),
+            term_max,
             Check::at_most(
                 "large-join-moves",
                 join_moves as f64,
                 quota as f64,
                 "worker starts",
             ),
+            // The known miss on Kubernetes is bounded: 256 claims at the API server at once.
+            Check::at_most("large-term-max-bound", term_sum.max, 1000.0, "ms"),
         ],
     );
     drop(fleet);
@@ -1817,6 +1825,11 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
         delete_kubernetes_leases(&dir, &group);
     }
 }
+
+/// Why a `SIGTERM`'s slowest shard misses 100 ms on Kubernetes at 16 × 4,096.
+const TERM_WRITES_MISS: &str = "every tenure starts with a compare-and-swap on its own record \
+     (issue 47): the leaving node's one write names the targets, then the targets' 256 claims \
+     reach the API server at once and are applied at its write rate";
 
 fn main() {
     let args: Vec<String> = std::env::args()

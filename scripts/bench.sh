@@ -54,7 +54,7 @@ if [[ $mode == model ]]; then
     log=target/bench-results/model.log
     echo "=== model: the large configuration, then the rule removals ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$log"
     status=0
-    cargo test --release --features kubernetes --test protocol_model -- --include-ignored --nocapture 2>&1 | tee -a "$log" || status=1
+    cargo test --release --all-features --test protocol_model -- --include-ignored --nocapture 2>&1 | tee -a "$log" || status=1
     grep -E '^protocol model|violated after' "$log"
     exit $status
 fi

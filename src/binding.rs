@@ -301,20 +301,11 @@ impl BindingAnchor {
         self.current().map(|(binding, ..)| binding)
     }
 
-    /// The deadline a bound claim made under member tenure `generation` (named
-    /// `claimed_under`) starts its tenure with, now that it is answered: the member's deadline as
-    /// it is now (moved by every renewal since the claim was sent), or `None` when that member
-    /// tenure is not the one that lives now by this process's clock
-    /// ([`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim)).
-    pub(crate) fn claim_deadline(
-        &self,
-        generation: u64,
-        claimed_under: &Binding,
-    ) -> Option<Instant> {
-        let live = self.live();
-        if !crate::protocol::keep_bound_claim(claimed_under, live.as_ref()) {
-            return None;
-        }
+    /// The deadline of member tenure `generation` as it is now (moved by every renewal since),
+    /// or `None` when that member tenure is not the one that lives now by this process's clock.
+    /// A bound claim answered now starts its tenure with it, once
+    /// [`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim) kept the claim.
+    pub(crate) fn live_deadline(&self, generation: u64) -> Option<Instant> {
         let state = self.inner.lock();
         let current = state.current.as_ref()?;
         (current.generation == generation && Instant::now() < current.deadline)

@@ -20,6 +20,7 @@ use crate::lease::{
     Operation,
 };
 use crate::metrics::{self, LeaseLabel};
+use crate::protocol;
 use crate::settings::LeaseSettings;
 use crate::tenure::{Tenure, TenureCell, TenureEnd, TenureWatch};
 
@@ -485,8 +486,10 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 // claim was sent; any other from the start of the claim.
                 let deadline = match (&member, shared.bound.get()) {
                     (Some((claimed_under, generation, _)), Some(anchor)) => {
+                        let kept =
+                            protocol::keep_bound_claim(claimed_under, anchor.live().as_ref());
                         let Some(member_deadline) =
-                            anchor.claim_deadline(*generation, claimed_under)
+                            anchor.live_deadline(*generation).filter(|_| kept)
                         else {
                             // Its member tenure ended while the claim was in flight: the record
                             // names an incarnation that is over, free for the next claimant, and
