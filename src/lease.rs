@@ -419,8 +419,9 @@ pub trait Lease: Send + Sync + 'static {
 
     /// [`retire`](Lease::retire) for a member lease that anchors bound shard leases (see
     /// [`Binding`](crate::Binding)): in the same single write that ends its tenure, hands each of
-    /// `handed` on to its target, which then holds it without a write of its own, bound to the
-    /// target's member tenure that the entry names, for as long as that tenure lives.
+    /// `handed` on to its target: while the target's member tenure that the entry names lives,
+    /// the record is the target's alone to claim, which it does with one compare-and-swap of its
+    /// own (bound to that tenure) as soon as its watch shows the list; nobody else may claim it.
     ///
     /// The bound tenures of this lease end first (as for any end of the member tenure). Every
     /// listed shard record must be bound to this lease's current tenure; the others are freed as
@@ -428,8 +429,8 @@ pub trait Lease: Send + Sync + 'static {
     ///
     /// * Kubernetes: the member object is released with the list in its annotation
     ///   [`KUBERNETES_HANDED_SHARDS_ANNOTATION`](crate::KUBERNETES_HANDED_SHARDS_ANNOTATION) (a
-    ///   compare-and-swap on the tenure's `resourceVersion`). Each target rebinds its shards
-    ///   afterwards, off the path of the move; the object is deleted once every listed shard
+    ///   compare-and-swap on the tenure's `resourceVersion`). Each target claims its shards
+    ///   with a compare-and-swap each; the object is deleted once every listed shard
     ///   record moved on (or, if that takes longer than half the operation timeout, left
     ///   released with the entries that are still needed).
     /// * Everywhere else, and the default: `retire` (the shards are freed and claimed).
@@ -455,8 +456,8 @@ pub trait Lease: Send + Sync + 'static {
     /// process sees expired) go: should a claim by this process find that tenure expired and
     /// end its member record, the same compare-and-swap lists them as
     /// [`retire_handing`](Lease::retire_handing) would have, each with its target (an owner and
-    /// that owner's member tenure). The targets then take them up without a write, as from a
-    /// member that left. Call it on a member lease; the latest plan for a member tenure counts.
+    /// that owner's member tenure). The targets then claim them, each with a compare-and-swap,
+    /// as from a member that left. Call it on a member lease; the latest plan for a member tenure counts.
     ///
     /// Nothing is written here: the plan is used only by the write that ends the expired member
     /// record, after the same confirmation as any claim by expiry, and only for the records this

@@ -64,10 +64,10 @@ pub const BOUND_INCARNATION_ANNOTATION: &str = "actix-coordination/bound-incarna
 /// on ([`Lease::retire_handing`](crate::Lease::retire_handing)): JSON, per ended incarnation
 /// (`<uid>/<leaseTransitions>`), the targets with their shard leases:
 /// `{"<incarnation>":[{"owner":"…","member":"…","incarnation":"…","leases":["…"]}]}`. A shard
-/// record bound to a listed incarnation and listed for it is held by the target while the
-/// target's member object shows that target's incarnation held (its own `leaseTransitions`
-/// plus one is the target's fencing token until it rebinds the record), and free once it does
-/// not. Kept by every write of the member object until the listed records moved on.
+/// record bound to a listed incarnation and listed for it is the target's alone to claim while
+/// the target's member object shows that target's incarnation held (it claims it with a
+/// compare-and-swap, its fencing token the record's `leaseTransitions` plus one; no tenure
+/// starts before that write), and free once it does not. Kept by every write of the member object until the listed records moved on.
 pub const HANDED_SHARDS_ANNOTATION: &str = "actix-coordination/handed-shards";
 
 /// The `leaseDurationSeconds` of a bound record: the largest the field holds (about 68 years).
