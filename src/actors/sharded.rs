@@ -377,7 +377,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 /// Kubernetes the one write that releases the member object lists each shard with its target,
 /// which claims it at once without waiting for any expiry (one write names every target of a
 /// node holding 256 shards; each target's claim is a compare-and-swap of its own,
-/// BENCHMARKS.md); elsewhere that write frees the shards and their targets claim them.
+/// BENCHMARKS.md); elsewhere that write frees the shards and their targets claim them. That
+/// write comes once the *slowest* worker stopped (at most [`SingletonSettings::stop_timeout`]):
+/// until then none of the node's shards runs elsewhere, so keep workers' stops short (a leave
+/// that hands each shard on as its own worker stops is not built yet).
 ///
 /// # Example
 ///
