@@ -148,6 +148,40 @@ fn signal(pid: u32, signal: &str) {
         .status();
 }
 
+/// The state letter of process `pid` (`/proc/<pid>/stat`: `T` while stopped), if it exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`: the name may hold spaces and parentheses, the state follows the
+    // last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits `length` while node `owner` (process `pid`, just sent SIGSTOP) stays frozen, looking
+/// at its state every 20 ms: a pause that did not hold (the stop never took, or something other
+/// than this harness continued the node) would make the run's checks judge a node as frozen
+/// that was running, so it fails the run, saying when.
+async fn frozen_for(pid: u32, owner: &str, length: Duration) {
+    let start = Instant::now();
+    let until = start + length;
+    let mut stopped = false;
+    while Instant::now() < until {
+        match process_state(pid) {
+            Some('T') => stopped = true,
+            Some(state) if stopped => panic!(
+                "{owner} (pid {pid}) was continued {:?} into its pause by something other than the \
+                 harness (state {state:?})",
+                start.elapsed()
+            ),
+            Some(_) if start.elapsed() > Duration::from_secs(1) => {
+                panic!("{owner} (pid {pid}) did not stop within 1 s of its SIGSTOP")
+            }
+            // Not stopped yet, or gone (a node that exits shows in its events).
+            _ => {}
+        }
+        sleep(Duration::from_millis(20).min(until.saturating_duration_since(Instant::now()))).await;
+    }
+}
+
 /// How a node is started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NodeMode {
@@ -565,7 +599,7 @@ async fn drive<B: ChaosBackend>(
             Fault::Pause => {
                 let pid = running[target].child.id();
                 signal(pid, "STOP");
-                sleep(ttl + Duration::from_millis(rng.u64(500..2000))).await;
+                frozen_for(pid, &owner, ttl + Duration::from_millis(rng.u64(500..2000))).await;
                 // The fault ends the instant before SIGCONT is sent: the node can run nothing
                 // earlier, and everything it runs from then on is checked.
                 resumed_ns = Some(now_ns());
