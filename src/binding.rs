@@ -301,17 +301,6 @@ impl BindingAnchor {
         self.current().map(|(binding, ..)| binding)
     }
 
-    /// The deadline of member tenure `generation` as it is now (moved by every renewal since),
-    /// or `None` when that member tenure is not the one that lives now by this process's clock.
-    /// A bound claim answered now starts its tenure with it, once
-    /// [`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim) kept the claim.
-    pub(crate) fn live_deadline(&self, generation: u64) -> Option<Instant> {
-        let state = self.inner.lock();
-        let current = state.current.as_ref()?;
-        (current.generation == generation && Instant::now() < current.deadline)
-            .then_some(current.deadline)
-    }
-
     /// The binding a claim made now would name, with the member tenure's generation and
     /// deadline: `None` while no member tenure is alive (or its incarnation is not known yet).
     pub(crate) fn current(&self) -> Option<(Binding, u64, Instant)> {

@@ -486,10 +486,16 @@ impl<B: LeaseBackend> ManagedLease<B> {
                 // claim was sent; any other from the start of the claim.
                 let deadline = match (&member, shared.bound.get()) {
                     (Some((claimed_under, generation, _)), Some(anchor)) => {
-                        let kept =
-                            protocol::keep_bound_claim(claimed_under, anchor.live().as_ref());
-                        let Some(member_deadline) =
-                            anchor.live_deadline(*generation).filter(|_| kept)
+                        // One read of the member tenure that lives now: the claim is kept under
+                        // it, and the same tenure (generation) gives the deadline.
+                        let live = anchor.current();
+                        let kept = protocol::keep_bound_claim(
+                            claimed_under,
+                            live.as_ref().map(|(binding, ..)| binding),
+                        );
+                        let Some(member_deadline) = live
+                            .filter(|(_, live_generation, _)| kept && live_generation == generation)
+                            .map(|(.., deadline)| deadline)
                         else {
                             // Its member tenure ended while the claim was in flight: the record
                             // names an incarnation that is over, free for the next claimant, and

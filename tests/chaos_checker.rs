@@ -908,6 +908,19 @@ fn a_falling_token_on_one_shard_is_reported_with_its_shard() {
         .any(|v| matches!(v.violation, Violation::TickAfterTakeover { token: 6, .. })));
 }
 
+/// The run of [`clean_sharded_logs`] on `backend` (TTL 3 s, two nodes, 8 s), as seed `seed`.
+fn clean_sharded_run(backend: &str, seed: u64) -> RunInfo {
+    RunInfo {
+        backend: backend.into(),
+        seed,
+        ttl: Duration::from_secs(3),
+        nodes: 2,
+        duration: Duration::from_secs(8),
+        wall_offset_ns: None,
+        span_ns: None,
+    }
+}
+
 /// A sharded run's report: a fault on a node meets the shards that node acts on, and only
 /// those; the summary reads as a singleton run's (so `scripts/chaos-summary.py` reads it), with
 /// tenures, takeovers and kept tenures counted per shard.
@@ -915,15 +928,7 @@ fn a_falling_token_on_one_shard_is_reported_with_its_shard() {
 fn a_fault_meets_the_shards_of_the_node_it_hits() {
     let logs = clean_sharded_logs();
     let by_shard = shard_events(logs.iter().map(String::as_str));
-    let info = RunInfo {
-        backend: "etcd-sharded".into(),
-        seed: 5,
-        ttl: Duration::from_secs(3),
-        nodes: 2,
-        duration: Duration::from_secs(8),
-        wall_offset_ns: None,
-        span_ns: None,
-    };
+    let info = clean_sharded_run("etcd-sharded", 5);
     // node-0.0 killed at 2.005 s (it acts on shards 0 and 1, shard 1's worker last at 2 s): shard
     // 1 moves at 2.15 s; shard 0 (same process in this log) acts on.
     let kill = fault(Fault::Kill, Some(("node-0.0", 0)), 2005, 2030);
@@ -982,15 +987,7 @@ fn a_fault_meets_the_shards_of_the_node_it_hits() {
 fn late_and_lost_answers_are_recorded_and_reported() {
     let logs = clean_sharded_logs();
     let by_shard = shard_events(logs.iter().map(String::as_str));
-    let info = RunInfo {
-        backend: "kubernetes-sharded".into(),
-        seed: 7,
-        ttl: Duration::from_secs(3),
-        nodes: 2,
-        duration: Duration::from_secs(8),
-        wall_offset_ns: None,
-        span_ns: None,
-    };
+    let info = clean_sharded_run("kubernetes-sharded", 7);
     // node-0.0's answers late from 1.98 s to 4 s: its shard 1 runs on node-1.0 from 2.15 s, its
     // shard 0 acts on. node-1.0's answers lost from 5 s to 5.5 s: its shards 1, 2 and 3 act on.
     let recorded = [

@@ -1748,17 +1748,28 @@ impl Model for Protocol {
 // ---------------------------------------------------------------------------------------------
 // The checks
 
-/// Checks `config` exhaustively (breadth first, on every core): the checker, and what it found.
-fn check(config: Config) -> impl Checker<Protocol> {
+/// Checks `config` exhaustively (depth first, on every core), prints the states it explored
+/// as configuration `name`, and asserts every property: the checker, and what it found.
+fn check(name: &str, config: Config) -> impl Checker<Protocol> {
+    let started = std::time::Instant::now();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let checker = Protocol { config }.checker().threads(threads).spawn_dfs();
-    if std::env::var_os("MODEL_PROGRESS").is_some() {
+    let checker = if std::env::var_os("MODEL_PROGRESS").is_some() {
         checker.join_and_report(&mut stateright::report::WriteReporter::new(
             &mut std::io::stderr(),
         ))
     } else {
         checker.join()
-    }
+    };
+    eprintln!(
+        "protocol model ({name}): {} states ({} unique), depth {}, {:.1} s",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed().as_secs_f64()
+    );
+    checker.assert_properties();
+    checker
 }
 
 /// One step of a path, as a sentence.
@@ -1811,24 +1822,11 @@ fn first_violation(config: Config) -> Option<(&'static str, String)> {
     Some((name, steps.join("\n")))
 }
 
-fn report(name: &str, checker: &impl Checker<Protocol>, started: std::time::Instant) {
-    eprintln!(
-        "protocol model ({name}): {} states ({} unique), depth {}, {:.1} s",
-        checker.state_count(),
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed().as_secs_f64()
-    );
-}
-
 /// The crate's rules keep one holder, rising tokens and no stale free in every interleaving of
 /// the small configuration, and every shard is held again once faults stop.
 #[test]
 fn every_interleaving_of_three_nodes_and_two_shards_keeps_one_holder_with_rising_tokens() {
-    let started = std::time::Instant::now();
-    let checker = check(configured(Config::small()));
-    report("small", &checker, started);
-    checker.assert_properties();
+    let checker = check("small", configured(Config::small()));
     assert!(
         checker.unique_state_count() > 1_000_000,
         "the model explores the whole space: {} states",
@@ -1839,10 +1837,10 @@ fn every_interleaving_of_three_nodes_and_two_shards_keeps_one_holder_with_rising
 /// The same with a shard released (a rebalance) among the faults.
 #[test]
 fn every_interleaving_with_a_release_keeps_one_holder_with_rising_tokens() {
-    let started = std::time::Instant::now();
-    let checker = check(configured(Config::small_with_a_release()));
-    report("small, with a release", &checker, started);
-    checker.assert_properties();
+    let checker = check(
+        "small, with a release",
+        configured(Config::small_with_a_release()),
+    );
     assert!(
         checker.unique_state_count() > 50_000,
         "the model explores the whole space: {} states",
@@ -1855,10 +1853,7 @@ fn every_interleaving_with_a_release_keeps_one_holder_with_rising_tokens() {
 #[test]
 #[ignore = "minutes of CPU: run by scripts/bench.sh model"]
 fn every_interleaving_of_the_large_configuration() {
-    let started = std::time::Instant::now();
-    let checker = check(configured(Config::large()));
-    report("large", &checker, started);
-    checker.assert_properties();
+    check("large", configured(Config::large()));
 }
 
 /// Asserts that removing `rules` is caught in the small configuration, by a violation of one

@@ -324,14 +324,10 @@ impl KubernetesBackend {
         // handed on had moved on): a deletion the watch received is final, judged as a read
         // that finds no object (an object's `uid` never lives again).
         let uid = incarnation.split('/').next().unwrap_or_default();
+        // The verdict of a read that finds no object.
+        let gone = |now| protocol::member_verdict(None, Source::Read, incarnation, holder, now);
         if !uid.is_empty() && self.hub.was_deleted(namespace, uid) {
-            return Ok(protocol::member_verdict(
-                None,
-                Source::Read,
-                incarnation,
-                holder,
-                now,
-            ));
+            return Ok(gone(now));
         }
         let lock = self.hub.ended.lock_of(namespace, &object);
         let _one_at_a_time = lock.lock().await;
@@ -357,13 +353,7 @@ impl KubernetesBackend {
                 self.hub
                     .ended
                     .set_ended(namespace, &object, incarnation, None);
-                return Ok(protocol::member_verdict(
-                    None,
-                    Source::Read,
-                    incarnation,
-                    holder,
-                    now,
-                ));
+                return Ok(gone(now));
             };
             let handed = handed_shards_of(&member).map(Arc::new);
             let version = member.metadata.resource_version.clone();

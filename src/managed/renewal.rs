@@ -15,8 +15,7 @@ use super::{
 };
 use crate::backend::{BackendError, LeaseBackend, RenewOutcome};
 use crate::binding::BoundChild;
-use crate::lease::Operation;
-use crate::lease::{FencingToken, LostReason};
+use crate::lease::{FencingToken, LostReason, Operation};
 use crate::metrics;
 use crate::tenure::{sleep_until_precise, RenewalTask, TenureEnd};
 use std::time::Duration;
