@@ -103,12 +103,13 @@ fn token_of(object: &LeaseObject) -> u64 {
         .unwrap_or(0) as u64
 }
 
-/// Waits until `what` holds for the shard's object (polled, within 20 s).
+/// Waits until the shard's object exists and `what` holds for it (polled, within 20 s: a claim
+/// sent a moment ago may not have created it yet).
 async fn record_until(shard: &str, what: &str, done: impl Fn(&LeaseObject) -> bool) -> LeaseObject {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let object = record(shard).await;
-        if done(&object) {
+        let object = admin_object(&env().namespace, &object_name(shard)).await;
+        if let Some(object) = object.filter(|o| done(o)) {
             return object;
         }
         assert!(Instant::now() < deadline, "{what} within 20 s");
@@ -226,6 +227,15 @@ impl Fleet {
         }
     }
 
+    /// `d` claims the shard listed to it: with one write, its token one above `b`'s claim
+    /// (`token_b`). Answers `d`'s token.
+    async fn d_claims_above(&self, token_b: u64) -> u64 {
+        assert!(self.shard_d.acquire().await.unwrap(), "d claimed its shard");
+        let token_d = self.shard_d.fencing_token().unwrap().value();
+        assert_eq!(token_d, token_b + 1, "d holds it with b's token plus one");
+        token_d
+    }
+
     /// One holder: `c` cannot claim the shard while `d` holds it with `token`, and the API
     /// server's record names `d` with that token.
     async fn d_alone_holds_it(&self, token: u64) {
@@ -282,12 +292,7 @@ async fn a_claim_answered_after_its_member_ended_writes_nothing_over_the_listed_
         .set_mode(ProxyMode::SlowAnswers(Duration::from_secs(5)));
     let (claim, token_b) = fleet.b_claims().await;
     fleet.c_finds_b_expired_and_lists_the_shard_to_d().await;
-    assert!(
-        fleet.shard_d.acquire().await.unwrap(),
-        "d claimed its shard"
-    );
-    let token_d = fleet.shard_d.fencing_token().unwrap().value();
-    assert_eq!(token_d, token_b + 1, "d holds it with b's token plus one");
+    let token_d = fleet.d_claims_above(token_b).await;
     // b's answer arrives after its member tenure ended: no tenure, and nothing written.
     let answer = claim.await.unwrap();
     assert!(
@@ -314,12 +319,7 @@ async fn an_unanswered_claim_is_not_released_over_the_listed_target_behind_a_lag
     fleet.proxy.set_mode(ProxyMode::DropAnswers);
     let (claim, token_b) = fleet.b_claims().await;
     fleet.c_finds_b_expired_and_lists_the_shard_to_d().await;
-    assert!(
-        fleet.shard_d.acquire().await.unwrap(),
-        "d claimed its shard"
-    );
-    let token_d = fleet.shard_d.fencing_token().unwrap().value();
-    assert_eq!(token_d, token_b + 1);
+    let token_d = fleet.d_claims_above(token_b).await;
     let answer = claim.await.unwrap();
     assert!(
         !matches!(answer, Ok(true)),
