@@ -22,10 +22,15 @@
 //! `act` line also carries `deadline_ns`, the tenure's deadline the guard judged the step against,
 //! on the same clock. `tests/sharded_processes.rs` reads them to check that no shard ever runs on
 //! two nodes at once and that a frozen node acts no more once its deadline has passed.
+//! With `--slow-stop-ms MS`, the worker of the lowest-numbered shard the node runs when it is
+//! told to shut down takes MS to stop (it keeps working meanwhile): a slow worker, which keeps
+//! only its own shard while the others are handed on (`tests/sharded_processes.rs`).
 //! Shard leases are bound to the node's member lease where the backend binds (Kubernetes, in
 //! memory: one write per node per renewal interval); `--renew-shards` renews each on its own.
 //! SIGTERM or ctrl-c shuts the node down gracefully and exits: with bound shard leases every
-//! worker stops, then the member lease is given up, which frees every shard at once; with
+//! worker stops, then the member lease is given up, which hands every shard on at once (a
+//! worker still stopping after the leave grace keeps only its own shard: the others are handed
+//! over each on its own); with
 //! renewed ones the member lease goes first, then each worker stops and its lease is handed to
 //! the node that targets it.
 
@@ -101,10 +106,36 @@ struct Worker {
     events: Events,
     steps: u64,
     step: Duration,
+    /// The shard whose worker stops slowly (`--slow-stop-ms`), chosen at shutdown, and how slowly.
+    slow: SlowStop,
+    stopping: bool,
+}
+
+/// `--slow-stop-ms`: the shard chosen at shutdown, and how long its worker takes to stop.
+#[derive(Clone, Default)]
+struct SlowStop {
+    shard: Arc<Mutex<Option<String>>>,
+    after: Duration,
 }
 
 impl Actor for Worker {
     type Context = Context<Self>;
+
+    fn stopping(&mut self, ctx: &mut Self::Context) -> Running {
+        let slow = self
+            .slow
+            .shard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+            == Some(self.info.shard.as_str());
+        if !slow || self.stopping || self.slow.after.is_zero() {
+            return Running::Stop;
+        }
+        self.stopping = true;
+        ctx.run_later(self.slow.after, |_, ctx| ctx.stop());
+        Running::Continue
+    }
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let token = self.info.fencing_token.value();
@@ -147,9 +178,10 @@ struct Args {
     events: Option<String>,
     step: Duration,
     renew_shards: bool,
+    slow_stop: Duration,
 }
 
-const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS] [--renew-shards]";
+const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS] [--renew-shards] [--slow-stop-ms MS]";
 
 fn parse_args() -> Result<Args, String> {
     let mut config = None;
@@ -160,6 +192,7 @@ fn parse_args() -> Result<Args, String> {
     let mut events = None;
     let mut step = Duration::from_millis(50);
     let mut renew_shards = false;
+    let mut slow_stop = Duration::ZERO;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -184,6 +217,12 @@ fn parse_args() -> Result<Args, String> {
                 step = Duration::from_millis(ms);
             }
             "--renew-shards" => renew_shards = true,
+            "--slow-stop-ms" => {
+                let ms: u64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--slow-stop-ms needs a number: {e}"))?;
+                slow_stop = Duration::from_millis(ms);
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -200,6 +239,7 @@ fn parse_args() -> Result<Args, String> {
         events,
         step,
         renew_shards,
+        slow_stop,
     })
 }
 
@@ -256,6 +296,11 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
     };
     let worker_events = events.clone();
     let step = args.step;
+    let slow = SlowStop {
+        shard: Arc::default(),
+        after: args.slow_stop,
+    };
+    let worker_slow = slow.clone();
     let workers = ShardedWorkers::from_provider(
         &provider,
         &args.config_key,
@@ -267,6 +312,8 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
             events: worker_events.clone(),
             steps: 0,
             step,
+            slow: worker_slow.clone(),
+            stopping: false,
         },
     )?;
     // Back off at most one TTL after errors (a server restart): a node waiting behind a long
@@ -318,6 +365,20 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
+        }
+        if !slow.after.is_zero() {
+            let running = workers.send(GetShards).await.unwrap_or_default();
+            let first = running
+                .iter()
+                .filter_map(|s| s.shard.parse::<u64>().ok())
+                .min();
+            if let Some(first) = first {
+                println!(
+                    "[{who}] the worker of shard {first} takes {:?} to stop",
+                    slow.after
+                );
+                *slow.shard.lock().unwrap_or_else(|p| p.into_inner()) = Some(first.to_string());
+            }
         }
         println!("[{who}] shutting down: handing every shard over");
         match workers.send(Shutdown).await {

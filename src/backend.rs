@@ -325,6 +325,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
         let _ = (ended, handed);
     }
 
+    /// Has every later renewal of this lease's current tenure mark its record as leaving
+    /// ([`Lease::mark_leaving`](crate::Lease::mark_leaving), which renews at once after it), for
+    /// [`GroupRecord::leaving`](crate::GroupRecord::leaving). The default marks nothing.
+    fn mark_leaving(&self) {}
+
     /// Resolves when the store shows that the tenure with fencing `token` was lost (taken over,
     /// deleted), for a prompt `on_lost`; it runs for the whole tenure and is dropped when the
     /// tenure ends. The default never resolves: losses are then found by renewals only.

@@ -74,6 +74,10 @@ pub struct GroupRecord {
     /// ([`Lease::retire_handing`](crate::Lease::retire_handing)): a record bound to such a
     /// tenure and listed is held by its target while the target's member tenure lives.
     pub(crate) handed: Option<Arc<HandedShards>>,
+    /// Whether the holder marked its current tenure as leaving
+    /// ([`Lease::mark_leaving`](crate::Lease::mark_leaving)): a member record so marked is no
+    /// target of placement any more (its node shuts down, and hands on what it holds).
+    pub leaving: bool,
 }
 
 impl GroupRecord {
@@ -94,7 +98,14 @@ impl GroupRecord {
             revision: None,
             watching_since: None,
             handed: None,
+            leaving: false,
         }
+    }
+
+    /// The record, marked leaving or not (see [`leaving`](Self::leaving)).
+    pub fn with_leaving(mut self, leaving: bool) -> Self {
+        self.leaving = leaving;
+        self
     }
 
     /// The record with the shards its ended tenures handed on (see [`HandedShards`]).

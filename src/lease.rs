@@ -469,6 +469,18 @@ pub trait Lease: Send + Sync + 'static {
         let _ = (ended, handed);
     }
 
+    /// Marks this (member) lease's current tenure as leaving: its record says so from the next
+    /// write of the tenure on, which comes at once (a renewal sent now, not at its interval),
+    /// so that the other members place nothing on its holder any more (see
+    /// [`GroupRecord::leaving`](crate::GroupRecord::leaving)). A sharded node leaving with a
+    /// worker slower than its leave grace calls it. Nothing is written when no tenure is held;
+    /// a later tenure is not marked.
+    ///
+    /// * Kubernetes and in memory: the renewal writes the mark.
+    /// * Everywhere else, and the default: nothing (the members see the holder go when it
+    ///   retires).
+    fn mark_leaving(&self) {}
+
     /// The tenure of this lease as one observable value: see [`TenureWatch`]. Every reader of
     /// the lease's state (`check_alive`, `fencing_token`, `deadline`, the actors) reads it.
     fn tenure(&self) -> &TenureWatch;

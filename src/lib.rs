@@ -140,7 +140,7 @@ pub use actors::{
     member_lease_name, shard_lease_name, GetGroupView, GetHostedShards, GetShardDirectory,
     GetShards, GroupView, HandOffShard, LocateError, LocateShard, RunningShard, ShardDirectory,
     ShardInfo, ShardLocation, ShardRegion, ShardedError, ShardedSettings, ShardedWorkers,
-    DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
+    DEFAULT_LEAVE_GRACE, DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,
@@ -223,6 +223,7 @@ pub use kubernetes::{
     HOLDER_METADATA_ANNOTATION as KUBERNETES_HOLDER_METADATA_ANNOTATION,
     HOLDER_METADATA_OWNER_ANNOTATION as KUBERNETES_HOLDER_METADATA_OWNER_ANNOTATION,
     KUBERNETES_BACKEND, LEASE_NAME_ANNOTATION as KUBERNETES_LEASE_NAME_ANNOTATION,
+    LEAVING_ANNOTATION as KUBERNETES_LEAVING_ANNOTATION,
     PREFERRED_AT_ANNOTATION as KUBERNETES_PREFERRED_AT_ANNOTATION,
     PREFERRED_HOLDER_ANNOTATION as KUBERNETES_PREFERRED_HOLDER_ANNOTATION,
     WATCH_FLOOR as KUBERNETES_WATCH_FLOOR,

@@ -133,6 +133,8 @@ struct Shared<B: LeaseBackend> {
     holder: Mutex<Option<String>>,
     /// The member lease this lease's tenures are bound to ([`Lease::bind_to`]).
     bound: std::sync::OnceLock<BindingAnchor>,
+    /// Wakes the renewal task for a renewal now ([`Lease::mark_leaving`]).
+    renew_now: tokio::sync::Notify,
 }
 
 /// What only `acquire` and `release` touch, under the `ops` lock.
@@ -250,6 +252,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
             label,
             holder: Mutex::new(None),
             bound: std::sync::OnceLock::new(),
+            renew_now: tokio::sync::Notify::new(),
             settings,
         });
         if let Some(anchor) = anchor {
@@ -882,43 +885,20 @@ impl<B: LeaseBackend> Shared<B> {
     /// Gives `tenure` back to the backend, within the operation timeout, as `giving` says.
     async fn release_tenure(&self, tenure: B::Tenure, giving: &Giving) -> Result<bool, LeaseError> {
         let settings = &self.settings;
-        let outcome = match giving {
-            Giving::Release => {
-                timeout(
-                    settings.operation_timeout(),
-                    self.backend.release(settings, tenure),
-                )
-                .await
+        let outcome = timeout(settings.operation_timeout(), async {
+            match giving {
+                Giving::Release => self.backend.release(settings, tenure).await,
+                Giving::Prefer(preferred) => {
+                    self.backend.release_to(settings, tenure, preferred).await
+                }
+                Giving::HandOver(target) => self.backend.hand_over(settings, tenure, target).await,
+                Giving::Retire => self.backend.retire(settings, tenure).await,
+                Giving::RetireHanding(handed) => {
+                    self.backend.retire_handing(settings, tenure, handed).await
+                }
             }
-            Giving::Prefer(preferred) => {
-                timeout(
-                    settings.operation_timeout(),
-                    self.backend.release_to(settings, tenure, preferred),
-                )
-                .await
-            }
-            Giving::HandOver(target) => {
-                timeout(
-                    settings.operation_timeout(),
-                    self.backend.hand_over(settings, tenure, target),
-                )
-                .await
-            }
-            Giving::Retire => {
-                timeout(
-                    settings.operation_timeout(),
-                    self.backend.retire(settings, tenure),
-                )
-                .await
-            }
-            Giving::RetireHanding(handed) => {
-                timeout(
-                    settings.operation_timeout(),
-                    self.backend.retire_handing(settings, tenure, handed),
-                )
-                .await
-            }
-        };
+        })
+        .await;
         let outcome = flatten(outcome, Operation::Release, settings).inspect_err(|_| {
             metrics::release(&self.label, "error");
             tracing::Span::current().record("outcome", "error");
@@ -1013,6 +993,11 @@ impl<B: LeaseBackend> Lease for ManagedLease<B> {
 
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         self.shared.backend.plan_hand_on(ended, handed);
+    }
+
+    fn mark_leaving(&self) {
+        self.shared.backend.mark_leaving();
+        self.shared.renew_now.notify_one();
     }
 
     fn release_to(

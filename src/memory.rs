@@ -170,6 +170,9 @@ struct Record {
     /// [`Binding`]): the record is held exactly while that member tenure is, and has no expiry
     /// of its own.
     bound: Option<(String, u64)>,
+    /// The token of the tenure its holder marked leaving ([`Lease::mark_leaving`]): counts
+    /// while that tenure holds the record.
+    leaving: Option<u64>,
 }
 
 /// The holder of `record` at `now` and until when its claim lasts as the store sees it now: its
@@ -427,6 +430,7 @@ impl StoreState {
                     .as_ref()
                     .map(|(member, token)| Binding::new(member.clone(), token.to_string())),
             )
+            .with_leaving(r.holder.is_some() && r.leaving == Some(r.token))
     }
 
     fn snapshot(records: &HashMap<String, Record>, prefix: &str) -> GroupSnapshot {
@@ -450,6 +454,7 @@ impl Record {
             metadata: None,
             handed_at: None,
             bound: None,
+            leaving: None,
         }
     }
 }
@@ -473,6 +478,8 @@ pub struct InMemoryBackend {
     /// its future was dropped): the store may still hold them
     /// ([`LeaseBackend::release_unanswered`] removes them).
     unreleased: Arc<Mutex<Vec<u64>>>,
+    /// Whether renewals mark the tenure leaving ([`LeaseBackend::mark_leaving`]).
+    leaving: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The verbs of the in-memory store's requests and their outcomes, for the `backend_requests`
@@ -490,6 +497,7 @@ impl InMemoryBackend {
         Self {
             store: store.clone(),
             unreleased: Arc::default(),
+            leaving: Arc::default(),
         }
     }
 }
@@ -527,6 +535,12 @@ impl LeaseBackend for InMemoryBackend {
         true
     }
 
+    /// The renewals mark the record with the tenure's token.
+    fn mark_leaving(&self) {
+        self.leaving
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The tenure's fencing token: the store keeps every record's token history (a deleted
     /// record's too), so no other tenure of the lease ever has it.
     fn incarnation(&self, tenure: &InMemoryTenure) -> Option<String> {
@@ -540,6 +554,7 @@ impl LeaseBackend for InMemoryBackend {
     ) -> Result<RenewOutcome, InMemoryError> {
         let (name, owner, ttl) = (settings.name(), settings.owner(), settings.ttl());
         let lost = |r: &RenewOutcome| matches!(r, RenewOutcome::Lost(_));
+        let leaving = self.leaving.load(std::sync::atomic::Ordering::Relaxed);
         self.store
             .call(owner, "renew", lost, |state, now| {
                 state.stats.renewals += 1;
@@ -561,6 +576,9 @@ impl LeaseBackend for InMemoryBackend {
                     (None, _) => RenewOutcome::Lost(LostReason::Deleted),
                     (Some(h), Some(exp)) if h == owner && now < exp => {
                         record.expires_at = Some(now + ttl);
+                        if leaving {
+                            record.leaving = Some(record.token);
+                        }
                         state.publish(name);
                         RenewOutcome::Renewed { valid_from: None }
                     }

@@ -38,8 +38,10 @@
 //!    a release asked for after it, and an unanswered claim found later are written over by
 //!    nobody but the next claimant ([`keep_bound_claim`]).
 //! 4. **A member lists only records its incarnation holds** ([`listable`]), in the write that
-//!    ends that incarnation (or, for the shards whose workers stopped, in a renewal while the
-//!    holder still lives; the holder's local tenure of each ended first).
+//!    ends that incarnation (the holder's local tenure of each ended first). A member that
+//!    leaves while a worker is slow to stop gives the others up before that write, each with a
+//!    release or handover of its own record (rule 3), as a rebalance does; its mark of leaving
+//!    (`Lease::mark_leaving`) only steers placement and decides nothing here.
 //!
 //! # Why one holder, and rising tokens
 //!

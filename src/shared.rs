@@ -28,6 +28,7 @@ trait DynLease: Send + Sync + 'static {
         handed: Vec<crate::HandedShard>,
     ) -> BoxFuture<'_, Result<bool, LeaseError>>;
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>);
+    fn mark_leaving(&self);
     fn records_preference(&self) -> bool;
     fn tenure(&self) -> &TenureWatch;
     fn on_lost(&self, handler: BoxHandler) -> LostSubscription;
@@ -68,6 +69,9 @@ impl<L: Lease> DynLease for L {
     }
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         Lease::plan_hand_on(self, ended, handed)
+    }
+    fn mark_leaving(&self) {
+        Lease::mark_leaving(self)
     }
     fn records_preference(&self) -> bool {
         Lease::records_preference(self)
@@ -183,6 +187,9 @@ impl Lease for SharedLease {
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         self.0.plan_hand_on(ended, handed)
     }
+    fn mark_leaving(&self) {
+        self.0.mark_leaving()
+    }
     fn records_preference(&self) -> bool {
         self.0.records_preference()
     }
@@ -242,6 +249,9 @@ impl<L: Lease> Lease for Arc<L> {
     }
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         (**self).plan_hand_on(ended, handed)
+    }
+    fn mark_leaving(&self) {
+        (**self).mark_leaving()
     }
     fn records_preference(&self) -> bool {
         (**self).records_preference()

@@ -1018,5 +1018,6 @@ mod every_backend {
         groups_whose_names_extend_each_other_share_no_lease
         a_shard_handed_to_a_leaving_node_is_passed_on
         every_node_locates_every_shard_with_its_holders_address
+        a_slow_worker_keeps_only_its_own_shard
     );
 }

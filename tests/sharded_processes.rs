@@ -244,10 +244,16 @@ impl Fleet {
     }
 
     fn spawn(&mut self, owner: &str) {
+        self.spawn_with(owner, &[]);
+    }
+
+    /// [`spawn`](Self::spawn) with more arguments for `sharded_node`.
+    fn spawn_with(&mut self, owner: &str, extra: &[&str]) {
         let events = self.dir.join(format!("{owner}.jsonl"));
         let log = self.dir.join(format!("{owner}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(common::example_binary("sharded_node"))
+            .args(extra)
             .args(["--config", self.backend.config.to_str().unwrap()])
             .args(["--group", &self.backend.group])
             .args(["--shards", &SHARDS.to_string()])
@@ -401,6 +407,11 @@ impl Fleet {
         for owner in owners {
             self.spawn(owner);
         }
+        self.started().await;
+    }
+
+    /// Waits until the nodes spawned share the shards evenly and every worker acted.
+    async fn started(&mut self) {
         self.settle("the first nodes", SETTLE_WITHIN).await;
         let give_up = Instant::now() + SETTLE_WITHIN;
         loop {
@@ -1023,6 +1034,85 @@ async fn sigstop(backend: fn(&Path, &str, Duration) -> Backend) {
         stopped_ns,
         resumed_ns,
     }]);
+}
+
+/// How long the slow worker of [`slow_worker`] takes to stop: two TTLs.
+const SLOW_STOP: Duration = Duration::from_secs(6);
+
+/// Issue 47, item 5: a leaving node's slow worker keeps only its own shard. Three nodes run 64
+/// bound shards (TTL 3 s); node-2's worker of its lowest-numbered shard takes 6 s to stop. On
+/// node-2's SIGTERM every other shard of node-2 runs elsewhere within TTL + 1 s of the signal
+/// (it waits the leave grace for its workers, then hands the stopped ones over and marks its
+/// member record leaving), while the slow one still runs on node-2; it moves once its worker
+/// stopped, and no shard ever ran on two nodes at once.
+async fn slow_worker(backend: fn(&Path, &str, Duration) -> Backend) {
+    let _serial = SERIAL.lock().await;
+    let dir = scratch("slow_worker");
+    let mut fleet = Fleet::new(backend(&dir, "slow_worker", TTL), dir);
+    let slow_ms = SLOW_STOP.as_millis().to_string();
+    fleet.spawn("node-1");
+    fleet.spawn_with("node-2", &["--slow-stop-ms", &slow_ms]);
+    fleet.spawn("node-3");
+    fleet.started().await;
+    let before = fleet.holders();
+    let leaving: BTreeSet<usize> = (0..SHARDS).filter(|s| before[s] == "node-2").collect();
+    let slow = *leaving.first().expect("node-2 runs shards");
+    let pid = fleet.pid("node-2");
+    let term = now_ns();
+    signal(pid, "TERM");
+    let bound = TTL + Duration::from_secs(1);
+    let give_up = Instant::now() + SETTLE_WITHIN;
+    let moved_at = loop {
+        fleet.poll();
+        let holders = fleet.holders();
+        let elsewhere = leaving
+            .iter()
+            .filter(|&&s| s != slow)
+            .all(|s| holders.get(s).is_some_and(|o| o != "node-2"));
+        if elsewhere {
+            break now_ns();
+        }
+        assert!(
+            Instant::now() < give_up,
+            "node-2's other shards never ran elsewhere: {holders:?}\n{}",
+            fleet.logs()
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
+    let slow_stopped = fleet
+        .events
+        .iter()
+        .any(|e| e.shard == slow && e.owner == "node-2" && e.kind == EventKind::Stop);
+    println!(
+        "{}: SIGTERM to node-2 with a worker taking {SLOW_STOP:?} to stop: its other {} shards ran elsewhere {:.0} ms after the signal (bound {bound:?}); the slow one had stopped by then: {slow_stopped}",
+        fleet.backend.name,
+        leaving.len() - 1,
+        ms(moved_at - term),
+    );
+    assert!(
+        Duration::from_nanos((moved_at - term) as u64) < bound,
+        "node-2's other shards ran elsewhere {:.0} ms after the SIGTERM, not within TTL + 1 s",
+        ms(moved_at - term)
+    );
+    assert!(
+        !slow_stopped,
+        "the slow worker of shard {slow} had stopped already: the test shows nothing"
+    );
+    // node-2 exits once its slow worker stopped; every shard then runs on the two others.
+    fleet.terminate("node-2").await;
+    fleet
+        .settle("after node-2's slow worker stopped", SETTLE_WITHIN)
+        .await;
+    assert!(
+        fleet.holders().values().all(|o| o != "node-2"),
+        "node-2 runs nothing"
+    );
+    fleet.assert_exclusive(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_nodes_slow_worker_keeps_only_its_own_shard_kubernetes() {
+    slow_worker(kubernetes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,6 +125,14 @@ cases!(
     every_node_locates_every_shard_with_its_holders_address
 );
 
+/// Issue 47, item 5, on the real API server (bound shards; etcd's leave takes turns, issue 48).
+#[test]
+fn a_slow_worker_keeps_only_its_own_shard_kubernetes() {
+    run_real(sharded_cases::a_slow_worker_keeps_only_its_own_shard(
+        &KubernetesFleet::new(),
+    ));
+}
+
 /// Item 4: a shard whose lease could not be built (a provider's backend failing for a while: a
 /// secret file being rotated, say) is tried again on a backoff, not only at the group's next
 /// change. On etcd a settled group is quiet (its renewals are keep-alives, which change no key),

@@ -34,6 +34,9 @@ pub const DEFAULT_MAX_HANDOVERS: usize = 4;
 /// The default of [`ShardedSettings::shutdown_handovers`].
 pub const DEFAULT_SHUTDOWN_HANDOVERS: usize = 1;
 
+/// The default of [`ShardedSettings::leave_grace`].
+pub const DEFAULT_LEAVE_GRACE: Duration = Duration::from_millis(500);
+
 /// What separates a group's name from the rest of its leases' names: a group name never contains
 /// it, so that two groups' lease names never collide.
 const GROUP_SEPARATOR: char = '.';
@@ -118,6 +121,14 @@ pub struct ShardedSettings {
     /// nodes, not the shards). `false` renews every shard lease on its own. On etcd shard keys
     /// live on the session's one keep-alive either way.
     pub bind_shards: bool,
+    /// With bound shard leases: how long [`Shutdown`] waits for every worker to stop before it
+    /// hands on the shards whose workers did (default [`DEFAULT_LEAVE_GRACE`], 500 ms). Workers
+    /// that all stop within it cost the leave one write (the member lease's retirement hands
+    /// every shard on); past it, each shard whose worker stopped is handed over on its own
+    /// write, and each later one as its worker stops, so that a slow worker keeps only its own
+    /// shard (and the leave costs a write per shard). Zero hands each shard on as its worker
+    /// stops.
+    pub leave_grace: Duration,
 }
 
 impl Default for ShardedSettings {
@@ -127,6 +138,7 @@ impl Default for ShardedSettings {
             shutdown_handovers: DEFAULT_SHUTDOWN_HANDOVERS,
             shard: SingletonSettings::default(),
             bind_shards: true,
+            leave_grace: DEFAULT_LEAVE_GRACE,
         }
     }
 }
@@ -378,9 +390,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 /// which claims it at once without waiting for any expiry (one write names every target of a
 /// node holding 256 shards; each target's claim is a compare-and-swap of its own,
 /// BENCHMARKS.md); elsewhere that write frees the shards and their targets claim them. That
-/// write comes once the *slowest* worker stopped (at most [`SingletonSettings::stop_timeout`]):
-/// until then none of the node's shards runs elsewhere, so keep workers' stops short (a leave
-/// that hands each shard on as its own worker stops is not built yet).
+/// write waits for the workers at most [`ShardedSettings::leave_grace`]: past it, the node marks
+/// its member record leaving ([`Lease::mark_leaving`]: the others place nothing on it any
+/// more), hands each shard whose worker stopped over on its own write, passes on the shards
+/// handed to it meanwhile, and hands each slower worker's shard over as soon as that worker
+/// stopped (at most [`SingletonSettings::stop_timeout`]), then retires the member lease: a slow
+/// worker keeps only its own shard.
 ///
 /// # Example
 ///
@@ -612,22 +627,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let shard = &self.shards[index];
         let lease = match &shard.lease {
             Some(lease) => Arc::clone(lease),
-            None => match (self.lease_for)(&shard.name)
-                .and_then(|lease| check_lease(&shard.name, &lease, &self.node).map(|()| lease))
-            {
+            None => match self.build_lease(index) {
                 Ok(lease) => {
                     self.retry_backoff = None;
-                    // Bound to the member lease where the backend binds (one write per node per
-                    // interval); a backend that cannot bind renews the shard lease itself.
-                    if let Some(anchor) = self
-                        .member_lease
-                        .binding_anchor()
-                        .filter(|_| self.settings.bind_shards)
-                    {
-                        if let Err(error) = lease.bind_to(&anchor) {
-                            tracing::warn!(group = %self.group, shard = %shard.name, error = &error as &dyn std::error::Error, "cannot bind the shard's lease to the member lease; it renews on its own");
-                        }
-                    }
                     Arc::new(lease)
                 }
                 Err(error) => {
@@ -670,6 +672,24 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         shard.lease = Some(lease);
         shard.manager = Some(manager);
         self.view.watched.insert(index);
+    }
+
+    /// Builds the lease of shard `index`, bound to the member lease where the backend binds (one
+    /// write per node per interval); a backend that cannot bind renews the shard lease itself.
+    fn build_lease(&self, index: usize) -> Result<L, ShardedError> {
+        let shard = &self.shards[index];
+        let lease = (self.lease_for)(&shard.name)
+            .and_then(|lease| check_lease(&shard.name, &lease, &self.node).map(|()| lease))?;
+        if let Some(anchor) = self
+            .member_lease
+            .binding_anchor()
+            .filter(|_| self.settings.bind_shards)
+        {
+            if let Err(error) = lease.bind_to(&anchor) {
+                tracing::warn!(group = %self.group, shard = %shard.name, error = &error as &dyn std::error::Error, "cannot bind the shard's lease to the member lease; it renews on its own");
+            }
+        }
+        Ok(lease)
     }
 
     /// Shuts down the manager of a shard this node neither targets nor holds, then drops it and
@@ -744,7 +764,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     }
 
     /// The live members other than this node in `snapshot` at `now`, sorted (see
-    /// [`live_member`]).
+    /// [`live_member`]), but those marked leaving ([`GroupRecord::leaving`]: no placement
+    /// targets a node that shuts down).
     fn other_members(
         &self,
         snapshot: &GroupSnapshot,
@@ -753,6 +774,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     ) -> Vec<String> {
         snapshot
             .with_prefix(&self.member_prefix)
+            .filter(|(_, record)| !record.leaving)
             .filter_map(|(name, record)| live_member(&self.member_prefix, name, record, now, wall))
             .filter(|member| *member != self.node)
             .map(str::to_owned)

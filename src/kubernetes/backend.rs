@@ -15,8 +15,8 @@ use super::bound::BoundState;
 use super::observed::{Observed, State};
 use super::record::{
     bind, binding_of, clear_handed, duration_secs, handed_shards_of, holder_of, incarnation_of,
-    now_micro, post_params, preferred_of, released, released_to, set_watching_since, slim,
-    transitions_of,
+    now_micro, post_params, preferred_of, released, released_to, set_leaving, set_watching_since,
+    slim, transitions_of,
 };
 use super::watch::{Subscription, View, WatchHub};
 use super::{object_name, settings, KubernetesError, KubernetesSession, KubernetesSettings};
@@ -116,6 +116,8 @@ pub struct KubernetesBackend {
     /// The member lease this lease's tenures are bound to ([`LeaseBackend::bound_to`]): asked
     /// before each write of a bound record this owner held.
     pub(super) anchor: std::sync::OnceLock<BindingAnchor>,
+    /// Whether renewals mark the tenure leaving ([`LeaseBackend::mark_leaving`]).
+    pub(super) leaving: AtomicBool,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -218,6 +220,7 @@ impl KubernetesBackend {
             counters: Counters::default(),
             delete_forbidden: AtomicBool::new(false),
             patch_forbidden: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             anchor: std::sync::OnceLock::new(),
         }
     }
@@ -620,6 +623,9 @@ impl KubernetesBackend {
         let renew_time = now_micro();
         let mut next = (*tenure.lease).clone();
         clear_handed(&mut next);
+        if self.leaving.load(Ordering::Relaxed) {
+            set_leaving(&mut next);
+        }
         let spec = next.spec.get_or_insert_with(LeaseSpec::default);
         spec.renew_time = Some(renew_time.clone());
         spec.lease_duration_seconds = Some(duration_secs(settings.ttl()));
@@ -907,6 +913,12 @@ impl LeaseBackend for KubernetesBackend {
 
     /// Kept by the session, for the release of that member's object as expired (see the `bound`
     /// module).
+    /// The renewals write [`LEAVING_ANNOTATION`](super::LEAVING_ANNOTATION) naming the tenure's
+    /// incarnation.
+    fn mark_leaving(&self) {
+        self.leaving.store(true, Ordering::Relaxed);
+    }
+
     fn plan_hand_on(&self, ended: &crate::Binding, handed: Vec<crate::HandedShard>) {
         self.hub.ended.plan(
             &self.namespace,

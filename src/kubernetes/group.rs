@@ -93,7 +93,8 @@ impl Seen {
                 .with_stale_after(stale_after(lease).filter(|_| binding.is_none()))
                 .with_watch_facts(revision_of(lease), watching_since_of(lease))
                 .with_binding(binding)
-                .with_handed(handed_shards_of(lease).map(Arc::new)),
+                .with_handed(handed_shards_of(lease).map(Arc::new))
+                .with_leaving(super::record::leaving_of(lease)),
             by_holder: handed_after(lease).is_none(),
         })
     }

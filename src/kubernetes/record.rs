@@ -56,6 +56,11 @@ pub const BOUND_TO_ANNOTATION: &str = "actix-coordination/bound-to";
 /// that can claim them on time (see [`GroupRecord`](crate::GroupRecord) and `ShardedWorkers`).
 pub const WATCHING_SINCE_ANNOTATION: &str = "actix-coordination/watching-since";
 
+/// The annotation of a member lease's object whose holder shuts down: the incarnation
+/// (`<uid>/<leaseTransitions>`) of the tenure that leaves ([`Lease::mark_leaving`](crate::Lease::mark_leaving)).
+/// Other members place nothing on it any more; it counts only while that tenure holds the object.
+pub const LEAVING_ANNOTATION: &str = "actix-coordination/leaving";
+
 /// The annotation `<uid>/<leaseTransitions>`: the incarnation (the member tenure) of the member
 /// lease's object a bound record lives by.
 pub const BOUND_INCARNATION_ANNOTATION: &str = "actix-coordination/bound-incarnation";
@@ -332,6 +337,33 @@ pub(super) fn revision_of(lease: &LeaseObject) -> Option<u64> {
 /// What [`WATCHING_SINCE_ANNOTATION`] of `lease` says: `None` without it (a writer that does not
 /// say: taken as watching all along), `Some(u64::MAX)` when it is not a number (its watch was
 /// not synced: it watched nothing on time).
+/// Sets [`LEAVING_ANNOTATION`] of `lease` to the incarnation it is held in (nothing when it is
+/// not held).
+pub(super) fn set_leaving(lease: &mut LeaseObject) {
+    let Some(incarnation) = incarnation_of(lease) else {
+        return;
+    };
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LEAVING_ANNOTATION.to_owned(), incarnation);
+}
+
+/// Whether `lease` is held by a tenure marked leaving ([`LEAVING_ANNOTATION`] names its
+/// incarnation: a mark of an earlier tenure does not count).
+pub(super) fn leaving_of(lease: &LeaseObject) -> bool {
+    let Some(incarnation) = incarnation_of(lease) else {
+        return false;
+    };
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LEAVING_ANNOTATION))
+        .is_some_and(|marked| *marked == incarnation)
+}
+
 pub(super) fn watching_since_of(lease: &LeaseObject) -> Option<u64> {
     let value = lease
         .metadata
@@ -643,6 +675,27 @@ pub(super) mod tests {
                 ..LeaseSpec::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_leaving_mark_counts_only_for_the_tenure_that_wrote_it() {
+        let mut lease = object(Some("a"), Some(4));
+        lease.metadata.uid = Some("u".into());
+        assert!(!leaving_of(&lease), "not marked");
+        set_leaving(&mut lease);
+        assert!(leaving_of(&lease), "marked for u/4");
+        let mut next = lease.clone();
+        next.spec.as_mut().unwrap().lease_transitions = Some(5);
+        assert!(!leaving_of(&next), "a later tenure is not marked");
+        let mut released = lease.clone();
+        released.spec.as_mut().unwrap().holder_identity = None;
+        assert!(!leaving_of(&released), "a released object is not marked");
+        let mut free = object(None, Some(4));
+        set_leaving(&mut free);
+        assert!(
+            free.metadata.annotations.is_none(),
+            "nothing held, nothing marked"
+        );
     }
 
     #[test]

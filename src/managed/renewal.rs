@@ -63,6 +63,8 @@ pub(super) async fn renewal_loop<B: LeaseBackend>(
                 return shared.lost_or_released(generation, reason, tenure);
             }
             _ = sleep_until(next) => {}
+            // A renewal asked for now (a mark to write: `Lease::mark_leaving`).
+            () = shared.renew_now.notified() => {}
         }
         let start = Instant::now();
         let renew_span = tracing::debug_span!("lease_renew", outcome = tracing::field::Empty);

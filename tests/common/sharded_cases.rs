@@ -56,19 +56,23 @@ pub struct Worker {
     shard: String,
     node: String,
     log: Log,
-    stop_after: Duration,
+    stop_after: StopAfter,
     stopping: bool,
 }
+
+/// How long the worker of a shard takes to stop, by shard id, asked when it is told to stop.
+pub type StopAfter = Rc<dyn Fn(&str) -> Duration>;
 
 impl Actor for Worker {
     type Context = Context<Self>;
 
     fn stopping(&mut self, ctx: &mut Context<Self>) -> Running {
-        if self.stop_after.is_zero() || self.stopping {
+        let stop_after = (self.stop_after)(&self.shard);
+        if stop_after.is_zero() || self.stopping {
             return Running::Stop;
         }
         self.stopping = true;
-        ctx.run_later(self.stop_after, |_, ctx| ctx.stop());
+        ctx.run_later(stop_after, |_, ctx| ctx.stop());
         Running::Continue
     }
 
@@ -145,6 +149,20 @@ pub fn build_with(
     stop_after: Duration,
     settings: ShardedSettings,
 ) -> ShardedWorkers<Worker, SharedLease> {
+    let stop_after: StopAfter = Rc::new(move |_| stop_after);
+    build_with_stops(fleet, group, shards, node, log, stop_after, settings)
+}
+
+/// [`build_with`], each worker's stop taking what `stop_after` answers for its shard.
+pub fn build_with_stops(
+    fleet: &impl Fleet,
+    group: &str,
+    shards: &[&str],
+    node: &str,
+    log: &Log,
+    stop_after: StopAfter,
+    settings: ShardedSettings,
+) -> ShardedWorkers<Worker, SharedLease> {
     let leases = fleet.node(node);
     let (owner, ttl, log) = (node.to_owned(), fleet.ttl(), log.clone());
     ShardedWorkers::new(
@@ -175,7 +193,7 @@ pub fn build_with(
                 shard: shard.shard.clone(),
                 node: shard.owner.clone(),
                 log: log.clone(),
-                stop_after,
+                stop_after: Rc::clone(&stop_after),
                 stopping: false,
             }
         },
@@ -460,6 +478,100 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
     .await;
     assert_exactly_once(&log);
     assert!(c.send(Shutdown).await.unwrap().unwrap());
+}
+
+/// Issue 47, item 5: a leaving node's slow worker keeps only its own shard. `a` and `b` run 8
+/// bound shards, 4 each; one of `a`'s workers takes two TTLs to stop. `a` shuts down: its
+/// other 3 shards run on `b` within its leave grace plus half a TTL of the shutdown (they were
+/// handed over, none waited for the slow worker, nor for a record to expire), while the slow
+/// one still runs on `a`; it follows once its worker stopped, and `a`'s shutdown ends then.
+pub async fn a_slow_worker_keeps_only_its_own_shard(fleet: &impl Fleet) {
+    let group = fleet.unique("slowleave");
+    let shards = ids(8);
+    let log = Log::default();
+    let slow: Rc<RefCell<Option<String>>> = Rc::default();
+    let slow_stop = fleet.ttl() * 2;
+    let stop_after: StopAfter = {
+        let slow = Rc::clone(&slow);
+        Rc::new(move |shard| {
+            if slow.borrow().as_deref() == Some(shard) {
+                slow_stop
+            } else {
+                Duration::ZERO
+            }
+        })
+    };
+    let settings = ShardedSettings::default();
+    let grace = settings.leave_grace;
+    let a = build_with_stops(
+        fleet,
+        &group,
+        &refs(&shards),
+        "a",
+        &log,
+        stop_after,
+        settings.clone(),
+    )
+    .start();
+    let b = start_with(
+        fleet,
+        &group,
+        &refs(&shards),
+        "b",
+        &log,
+        Duration::ZERO,
+        settings,
+    );
+    until(
+        fleet.ttl() * 4,
+        "two nodes run the 8 shards, 4 each",
+        || {
+            let running = running(&log);
+            running.len() == 8 && running.values().filter(|n| *n == "a").count() == 4
+        },
+    )
+    .await;
+    let on_a: Vec<String> = running(&log)
+        .into_iter()
+        .filter(|(_, node)| node == "a")
+        .map(|(shard, _)| shard)
+        .collect();
+    *slow.borrow_mut() = Some(on_a[0].clone());
+    let leaving_a = actix::spawn(a.send(Shutdown));
+    until(
+        grace + fleet.ttl() / 2,
+        "a's other 3 shards run on b while the slow worker stops",
+        || {
+            let running = running(&log);
+            on_a[1..]
+                .iter()
+                .all(|shard| running.get(shard).map(String::as_str) == Some("b"))
+        },
+    )
+    .await;
+    assert_eq!(
+        running(&log).get(&on_a[0]).map(String::as_str),
+        Some("a"),
+        "the slow worker still runs on a"
+    );
+    // a's member record says it leaves: b places nothing on it any more, though a holds a shard.
+    let view = b.send(GetGroupView).await.unwrap();
+    assert_eq!(view.members, ["b"], "a leaves: no member for b: {view:?}");
+    assert!(
+        !leaving_a.is_finished(),
+        "a's shutdown waits for its slow worker"
+    );
+    assert!(
+        leaving_a.await.unwrap().unwrap().unwrap(),
+        "a released everything"
+    );
+    until(fleet.ttl() / 2, "every shard runs on b", || {
+        let running = running(&log);
+        running.len() == 8 && running.values().all(|n| n == "b")
+    })
+    .await;
+    assert_exactly_once(&log);
+    assert!(b.send(Shutdown).await.unwrap().unwrap());
 }
 
 /// Issue 38: the address a member advertises travels through the real store. Two nodes, each

@@ -1,10 +1,13 @@
 //! How a [`ShardedWorkers`] node leaves its group: [`Shutdown`]'s turns, each shard handed to
 //! the node that targets it when its turn comes, and the shards handed to it meanwhile passed on.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
 
+use actix::fut::LocalBoxActorFuture;
 use actix::prelude::*;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use super::{LeaseError, ShardedWorkers};
@@ -30,7 +33,10 @@ pub(super) struct Leaving {
     swept: bool,
 }
 
-/// Retires the member lease first, then shuts the shards down `shutdown_handovers` at a time
+/// With bound shard leases, stops every worker at once and hands every shard on in the member
+/// lease's retirement, or past the leave grace each shard on its own (`leave_bound`). Otherwise
+/// retires the member lease first, then
+/// shuts the shards down `shutdown_handovers` at a time
 /// (each one's worker stops, then its lease is handed over or released), each to the node that
 /// targets it when its turn comes; then passes on any shard handed to this node meanwhile.
 /// Answers `Ok(true)` when everything was released, else the first error (`Ok(false)` when a
@@ -93,16 +99,18 @@ impl Leaving {
 
 impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Leaving with bound shard leases: every worker stops first, all at once, under its tenure
-    /// (its lease left held, bound to the member lease); then the member lease is retired, which
-    /// ends every bound tenure and frees every shard in that one write. The other nodes see the
-    /// member go and claim the shards they target at once: no worker of this node runs by then,
-    /// and no shard waits for a record to expire. A shard lease that is not bound is released
-    /// as usual.
-    fn leave_bound(&mut self, ctx: &mut Context<Self>) -> impl ActorFuture<Self, Output = ()> {
+    /// (its lease left held, bound to the member lease). When they all stopped within
+    /// [`ShardedSettings::leave_grace`](super::ShardedSettings::leave_grace), the member lease is
+    /// retired, which ends every bound tenure and hands every shard on in that one write: the
+    /// other nodes claim the shards they target at once, no worker of this node runs by then,
+    /// and no shard waits for a record to expire. Past the grace, the shards whose workers
+    /// stopped are handed over each on its own write, and the others each by its manager as
+    /// soon as its worker stops ([`past_grace`](Self::past_grace)): a slow worker keeps only its
+    /// own shard. A shard lease that is not bound is released as usual.
+    fn leave_bound(&mut self, _ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
         let turns: Vec<usize> = self.leaving.turns.drain(..).collect();
-        let handed = self.handed_on_leaving(&turns);
-        let mut stops = Vec::with_capacity(turns.len());
-        for index in turns {
+        let mut stops = FuturesUnordered::new();
+        for &index in &turns {
             let shard = &self.shards[index];
             let Some(manager) = shard.manager.clone() else {
                 continue;
@@ -112,39 +120,158 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 .as_ref()
                 .is_some_and(|lease| lease.bound_to().is_some())
             {
-                manager.do_send(KeepLeaseOnShutdown);
+                manager.do_send(KeepLeaseOnShutdown(true));
             } else {
                 manager.do_send(HandOverTo(None));
             }
-            stops.push(manager.send(Shutdown));
+            let stop = manager.send(Shutdown);
+            stops.push(async move { (index, stop.await.unwrap_or(Ok(true))) });
         }
-        let member = self.member.clone();
-        let _ = ctx;
-        actix::fut::wrap_future(async move {
-            let mut result: Result<bool, LeaseError> = Ok(true);
-            let mut add = |answer: Result<bool, LeaseError>| {
-                result = match (std::mem::replace(&mut result, Ok(true)), answer) {
-                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-                    (Ok(a), Ok(b)) => Ok(a && b),
-                };
-            };
-            for answer in futures_util::future::join_all(stops).await {
-                add(answer.unwrap_or(Ok(true)));
-            }
-            if let Some(member) = member {
-                if !handed.is_empty() {
-                    let _ = member.send(RetireHanding(handed)).await;
+        let grace = self.settings.leave_grace;
+        let within_grace = async move {
+            let mut stopped = Vec::new();
+            let mut result = Leaving::default();
+            let grace = tokio::time::sleep(grace);
+            tokio::pin!(grace);
+            loop {
+                tokio::select! {
+                    biased;
+                    next = stops.next() => match next {
+                        Some((index, answer)) => {
+                            stopped.push(index);
+                            result.add(answer);
+                        }
+                        None => break,
+                    },
+                    () = &mut grace => break,
                 }
-                add(member.send(Shutdown).await.unwrap_or(Ok(true)));
             }
-            result
-        })
-        .map(|result, act: &mut Self, _ctx: &mut Context<Self>| {
-            tracing::info!(group = %act.group, released = ?result, "sharded workers shut down: every worker stopped, then the member lease (and every shard bound to it) given up");
-            for done in act.leaving.done.drain(..) {
-                let _ = done.send(result.clone());
+            (stops, stopped, result.result)
+        };
+        Box::pin(actix::fut::wrap_future(within_grace).then(
+            move |(stops, stopped, result), act: &mut Self, _ctx: &mut Context<Self>| {
+                if let Some(result) = result {
+                    act.leaving.add(result);
+                }
+                if stops.is_empty() {
+                    return act.retire_member(&turns);
+                }
+                tracing::info!(group = %act.group, stopped = stopped.len(), stopping = stops.len(), grace = ?act.settings.leave_grace, "sharded workers leaving: some workers still stop after the grace; handing on each shard whose worker stopped");
+                act.past_grace(stops, &stopped, turns)
+            },
+        ))
+    }
+
+    /// The leave past its grace: hands each shard in `stopped` over to its target on its own
+    /// write, has every manager still in `stops` hand its shard over itself once its worker
+    /// stopped, passes on the shards handed to this node meanwhile, and once every worker
+    /// stopped retires the member lease (handing on, in that write, any bound shard still held).
+    fn past_grace(
+        &mut self,
+        stops: FuturesUnordered<impl Future<Output = (usize, Result<bool, LeaseError>)> + 'static>,
+        stopped: &[usize],
+        turns: Vec<usize>,
+    ) -> LocalBoxActorFuture<Self, ()> {
+        // The member record says so at once (a renewal now): the others place nothing here any
+        // more, and target what this node hands on.
+        self.member_lease.mark_leaving();
+        let mut gives = Vec::new();
+        for &index in stopped {
+            let Some(lease) = self.shards[index].lease.clone() else {
+                continue;
+            };
+            if !lease.check_alive() {
+                continue;
             }
-        })
+            let target = self.target_on_leaving(index);
+            gives.push((self.shards[index].name.clone(), lease, target));
+        }
+        let stopping: BTreeSet<usize> = {
+            let stopped: BTreeSet<usize> = stopped.iter().copied().collect();
+            turns
+                .iter()
+                .copied()
+                .filter(|index| !stopped.contains(index))
+                .collect()
+        };
+        for index in stopping {
+            let Some(manager) = self.shards[index].manager.clone() else {
+                continue;
+            };
+            let target = if self.shards[index].held() {
+                self.target_on_leaving(index)
+            } else {
+                None
+            };
+            manager.do_send(HandOverTo(target));
+            manager.do_send(KeepLeaseOnShutdown(false));
+        }
+        let handed = self.handed_jobs();
+        let gives = gives
+            .into_iter()
+            .map(|job| (job, false))
+            .chain(handed.into_iter().map(|job| (job, true)));
+        let group = self.group.clone();
+        let work = async move {
+            let mut result = Leaving::default();
+            let handing = futures_util::future::join_all(gives.map(
+                |((name, lease, target), claim_first)| {
+                    let group = group.clone();
+                    async move {
+                        let answer = if claim_first {
+                            claim_and_pass_on(&*lease, target).await
+                        } else {
+                            pass_on(&*lease, target).await
+                        };
+                        tracing::info!(%group, lease = %name, ?answer, "handed on a shard whose worker stopped, as the node leaves");
+                        answer
+                    }
+                },
+            ));
+            for answer in handing.await {
+                result.add(answer);
+            }
+            for (_, answer) in stops.collect::<Vec<_>>().await {
+                result.add(answer);
+            }
+            result.result
+        };
+        Box::pin(actix::fut::wrap_future(work).then(
+            move |result, act: &mut Self, _ctx: &mut Context<Self>| {
+                if let Some(result) = result {
+                    act.leaving.add(result);
+                }
+                act.retire_member(&turns)
+            },
+        ))
+    }
+
+    /// Retires the member lease, handing on in that write every bound shard of `turns` still
+    /// held here, then answers every [`Shutdown`].
+    fn retire_member(&mut self, turns: &[usize]) -> LocalBoxActorFuture<Self, ()> {
+        let handed = self.handed_on_leaving(turns);
+        let member = self.member.clone();
+        let retired = async move {
+            match member {
+                Some(member) => {
+                    if !handed.is_empty() {
+                        let _ = member.send(RetireHanding(handed)).await;
+                    }
+                    member.send(Shutdown).await.unwrap_or(Ok(true))
+                }
+                None => Ok(true),
+            }
+        };
+        Box::pin(actix::fut::wrap_future(retired).map(
+            |answer, act: &mut Self, _ctx: &mut Context<Self>| {
+                act.leaving.add(answer);
+                let result = act.leaving.result.take().unwrap_or(Ok(true));
+                tracing::info!(group = %act.group, released = ?result, "sharded workers shut down: every worker stopped, then the member lease (and every shard still bound to it) given up");
+                for done in act.leaving.done.drain(..) {
+                    let _ = done.send(result.clone());
+                }
+            },
+        ))
     }
 
     /// The bound shards of `turns` this node holds, each with the node it hands it on to as it
@@ -248,27 +375,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// in this node's name with nothing running it (on etcd, for as long as this process's
     /// session lives). Answers whether there was any (the turns go on when they are passed on).
     fn pass_on_handed(&mut self, ctx: &mut Context<Self>) -> bool {
-        let snapshot = self.watch.snapshot();
-        let now = Instant::now();
-        let handed: Vec<usize> = (0..self.shards.len())
-            .filter(|&index| self.handed_here(index, &snapshot, now))
-            .collect();
-        let mut jobs = Vec::with_capacity(handed.len());
-        for index in handed {
-            let name = self.shards[index].name.clone();
-            let lease = match &self.shards[index].lease {
-                Some(lease) => Arc::clone(lease),
-                None => match (self.lease_for)(&name) {
-                    Ok(lease) => Arc::new(lease),
-                    Err(error) => {
-                        tracing::warn!(group = %self.group, lease = %name, error = &error as &dyn std::error::Error, "cannot build the lease of a shard handed to this node as it left: it stays in this node's name until it expires");
-                        continue;
-                    }
-                },
-            };
-            let target = self.target_on_leaving(index);
-            jobs.push((name, lease, target));
-        }
+        let jobs = self.handed_jobs();
         if jobs.is_empty() {
             return false;
         }
@@ -277,15 +384,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let work = async move {
             let mut result = Leaving::default();
             for (name, lease, target) in jobs {
-                let answer = match lease.acquire().await {
-                    Ok(true) => match target.filter(HandoverTarget::counts) {
-                        Some(target) => lease.hand_over(target.owner()).await,
-                        None => lease.release().await,
-                    },
-                    // Not (or no longer) in this node's name.
-                    Ok(false) => Ok(true),
-                    Err(error) => Err(error),
-                };
+                let answer = claim_and_pass_on(&*lease, target).await;
                 tracing::info!(%group, lease = %name, ?answer, "passed on a shard handed to this node as it left");
                 result.add(answer);
             }
@@ -299,5 +398,57 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             },
         ));
         true
+    }
+
+    /// The shards handed to this node (listed to its member tenure, or handed over to it) that
+    /// it does not hold: each with its lease (built, and bound as
+    /// [`start_manager`](Self::start_manager) binds, where it has none) and its target.
+    fn handed_jobs(&mut self) -> Vec<PassOn<L>> {
+        let snapshot = self.watch.snapshot();
+        let now = Instant::now();
+        let handed: Vec<usize> = (0..self.shards.len())
+            .filter(|&index| self.handed_here(index, &snapshot, now))
+            .collect();
+        let mut jobs = Vec::with_capacity(handed.len());
+        for index in handed {
+            let name = self.shards[index].name.clone();
+            let lease = match &self.shards[index].lease {
+                Some(lease) => Arc::clone(lease),
+                None => match self.build_lease(index) {
+                    Ok(lease) => Arc::new(lease),
+                    Err(error) => {
+                        tracing::warn!(group = %self.group, lease = %name, error = &error as &dyn std::error::Error, "cannot build the lease of a shard handed to this node as it left: it stays in this node's name until it expires");
+                        continue;
+                    }
+                },
+            };
+            let target = self.target_on_leaving(index);
+            jobs.push((name, lease, target));
+        }
+        jobs
+    }
+}
+
+/// A shard to pass on as the node leaves: its lease name, its lease, and its target.
+type PassOn<L> = (String, Arc<L>, Option<HandoverTarget>);
+
+/// Claims `lease` (handed to this node) and passes it on ([`pass_on`]); nothing to do when it is
+/// not (or no longer) in this node's name.
+async fn claim_and_pass_on(
+    lease: &impl Lease,
+    target: Option<HandoverTarget>,
+) -> Result<bool, LeaseError> {
+    match lease.acquire().await {
+        Ok(true) => pass_on(lease, target).await,
+        Ok(false) => Ok(true),
+        Err(error) => Err(error),
+    }
+}
+
+/// Gives `lease` (held) up: handed over to `target` while it counts, else released.
+async fn pass_on(lease: &impl Lease, target: Option<HandoverTarget>) -> Result<bool, LeaseError> {
+    match target.filter(HandoverTarget::counts) {
+        Some(target) => lease.hand_over(target.owner()).await,
+        None => lease.release().await,
     }
 }

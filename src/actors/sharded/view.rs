@@ -23,7 +23,7 @@
 //! (a new listing, a change of `synced`, a change the backend made without saying which record),
 //! a reconcile further behind than the snapshot's memory of changes, a change of this node's own
 //! membership, a member record whose meaning changed (its live holder, incarnation or binding:
-//! a member came, went, or restarted, and the shards bound to it with it), a shard record bound to
+//! a member came, went, or restarted, and the shards bound to it with it; its mark of leaving), a shard record bound to
 //! something other than a member record, and **time**: a record's expiry between the last look and
 //! this one (a member that stopped renewing drops out with no event), found in O(log n) with
 //! [`GroupSnapshot::next_expiry`], and a member record's writer's end of claim or its turning
@@ -56,6 +56,8 @@ struct MemberSeen {
     quiet: bool,
     /// What its ended tenures handed on (the holders of the shards bound to them).
     handed: Option<std::sync::Arc<crate::binding::HandedShards>>,
+    /// Whether it is marked leaving (no target of placement).
+    leaving: bool,
 }
 
 /// The instants of a look: this process's monotonic and wall clocks, and the group's TTL and
@@ -78,6 +80,7 @@ impl MemberSeen {
             watching_since: record.watching_since,
             quiet: OnTime::is_quiet(record, (at.now, at.ttl, at.renewal)),
             handed: record.handed.clone(),
+            leaving: record.leaving,
         }
     }
 

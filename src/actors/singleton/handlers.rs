@@ -283,11 +283,13 @@ impl HandoverTarget {
     }
 }
 
-/// Sent by a sharded node that leaves with bound shard leases: the next [`Shutdown`] stops the
-/// singleton and leaves the lease held (the node's member lease, retired next, frees it).
+/// Sent by a sharded node that leaves with bound shard leases: with `true`, the next
+/// [`Shutdown`] stops the singleton and leaves the lease held (the node's member lease, retired
+/// next, frees it); with `false` (the leave's grace passed) it gives the lease up as usual once
+/// the singleton stopped, to the target of the last [`HandOverTo`].
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub(crate) struct KeepLeaseOnShutdown;
+pub(crate) struct KeepLeaseOnShutdown(pub(crate) bool);
 
 impl<A, L> Handler<KeepLeaseOnShutdown> for ClusterSingletonManager<A, L>
 where
@@ -296,8 +298,8 @@ where
 {
     type Result = ();
 
-    fn handle(&mut self, _: KeepLeaseOnShutdown, _: &mut Self::Context) {
-        self.keep_on_shutdown = true;
+    fn handle(&mut self, KeepLeaseOnShutdown(keep): KeepLeaseOnShutdown, _: &mut Self::Context) {
+        self.keep_on_shutdown = keep;
     }
 }
 
