@@ -574,6 +574,99 @@ pub async fn a_slow_worker_keeps_only_its_own_shard(fleet: &impl Fleet) {
     assert!(b.send(Shutdown).await.unwrap().unwrap());
 }
 
+/// Issue 47, item 5: a shard handed to a node whose leave waits for a slow worker is passed on
+/// once the leave grace passed, not when that worker stopped. An outsider holds shard 0; `a`
+/// (one worker of which takes two TTLs to stop) and `c` run the other 5 bound shards. `a` shuts
+/// down, and before its grace passed the outsider hands shard 0 over to `a` (it had not seen `a`
+/// go). Shard 0 runs on `c` within the grace plus half a TTL, while the slow worker still runs
+/// on `a`.
+pub async fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once(fleet: &impl Fleet) {
+    let group = fleet.unique("slowpasson");
+    let shards = ids(6);
+    let log = Log::default();
+    let outsider =
+        (fleet.node("outsider"))(settings(fleet, &shard_lease_name(&group, "0"), "outsider"));
+    assert!(outsider.acquire().await.unwrap());
+    let watch = outsider.watch_group(&format!("{group}.")).unwrap();
+    let slow: Rc<RefCell<Option<String>>> = Rc::default();
+    let slow_stop = fleet.ttl() * 2;
+    let stop_after: StopAfter = {
+        let slow = Rc::clone(&slow);
+        Rc::new(move |shard| {
+            if slow.borrow().as_deref() == Some(shard) {
+                slow_stop
+            } else {
+                Duration::ZERO
+            }
+        })
+    };
+    let settings = ShardedSettings::default();
+    let grace = settings.leave_grace;
+    let a = build_with_stops(
+        fleet,
+        &group,
+        &refs(&shards),
+        "a",
+        &log,
+        stop_after,
+        settings.clone(),
+    )
+    .start();
+    let c = start_with(
+        fleet,
+        &group,
+        &refs(&shards),
+        "c",
+        &log,
+        Duration::ZERO,
+        settings,
+    );
+    until(fleet.ttl() * 4, "the nodes run the 5 free shards", || {
+        let running = running(&log);
+        running.len() == 5 && running.values().any(|n| n == "a")
+    })
+    .await;
+    until(fleet.ttl(), "the outsider's session has seen a", || {
+        let snapshot = watch.snapshot();
+        snapshot
+            .records()
+            .values()
+            .any(|r| r.live_holder(Instant::now()) == Some("a"))
+    })
+    .await;
+    let on_a = running(&log)
+        .into_iter()
+        .find(|(_, node)| node == "a")
+        .map(|(shard, _)| shard)
+        .unwrap();
+    *slow.borrow_mut() = Some(on_a.clone());
+    let leaving_a = actix::spawn(a.send(Shutdown));
+    sleep(grace / 5).await;
+    assert!(
+        outsider.hand_over("a").await.unwrap(),
+        "the outsider held shard 0"
+    );
+    until(
+        grace + fleet.ttl() / 2,
+        "shard 0 runs on c while a's slow worker stops",
+        || running(&log).get("0").map(String::as_str) == Some("c"),
+    )
+    .await;
+    assert_eq!(
+        running(&log).get(&on_a).map(String::as_str),
+        Some("a"),
+        "the slow worker still runs on a"
+    );
+    assert!(leaving_a.await.unwrap().unwrap().is_ok());
+    until(fleet.ttl() / 2, "every shard runs on c", || {
+        let running = running(&log);
+        running.len() == 6 && running.values().all(|n| n == "c")
+    })
+    .await;
+    assert_exactly_once(&log);
+    assert!(c.send(Shutdown).await.unwrap().unwrap());
+}
+
 /// Issue 38: the address a member advertises travels through the real store. Two nodes, each
 /// advertising its own address, run 6 shards: every node's [`ShardDirectory`] answers each
 /// shard's holder, fencing token and the holder's address alike, from its own session's watch,
