@@ -8,7 +8,9 @@
 //! member tenure it names lives by its own clock (`actix_coordination::protocol`).
 //!
 //! Each test checks, against the API server's own record: one holder at a time, and fencing
-//! tokens that strictly rise from tenure to tenure.
+//! tokens that strictly rise from tenure to tenure. The two whose stale write comes *right
+//! after* the target's claim (the fault proxy holds or drops `b`'s answers until then) fail on
+//! the code before issue 47 (00d3dfb): `c` claimed the shard `d` held, with `d`'s token.
 //!
 //! Needs the test cluster (`scripts/test-cluster.sh`). Every test uses objects of its own.
 
@@ -308,6 +310,31 @@ async fn a_claim_answered_after_its_member_ended_writes_nothing_over_the_listed_
     fleet.then_c_claims_above(token_d).await;
 }
 
+/// Paths 1-4 with the late answer arriving *right after* `d` claimed: the proxy holds `b`'s
+/// answers until then. Before issue 47 `d` took the shard up without a write and rebound it
+/// 250 ms to 1 s later; `b`'s release of its abandoned claim landed on the version `d` held in
+/// that window, and `c` claimed the shard with `d`'s token while `d` held it (this test failed
+/// so on 00d3dfb). Now `d`'s claim is a write, and `b` writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_right_after_the_target_claimed_writes_nothing() {
+    let fleet = Fleet::new("held-answer", Duration::from_secs(15)).await;
+    fleet.proxy.set_mode(ProxyMode::HoldAnswers);
+    let (claim, token_b) = fleet.b_claims().await;
+    fleet.c_finds_b_expired_and_lists_the_shard_to_d().await;
+    let token_d = fleet.d_claims_above(token_b).await;
+    // b's answers arrive now, its claim's among them, long after its member tenure ended.
+    fleet.proxy.set_mode(ProxyMode::Pass);
+    let answer = claim.await.unwrap();
+    assert!(
+        !matches!(answer, Ok(true)),
+        "b's claim answered after its member ended started a tenure"
+    );
+    // A release by b waits for any release of the abandoned claim (the operations lock).
+    let _ = fleet.shard_b.release().await;
+    fleet.d_alone_holds_it(token_d).await;
+    fleet.then_c_claims_above(token_d).await;
+}
+
 /// The same with `b`'s claim unanswered (its answer dropped, the claim timed out): later, with
 /// `b`'s connections back but slow (its namespace watch lists again 1 s late), `b` asks its
 /// lease to release what it may hold. The record is `d`'s by then: nothing of `b`'s is written.
@@ -331,6 +358,32 @@ async fn an_unanswered_claim_is_not_released_over_the_listed_target_behind_a_lag
     // Nothing held: the lease removes its unanswered claim if, and only if, it may.
     let _ = fleet.shard_b.release().await;
     fleet.proxy.set_mode(ProxyMode::Pass);
+    let _ = fleet.shard_b.release().await;
+    fleet.d_alone_holds_it(token_d).await;
+    fleet.then_c_claims_above(token_d).await;
+}
+
+/// The unanswered claim released *right after* `d` claimed: `b`'s claim timed out with its
+/// answer dropped, then `c` lists the shard to `d`, `d` claims it, and the moment `b`'s
+/// connections are back `b` asks its lease to release what it may hold, its namespace watch
+/// still showing the state from before the drop. Before issue 47 `b` judged its claim's member
+/// live by that watch and released the record at the version `d` had taken up without a
+/// write, and `c` claimed it with `d`'s token (this test failed so on 00d3dfb). Now `b` writes
+/// nothing: its member tenure ended by its own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_claim_released_right_after_the_target_claimed_writes_nothing() {
+    let fleet = Fleet::new("dropped-answer", Duration::from_secs(4)).await;
+    fleet.proxy.set_mode(ProxyMode::DropAnswers);
+    let (claim, token_b) = fleet.b_claims().await;
+    let answer = claim.await.unwrap();
+    assert!(
+        !matches!(answer, Ok(true)),
+        "b's unanswered claim started a tenure"
+    );
+    fleet.c_finds_b_expired_and_lists_the_shard_to_d().await;
+    let token_d = fleet.d_claims_above(token_b).await;
+    fleet.proxy.set_mode(ProxyMode::Pass);
+    // Nothing held: the lease removes its unanswered claim if, and only if, it may.
     let _ = fleet.shard_b.release().await;
     fleet.d_alone_holds_it(token_d).await;
     fleet.then_c_claims_above(token_d).await;

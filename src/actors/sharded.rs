@@ -271,7 +271,8 @@ pub struct GetGroupView;
 pub struct GroupView {
     /// Whether the group watch has listed the group yet (before that, the view is empty).
     pub synced: bool,
-    /// The live members, by owner identity.
+    /// The live members, by owner identity (a member marked leaving, [`GroupRecord::leaving`], is
+    /// none: nothing is placed on it).
     pub members: Vec<String>,
     /// Per shard id, its live holder.
     pub holders: BTreeMap<String, Option<String>>,

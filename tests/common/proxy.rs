@@ -32,6 +32,9 @@ pub enum ProxyMode {
     /// Forward requests to the server but drop its answers (the server applies them, the client
     /// never hears back); connections are reset when the mode changes again.
     DropAnswers,
+    /// Forward requests to the server and hold its answers until the mode changes, then pass
+    /// them on at once, in order: answers that arrive exactly when the test says.
+    HoldAnswers,
 }
 
 /// A running proxy; it stops when dropped.
@@ -136,8 +139,12 @@ async fn serve(
             return reset(client);
         }
         ProxyMode::SlowAnswers(d) => delay = Some(d),
-        ProxyMode::Pass | ProxyMode::DropAnswers | ProxyMode::SlowRequests(_) => {}
+        ProxyMode::Pass
+        | ProxyMode::DropAnswers
+        | ProxyMode::SlowRequests(_)
+        | ProxyMode::HoldAnswers => {}
     }
+    let mut hold = current == ProxyMode::HoldAnswers;
     let mut request_delay = match current {
         ProxyMode::SlowRequests(d) => Some(d),
         _ => None,
@@ -153,11 +160,18 @@ async fn serve(
     let (mut cr, mut cw) = client.into_split();
     // Answers go through a queue, each written when its delay is over: a delay is latency, not a
     // limit on throughput (chunks read meanwhile are delayed by the same amount, not in turn).
+    // (A held answer, `None`, waits until the mode is no longer `HoldAnswers`.)
     let (answers, mut queued) =
-        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+        tokio::sync::mpsc::unbounded_channel::<(Option<tokio::time::Instant>, Vec<u8>)>();
+    let mut released = mode.clone();
     let writer = tokio::spawn(async move {
         while let Some((at, chunk)) = queued.recv().await {
-            tokio::time::sleep_until(at).await;
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => {
+                    let _ = released.wait_for(|m| *m != ProxyMode::HoldAnswers).await;
+                }
+            }
             if cw.write_all(&chunk).await.is_err() {
                 break;
             }
@@ -203,7 +217,7 @@ async fn serve(
                     if drop_answers {
                         continue;
                     }
-                    let at = tokio::time::Instant::now() + delay.unwrap_or_default();
+                    let at = (!hold).then(|| tokio::time::Instant::now() + delay.unwrap_or_default());
                     if answers.send((at, sbuf[..n].to_vec())).is_err() { break } else { continue }
                 }
             },
@@ -212,8 +226,10 @@ async fn serve(
             // The client's view of the connection is broken (answers are missing): reset it.
             break;
         }
+        hold = new_mode == ProxyMode::HoldAnswers;
         match new_mode {
             ProxyMode::DropAnswers => drop_answers = true,
+            ProxyMode::HoldAnswers => (delay, request_delay) = (None, None),
             ProxyMode::Pass => (delay, request_delay) = (None, None),
             ProxyMode::SlowAnswers(d) => (delay, request_delay) = (Some(d), None),
             ProxyMode::SlowRequests(d) => (delay, request_delay) = (None, Some(d)),
