@@ -418,6 +418,102 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
         .await;
 }
 
+/// Issue 47 item 8: a tenure of a listed shard that ends at once (its member tenure lost the
+/// moment after the shard was acquired) is never followed by a tenure with the same token.
+/// `m`'s released member object lists the shard (token 4) to `t`, a live member; `t` acquires
+/// it, and its member object is deleted at once; `c` then claims the shard with `t`'s token plus
+/// one. (Before issue 47 `t` took the shard up without a write and rebound it 250 ms to 1 s
+/// later: a member lost sooner left the record at token 4, and `c` claimed it with `t`'s token
+/// 5.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_tenure_that_ends_at_once_is_never_followed_by_its_own_token() {
+    let group = unique("ended-at-once");
+    let shard = format!("{group}.shard");
+    let member_m = format!("{group}.member.m");
+    let session_t = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let (member_t, shards_t) = node(&session_t, &group, "t", std::slice::from_ref(&shard));
+    assert!(member_t.acquire().await.unwrap());
+    let target = admin()
+        .get(&object_name(&member_t_name(&group)))
+        .await
+        .unwrap();
+    let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
+    let incarnation_m = incarnation_of(&member);
+    let bound = [
+        (KUBERNETES_BOUND_TO_ANNOTATION, member_m.clone()),
+        (
+            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
+            incarnation_m.clone(),
+        ),
+    ];
+    raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
+    let mut released = member.clone();
+    released.spec.as_mut().unwrap().holder_identity = None;
+    let list = serde_json::json!({
+        incarnation_m: [{
+            "owner": "t",
+            "member": member_t_name(&group),
+            "incarnation": incarnation_of(&target),
+            "leases": [shard],
+        }]
+    });
+    released.metadata.annotations.as_mut().unwrap().insert(
+        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
+        list.to_string(),
+    );
+    admin()
+        .replace(&object_name(&member_m), &PostParams::default(), &released)
+        .await
+        .unwrap();
+    watch_until(&member_t, &group, "t's watch shows the list", |s| {
+        s.live_holder(&shard, Instant::now()) == Some("t")
+    })
+    .await;
+    assert!(shards_t[0].acquire().await.unwrap(), "t acquired its shard");
+    let token_t = shards_t[0].fencing_token().unwrap().value();
+    assert_eq!(token_t, 5, "the record's token plus one");
+    // t's member tenure is lost at once (its object deleted under it: t writes nothing more).
+    admin()
+        .delete(
+            &object_name(&member_t_name(&group)),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while shards_t[0].check_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "t's shard tenure ended within 20 s"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    let session_c = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
+    let (member_c, shards_c) = node(&session_c, &group, "c", std::slice::from_ref(&shard));
+    assert!(member_c.acquire().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !shards_c[0].acquire().await.unwrap() {
+        assert!(Instant::now() < deadline, "c claimed the shard within 20 s");
+        sleep(Duration::from_millis(100)).await;
+    }
+    let token_c = shards_c[0].fencing_token().unwrap().value();
+    assert_eq!(
+        token_c,
+        token_t + 1,
+        "c's token is t's plus one, never t's own"
+    );
+    assert!(shards_c[0].release().await.unwrap());
+    assert!(member_c.release().await.unwrap());
+    let _ = admin()
+        .delete(&object_name(&member_m), &DeleteParams::default())
+        .await;
+}
+
+/// The name of `t`'s member lease in `group`.
+fn member_t_name(group: &str) -> String {
+    format!("{group}.member.t")
+}
+
 /// Two shard records bound to `x`'s member, whose object expires (2 s) with nobody renewing it:
 /// `c` planned where they go (shard 0 to itself, shard 1 to `t`), so the claim that finds `x`
 /// expired ends `x`'s object listing both, in one write; `c` then claims shard 0 with one
