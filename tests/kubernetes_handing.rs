@@ -349,10 +349,19 @@ async fn a_contender_releases_an_expired_member_before_claiming_so_a_late_handov
 /// member tenure (token 4); then `m`'s tenure ends handing the shard to `t` (its object
 /// released, with the list). Answers the names of `m`'s and `t`'s member leases and the shard's.
 async fn handed_to_t(group: &str) -> (String, String, String) {
-    let member_m = format!("{group}.member.m");
-    let member_t = format!("{group}.member.t");
-    let shard = format!("{group}.shard");
+    let member_t = member_t_name(group);
     let target = raw_object(&member_t, Some("t"), 3600, 1, &[]).await;
+    let (member_m, shard) = m_hands_to_t(group, &target).await;
+    (member_m, member_t, shard)
+}
+
+/// In group `group`: `m`'s member object and a shard record held by `m` bound to `m`'s member
+/// tenure (token 4); then `m`'s tenure ends handing the shard to `t`, whose member object is
+/// `target` (`m`'s object released, with the list). Answers the names of `m`'s member lease
+/// and the shard's.
+async fn m_hands_to_t(group: &str, target: &LeaseObject) -> (String, String) {
+    let member_m = format!("{group}.member.m");
+    let shard = format!("{group}.shard");
     let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
     let incarnation_m = incarnation_of(&member);
     let bound = [
@@ -368,8 +377,8 @@ async fn handed_to_t(group: &str) -> (String, String, String) {
     let list = serde_json::json!({
         incarnation_m: [{
             "owner": "t",
-            "member": member_t,
-            "incarnation": incarnation_of(&target),
+            "member": member_t_name(group),
+            "incarnation": incarnation_of(target),
             "leases": [shard],
         }]
     });
@@ -381,7 +390,7 @@ async fn handed_to_t(group: &str) -> (String, String, String) {
         .replace(&object_name(&member_m), &PostParams::default(), &released)
         .await
         .unwrap();
-    (member_m, member_t, shard)
+    (member_m, shard)
 }
 
 /// A shard that a released member object lists as handed to `t`: held by `t` for a contender
@@ -429,7 +438,6 @@ async fn a_shard_handed_on_is_the_target_s_while_its_member_lives() {
 async fn a_listed_tenure_that_ends_at_once_is_never_followed_by_its_own_token() {
     let group = unique("ended-at-once");
     let shard = format!("{group}.shard");
-    let member_m = format!("{group}.member.m");
     let session_t = KubernetesSession::new(settings_at(env().url.clone())).unwrap();
     let (member_t, shards_t) = node(&session_t, &group, "t", std::slice::from_ref(&shard));
     assert!(member_t.acquire().await.unwrap());
@@ -437,34 +445,7 @@ async fn a_listed_tenure_that_ends_at_once_is_never_followed_by_its_own_token() 
         .get(&object_name(&member_t_name(&group)))
         .await
         .unwrap();
-    let member = raw_object(&member_m, Some("m"), 3600, 1, &[]).await;
-    let incarnation_m = incarnation_of(&member);
-    let bound = [
-        (KUBERNETES_BOUND_TO_ANNOTATION, member_m.clone()),
-        (
-            KUBERNETES_BOUND_INCARNATION_ANNOTATION,
-            incarnation_m.clone(),
-        ),
-    ];
-    raw_object(&shard, Some("m"), KUBERNETES_BOUND_DURATION_SECS, 4, &bound).await;
-    let mut released = member.clone();
-    released.spec.as_mut().unwrap().holder_identity = None;
-    let list = serde_json::json!({
-        incarnation_m: [{
-            "owner": "t",
-            "member": member_t_name(&group),
-            "incarnation": incarnation_of(&target),
-            "leases": [shard],
-        }]
-    });
-    released.metadata.annotations.as_mut().unwrap().insert(
-        KUBERNETES_HANDED_SHARDS_ANNOTATION.to_owned(),
-        list.to_string(),
-    );
-    admin()
-        .replace(&object_name(&member_m), &PostParams::default(), &released)
-        .await
-        .unwrap();
+    let (member_m, _) = m_hands_to_t(&group, &target).await;
     watch_until(&member_t, &group, "t's watch shows the list", |s| {
         s.live_holder(&shard, Instant::now()) == Some("t")
     })

@@ -480,6 +480,21 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
     assert!(c.send(Shutdown).await.unwrap().unwrap());
 }
 
+/// Stops that take `slow_stop` for the one shard named in the cell (none at first), and no time
+/// for the others.
+fn one_slow_stop(slow_stop: Duration) -> (Rc<RefCell<Option<String>>>, StopAfter) {
+    let slow: Rc<RefCell<Option<String>>> = Rc::default();
+    let named = Rc::clone(&slow);
+    let stop_after: StopAfter = Rc::new(move |shard| {
+        if named.borrow().as_deref() == Some(shard) {
+            slow_stop
+        } else {
+            Duration::ZERO
+        }
+    });
+    (slow, stop_after)
+}
+
 /// Issue 47, item 5: a leaving node's slow worker keeps only its own shard. `a` and `b` run 8
 /// bound shards, 4 each; one of `a`'s workers takes two TTLs to stop. `a` shuts down: its
 /// other 3 shards run on `b` within its leave grace plus half a TTL of the shutdown (they were
@@ -489,18 +504,7 @@ pub async fn a_slow_worker_keeps_only_its_own_shard(fleet: &impl Fleet) {
     let group = fleet.unique("slowleave");
     let shards = ids(8);
     let log = Log::default();
-    let slow: Rc<RefCell<Option<String>>> = Rc::default();
-    let slow_stop = fleet.ttl() * 2;
-    let stop_after: StopAfter = {
-        let slow = Rc::clone(&slow);
-        Rc::new(move |shard| {
-            if slow.borrow().as_deref() == Some(shard) {
-                slow_stop
-            } else {
-                Duration::ZERO
-            }
-        })
-    };
+    let (slow, stop_after) = one_slow_stop(fleet.ttl() * 2);
     let settings = ShardedSettings::default();
     let grace = settings.leave_grace;
     let a = build_with_stops(
@@ -588,18 +592,7 @@ pub async fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once(fleet:
         (fleet.node("outsider"))(settings(fleet, &shard_lease_name(&group, "0"), "outsider"));
     assert!(outsider.acquire().await.unwrap());
     let watch = outsider.watch_group(&format!("{group}.")).unwrap();
-    let slow: Rc<RefCell<Option<String>>> = Rc::default();
-    let slow_stop = fleet.ttl() * 2;
-    let stop_after: StopAfter = {
-        let slow = Rc::clone(&slow);
-        Rc::new(move |shard| {
-            if slow.borrow().as_deref() == Some(shard) {
-                slow_stop
-            } else {
-                Duration::ZERO
-            }
-        })
-    };
+    let (slow, stop_after) = one_slow_stop(fleet.ttl() * 2);
     let settings = ShardedSettings::default();
     let grace = settings.leave_grace;
     let a = build_with_stops(
