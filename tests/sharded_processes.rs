@@ -228,6 +228,8 @@ struct Fleet {
     newest: HashMap<usize, u64>,
     /// The tenures (shard, owner, token) that acted at least once.
     acted: BTreeSet<(usize, String, u64)>,
+    /// More arguments for every `sharded_node` [`spawn`](Self::spawn)ed.
+    extra: Vec<String>,
 }
 
 impl Fleet {
@@ -240,11 +242,13 @@ impl Fleet {
             running: BTreeMap::new(),
             newest: HashMap::new(),
             acted: BTreeSet::new(),
+            extra: Vec::new(),
         }
     }
 
     fn spawn(&mut self, owner: &str) {
-        self.spawn_with(owner, &[]);
+        let extra = self.extra.clone();
+        self.spawn_with(owner, &extra.iter().map(String::as_str).collect::<Vec<_>>());
     }
 
     /// [`spawn`](Self::spawn) with more arguments for `sharded_node`.

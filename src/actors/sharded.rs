@@ -849,6 +849,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// Brings what this node competes for in line with the targets; see the module docs.
     fn reconcile(&mut self, ctx: &mut Context<Self>) {
         if self.shutting_down {
+            self.pass_on_while_leaving(ctx);
             return;
         }
         // A `trace` span, free unless a subscriber enables it: `benches/simulation.rs` times each

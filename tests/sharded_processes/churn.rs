@@ -18,6 +18,11 @@
 //! `CLOCK_MONOTONIC` for every process of the machine) from the moment the first nodes settled
 //! until the fleet settled again after the churn.
 //!
+//! Every node's worker of its lowest-numbered shard takes `CHURN_SLOW_STOP_MS` (default 1,500;
+//! 0: none) to stop when the node shuts down (`sharded_node --slow-stop-ms`), so that every
+//! SIGTERM is a leave past its grace (issue 47, item 5: the other shards handed on at once, the
+//! slow one when its worker stopped), and kills and freezes come during such leaves too.
+//!
 //! The length and the seed: `CHURN_SECS` (default 40, the CI version; `scripts/bench.sh` runs
 //! several minutes) and `CHURN_SEED` (default 37). The sequence of faults depends on the seed and
 //! on the fleet's state only (how many nodes live), never on timings, so that both backends get the
@@ -220,10 +225,12 @@ async fn churn(backend: fn(&Path, &str, Duration) -> Backend) {
     let seed = env_u64("CHURN_SEED", 37);
     let length = Duration::from_secs(env_u64("CHURN_SECS", 40));
     let dir = scratch("churn");
+    let slow_stop = env_u64("CHURN_SLOW_STOP_MS", 1500);
     let mut fleet = Fleet::new(backend(&dir, "churn", TTL), dir);
+    fleet.extra = vec!["--slow-stop-ms".into(), slow_stop.to_string()];
     let name = fleet.backend.name;
     println!(
-        "{name}: churn for {length:?}, seed {seed}, ttl {TTL:?}, load {}",
+        "{name}: churn for {length:?}, seed {seed}, ttl {TTL:?}, slow stop {slow_stop} ms, load {}",
         load_average()
     );
     fleet.start(&["node-1", "node-2", "node-3"]).await;

@@ -31,6 +31,13 @@ pub(super) struct Leaving {
     placed: Option<(Vec<String>, Vec<Option<usize>>)>,
     /// Whether the shards handed to this node while it left were passed on.
     swept: bool,
+    /// Whether a bound leave is past its grace: every shard handed to this node from then on is
+    /// passed on as soon as the group watch shows it ([`pass_on_while_leaving`]).
+    ///
+    /// [`pass_on_while_leaving`]: ShardedWorkers::pass_on_while_leaving
+    past_grace: bool,
+    /// The shards being passed on past the grace (each once).
+    passing: BTreeSet<usize>,
 }
 
 /// With bound shard leases, stops every worker at once and hands every shard on in the member
@@ -149,7 +156,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             (stops, stopped, result.result)
         };
         Box::pin(actix::fut::wrap_future(within_grace).then(
-            move |(stops, stopped, result), act: &mut Self, _ctx: &mut Context<Self>| {
+            move |(stops, stopped, result), act: &mut Self, ctx: &mut Context<Self>| {
                 if let Some(result) = result {
                     act.leaving.add(result);
                 }
@@ -157,20 +164,22 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                     return act.retire_member(&turns);
                 }
                 tracing::info!(group = %act.group, stopped = stopped.len(), stopping = stops.len(), grace = ?act.settings.leave_grace, "sharded workers leaving: some workers still stop after the grace; handing on each shard whose worker stopped");
-                act.past_grace(stops, &stopped, turns)
+                act.past_grace(stops, &stopped, turns, ctx)
             },
         ))
     }
 
     /// The leave past its grace: hands each shard in `stopped` over to its target on its own
     /// write, has every manager still in `stops` hand its shard over itself once its worker
-    /// stopped, passes on the shards handed to this node meanwhile, and once every worker
-    /// stopped retires the member lease (handing on, in that write, any bound shard still held).
+    /// stopped, passes on the shards handed to this node meanwhile and from now on, and once
+    /// every worker stopped retires the member lease (handing on, in that write, any bound shard
+    /// still held).
     fn past_grace(
         &mut self,
         stops: FuturesUnordered<impl Future<Output = (usize, Result<bool, LeaseError>)> + 'static>,
         stopped: &[usize],
         turns: Vec<usize>,
+        ctx: &mut Context<Self>,
     ) -> LocalBoxActorFuture<Self, ()> {
         // The member record says so at once (a renewal now): the others place nothing here any
         // more, and target what this node hands on.
@@ -206,23 +215,16 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             manager.do_send(HandOverTo(target));
             manager.do_send(KeepLeaseOnShutdown(false));
         }
-        let handed = self.handed_jobs();
-        let gives = gives
-            .into_iter()
-            .map(|job| (job, false))
-            .chain(handed.into_iter().map(|job| (job, true)));
+        self.leaving.past_grace = true;
+        self.pass_on_while_leaving(ctx);
         let group = self.group.clone();
         let work = async move {
             let mut result = Leaving::default();
-            let handing = futures_util::future::join_all(gives.map(
-                |((name, lease, target), claim_first)| {
+            let handing = futures_util::future::join_all(gives.into_iter().map(
+                |(name, lease, target)| {
                     let group = group.clone();
                     async move {
-                        let answer = if claim_first {
-                            claim_and_pass_on(&*lease, target).await
-                        } else {
-                            pass_on(&*lease, target).await
-                        };
+                        let answer = pass_on(&*lease, target).await;
                         tracing::info!(%group, lease = %name, ?answer, "handed on a shard whose worker stopped, as the node leaves");
                         answer
                     }
@@ -375,7 +377,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// in this node's name with nothing running it (on etcd, for as long as this process's
     /// session lives). Answers whether there was any (the turns go on when they are passed on).
     fn pass_on_handed(&mut self, ctx: &mut Context<Self>) -> bool {
-        let jobs = self.handed_jobs();
+        let jobs: Vec<PassOn<L>> = self.handed_jobs().into_iter().map(|(_, job)| job).collect();
         if jobs.is_empty() {
             return false;
         }
@@ -403,7 +405,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// The shards handed to this node (listed to its member tenure, or handed over to it) that
     /// it does not hold: each with its lease (built, and bound as
     /// [`start_manager`](Self::start_manager) binds, where it has none) and its target.
-    fn handed_jobs(&mut self) -> Vec<PassOn<L>> {
+    fn handed_jobs(&mut self) -> Vec<(usize, PassOn<L>)> {
         let snapshot = self.watch.snapshot();
         let now = Instant::now();
         let handed: Vec<usize> = (0..self.shards.len())
@@ -423,9 +425,37 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 },
             };
             let target = self.target_on_leaving(index);
-            jobs.push((name, lease, target));
+            jobs.push((index, (name, lease, target)));
         }
         jobs
+    }
+
+    /// A bound leave past its grace: passes on each shard handed to this node that is not being
+    /// passed on already (claimed, then handed to its target), each on its own. Called at the
+    /// grace and at every change of the group while the leave waits for slow workers, so that
+    /// a shard listed here by a node that had not yet seen this one leaving (a dead member's
+    /// list, written a moment before the mark reached it) waits for no worker.
+    pub(super) fn pass_on_while_leaving(&mut self, ctx: &mut Context<Self>) {
+        if !self.leaving.past_grace {
+            return;
+        }
+        for (index, (name, lease, target)) in self.handed_jobs() {
+            if !self.leaving.passing.insert(index) {
+                continue;
+            }
+            let group = self.group.clone();
+            let work = async move {
+                let answer = claim_and_pass_on(&*lease, target).await;
+                tracing::info!(%group, lease = %name, ?answer, "passed on a shard handed to this node as it left");
+                answer
+            };
+            ctx.spawn(actix::fut::wrap_future(work).map(
+                move |answer, act: &mut Self, _ctx: &mut Context<Self>| {
+                    act.leaving.passing.remove(&index);
+                    act.leaving.add(answer);
+                },
+            ));
+        }
     }
 }
 
