@@ -1020,5 +1020,6 @@ mod every_backend {
         every_node_locates_every_shard_with_its_holders_address
         a_slow_worker_keeps_only_its_own_shard
         a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once
+        a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once
     );
 }

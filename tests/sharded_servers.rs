@@ -143,6 +143,16 @@ fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once_kubernetes() {
     );
 }
 
+/// Issue 47, item 5, on the real API server: see the case.
+#[test]
+fn a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once_kubernetes() {
+    run_real(
+        sharded_cases::a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once(
+            &KubernetesFleet::new(),
+        ),
+    );
+}
+
 /// Item 4: a shard whose lease could not be built (a provider's backend failing for a while: a
 /// secret file being rotated, say) is tried again on a backoff, not only at the group's next
 /// change. On etcd a settled group is quiet (its renewals are keep-alives, which change no key),

@@ -585,6 +585,17 @@ pub async fn a_slow_worker_keeps_only_its_own_shard(fleet: &impl Fleet) {
 /// go). Shard 0 runs on `c` within the grace plus half a TTL, while the slow worker still runs
 /// on `a`.
 pub async fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once(fleet: &impl Fleet) {
+    handed_to_a_node_leaving_slowly(fleet, false).await;
+}
+
+/// [`a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once`] with shard 0 handed to `a`
+/// *after* its grace (as a dead member's list written a moment before `a`'s mark of leaving
+/// reached its writer): passed on at the group's change, within half a TTL of the handover.
+pub async fn a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once(fleet: &impl Fleet) {
+    handed_to_a_node_leaving_slowly(fleet, true).await;
+}
+
+async fn handed_to_a_node_leaving_slowly(fleet: &impl Fleet, past_grace: bool) {
     let group = fleet.unique("slowpasson");
     let shards = ids(6);
     let log = Log::default();
@@ -634,13 +645,17 @@ pub async fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once(fleet:
         .unwrap();
     *slow.borrow_mut() = Some(on_a.clone());
     let leaving_a = actix::spawn(a.send(Shutdown));
-    sleep(grace / 5).await;
+    sleep(if past_grace { grace * 2 } else { grace / 5 }).await;
     assert!(
         outsider.hand_over("a").await.unwrap(),
         "the outsider held shard 0"
     );
     until(
-        grace + fleet.ttl() / 2,
+        if past_grace {
+            fleet.ttl() / 2
+        } else {
+            grace + fleet.ttl() / 2
+        },
         "shard 0 runs on c while a's slow worker stops",
         || running(&log).get("0").map(String::as_str) == Some("c"),
     )
