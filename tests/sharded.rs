@@ -16,7 +16,6 @@ use actix::prelude::*;
 use actix_coordination::{
     FencingToken, GetGroupView, GetShards, InMemoryFault, InMemoryLease, InMemoryStore, Lease,
     LeaseSettings, ShardInfo, ShardedError, ShardedSettings, ShardedWorkers, Shutdown,
-    DEFAULT_SHUTDOWN_HANDOVERS,
 };
 use common::run_paused;
 use common::sharded_cases::until;
@@ -70,18 +69,18 @@ fn start_node(store: &InMemoryStore, node: &str, log: &Log) -> Node {
 
 /// A node of `group` (`shards` shards) on `store`, its workers logging into `log`.
 fn start_in(store: &InMemoryStore, group: &str, shards: usize, node: &str, log: &Log) -> Node {
-    start_in_with(store, group, shards, node, log, true)
+    start_in_with(store, group, shards, node, log, ShardedSettings::default())
 }
 
-/// [`start_in`], the shard leases bound to the member lease (`bind`, the default) or renewed on
-/// their own.
+/// [`start_in`] with `settings` (the shard leases bound to the member lease, the default, or
+/// renewed on their own).
 fn start_in_with(
     store: &InMemoryStore,
     group: &str,
     shards: usize,
     node: &str,
     log: &Log,
-    bind: bool,
+    sharded: ShardedSettings,
 ) -> Node {
     let (store, owner, log) = (store.clone(), node.to_owned(), log.clone());
     ShardedWorkers::with_count(
@@ -109,10 +108,7 @@ fn start_in_with(
         },
     )
     .unwrap()
-    .settings(ShardedSettings {
-        bind_shards: bind,
-        ..ShardedSettings::default()
-    })
+    .settings(sharded)
     .unwrap()
     .start()
 }
@@ -188,8 +184,34 @@ async fn three_settled(store: &InMemoryStore, log: &Log) -> Vec<Node> {
 
 /// [`three_settled`], the shard leases bound (`bind`) or renewed on their own.
 async fn three_settled_with(store: &InMemoryStore, log: &Log, bind: bool) -> Vec<Node> {
+    three_settled_as(
+        store,
+        log,
+        ShardedSettings {
+            bind_shards: bind,
+            ..ShardedSettings::default()
+        },
+    )
+    .await
+}
+
+/// Three nodes with `settings`, settled.
+async fn three_settled_as(
+    store: &InMemoryStore,
+    log: &Log,
+    settings: ShardedSettings,
+) -> Vec<Node> {
     let nodes: Vec<Node> = (1..=3)
-        .map(|i| start_in_with(store, GROUP, SHARDS, &format!("node-{i}"), log, bind))
+        .map(|i| {
+            start_in_with(
+                store,
+                GROUP,
+                SHARDS,
+                &format!("node-{i}"),
+                log,
+                settings.clone(),
+            )
+        })
         .collect();
     until(Duration::from_secs(30), "three nodes settle", || {
         let held = holders(store);
@@ -426,68 +448,111 @@ fn a_lone_node_whose_claims_are_answered_late_runs_its_shards_at_once() {
     });
 }
 
-/// With shard leases renewed on their own, a node shutting down hands its shards over
-/// `shutdown_handovers` (1) at a time: with every call
-/// of the leaving node taking 50 ms, its workers stop one per 50 ms (not all 21 at once, each
-/// waiting behind or beside every other's release), the workers not yet handed over run on
+/// With shard leases renewed on their own and `shutdown_handovers` set to 1, a node shutting
+/// down hands its shards over one at a time: with every call of the leaving node taking 50 ms,
+/// its workers stop one per 50 ms (not all 21 at once), the workers not yet handed over run on
 /// meanwhile, and each shard is down for about one release, not for the whole shutdown.
 #[test]
 fn a_node_shutting_down_hands_over_one_shard_at_a_time() {
     run_paused(async {
-        let store = InMemoryStore::new();
-        let log = Log::default();
-        let nodes = three_settled_with(&store, &log, false).await;
-        let leaving = counts(&holders(&store))["node-2"];
-        let call = Duration::from_millis(50);
-        store.set_owner_fault("node-2", Some(InMemoryFault::Delay(call)));
-        let signalled = Instant::now();
-        assert!(nodes[1].send(Shutdown).await.unwrap().unwrap());
-        let done = Instant::now();
-        until(Duration::from_secs(30), "node-2's shards move", || {
-            let held = holders(&store);
-            held.len() == SHARDS && running(&log) == held
-        })
-        .await;
-        let entries = log.borrow().clone();
-        let stops: Vec<(Instant, String)> = entries
-            .iter()
-            .filter(|(at, _, node, event)| {
-                *at >= signalled && node == "node-2" && *event == Event::Stopped
-            })
-            .map(|(at, shard, _, _)| (*at, shard.clone()))
-            .collect();
-        assert_eq!(stops.len(), leaving, "every worker of node-2 stopped");
+        let settings = ShardedSettings {
+            bind_shards: false,
+            shutdown_handovers: 1,
+            ..ShardedSettings::default()
+        };
+        let (stops, took) = shutdown_with_slow_calls(settings).await;
         for (at, _) in &stops {
             let batch = stops
                 .iter()
-                .filter(|(other, _)| *other >= *at && *other < *at + call)
+                .filter(|(other, _)| *other >= *at && *other < *at + SLOW_CALL)
                 .count();
             assert!(
-                batch <= DEFAULT_SHUTDOWN_HANDOVERS,
+                batch <= 1,
                 "{batch} workers stopped within one release of each other: {stops:?}"
             );
         }
-        // The shutdown took a release per batch; each shard was down for about one release.
-        assert!(done - signalled >= call * (leaving / DEFAULT_SHUTDOWN_HANDOVERS) as u32);
-        for (stopped, shard) in &stops {
-            let started = entries
-                .iter()
-                .find(|(at, s, node, event)| {
-                    at >= stopped
-                        && s == shard
-                        && node != "node-2"
-                        && matches!(event, Event::Started { .. })
-                })
-                .map(|(at, ..)| *at)
-                .expect("the shard started elsewhere");
-            assert!(
-                started - *stopped <= call + Duration::from_millis(10),
-                "shard {shard} was down for {:?}",
-                started - *stopped
-            );
-        }
-        assert_exactly_once(&log);
+        // The shutdown took a release per shard.
+        assert!(took >= SLOW_CALL * stops.len() as u32, "{took:?}");
     });
+}
+
+/// With shard leases renewed on their own, a node shutting down hands its shards over all at
+/// once by default (`shutdown_handovers` 128): with every call of the leaving node taking 50 ms,
+/// its 21 workers stop together and the whole shutdown takes a few calls (the member lease's
+/// release, then the handovers side by side), not one per shard; each shard is down for about
+/// one release. (On etcd the handovers sent together go in a few transactions: see
+/// `tests/sharded_processes.rs`.)
+#[test]
+fn a_node_shutting_down_with_renewed_shards_hands_them_over_at_once() {
+    run_paused(async {
+        let settings = ShardedSettings {
+            bind_shards: false,
+            ..ShardedSettings::default()
+        };
+        let (stops, took) = shutdown_with_slow_calls(settings).await;
+        let first = stops.iter().map(|(at, _)| *at).min().unwrap();
+        let last = stops.iter().map(|(at, _)| *at).max().unwrap();
+        assert!(
+            last - first < SLOW_CALL,
+            "the workers stopped over {:?}, not together: {stops:?}",
+            last - first
+        );
+        assert!(
+            took < SLOW_CALL * 5,
+            "the shutdown took {took:?}: not a release per shard"
+        );
+    });
+}
+
+/// How long each call of the leaving node takes in [`shutdown_with_slow_calls`].
+const SLOW_CALL: Duration = Duration::from_millis(50);
+
+/// Three settled nodes with `settings`; node-2's calls take [`SLOW_CALL`] each, and it shuts
+/// down. Answers when each of its workers stopped (and which shard) and how long its shutdown
+/// took, after checking every shard ran elsewhere within about one release of its stop, and
+/// exactly once throughout.
+async fn shutdown_with_slow_calls(settings: ShardedSettings) -> (Vec<(Instant, String)>, Duration) {
+    let store = InMemoryStore::new();
+    let log = Log::default();
+    let nodes = three_settled_as(&store, &log, settings).await;
+    let leaving = counts(&holders(&store))["node-2"];
+    store.set_owner_fault("node-2", Some(InMemoryFault::Delay(SLOW_CALL)));
+    let signalled = Instant::now();
+    assert!(nodes[1].send(Shutdown).await.unwrap().unwrap());
+    let took = Instant::now() - signalled;
+    until(Duration::from_secs(30), "node-2's shards move", || {
+        let held = holders(&store);
+        held.len() == SHARDS && running(&log) == held
+    })
+    .await;
+    let entries = log.borrow().clone();
+    let stops: Vec<(Instant, String)> = entries
+        .iter()
+        .filter(|(at, _, node, event)| {
+            *at >= signalled && node == "node-2" && *event == Event::Stopped
+        })
+        .map(|(at, shard, _, _)| (*at, shard.clone()))
+        .collect();
+    assert_eq!(stops.len(), leaving, "every worker of node-2 stopped");
+    for (stopped, shard) in &stops {
+        let started = entries
+            .iter()
+            .find(|(at, s, node, event)| {
+                at >= stopped
+                    && s == shard
+                    && node != "node-2"
+                    && matches!(event, Event::Started { .. })
+            })
+            .map(|(at, ..)| *at)
+            .expect("the shard started elsewhere");
+        assert!(
+            started - *stopped <= SLOW_CALL + Duration::from_millis(10),
+            "shard {shard} was down for {:?}",
+            started - *stopped
+        );
+    }
+    assert_exactly_once(&log);
+    (stops, took)
 }
 
 #[test]

@@ -123,35 +123,10 @@ cases!(
     groups_whose_names_extend_each_other_share_no_lease
     a_shard_handed_to_a_leaving_node_is_passed_on
     every_node_locates_every_shard_with_its_holders_address
+    a_slow_worker_keeps_only_its_own_shard
+    a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once
+    a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once
 );
-
-/// Issue 47, item 5, on the real API server (bound shards; etcd's leave takes turns, issue 48).
-#[test]
-fn a_slow_worker_keeps_only_its_own_shard_kubernetes() {
-    run_real(sharded_cases::a_slow_worker_keeps_only_its_own_shard(
-        &KubernetesFleet::new(),
-    ));
-}
-
-/// Issue 47, item 5, on the real API server: see the case.
-#[test]
-fn a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once_kubernetes() {
-    run_real(
-        sharded_cases::a_shard_handed_to_a_node_leaving_slowly_is_passed_on_at_once(
-            &KubernetesFleet::new(),
-        ),
-    );
-}
-
-/// Issue 47, item 5, on the real API server: see the case.
-#[test]
-fn a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once_kubernetes() {
-    run_real(
-        sharded_cases::a_shard_handed_to_a_node_past_its_grace_is_passed_on_at_once(
-            &KubernetesFleet::new(),
-        ),
-    );
-}
 
 /// Item 4: a shard whose lease could not be built (a provider's backend failing for a while: a
 /// secret file being rotated, say) is tried again on a backoff, not only at the group's next

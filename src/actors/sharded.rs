@@ -32,7 +32,7 @@ pub use locate::{GetShardDirectory, LocateError, LocateShard, ShardDirectory, Sh
 pub const DEFAULT_MAX_HANDOVERS: usize = 4;
 
 /// The default of [`ShardedSettings::shutdown_handovers`].
-pub const DEFAULT_SHUTDOWN_HANDOVERS: usize = 1;
+pub const DEFAULT_SHUTDOWN_HANDOVERS: usize = 128;
 
 /// The default of [`ShardedSettings::leave_grace`].
 pub const DEFAULT_LEAVE_GRACE: Duration = Duration::from_millis(500);
@@ -102,14 +102,16 @@ pub struct ShardedSettings {
     /// [`DEFAULT_MAX_HANDOVERS`], at least 1), so that a join never empties a node at once. A
     /// handover whose target has not claimed the shard within the lease's TTL stops counting.
     pub max_handovers: usize,
-    /// How many shards [`Shutdown`] hands over at once (default [`DEFAULT_SHUTDOWN_HANDOVERS`]:
-    /// one, at least 1). The others' workers run on under their tenures until their turn, so a
-    /// shard is down only for its own handover's write; handovers sent together share the
-    /// backend, and each takes longer (on a busy Kubernetes API server, one at a time moved each
-    /// shard in a third of the time that four at a time did: see BENCHMARKS.md). A node holding
-    /// `n` shards shuts down in about `n / shutdown_handovers` write round trips (with a 5 ms
-    /// write, 1,000 shards in 5 s): raise it when that does not fit the time the node is given to
-    /// stop.
+    /// How many shards [`Shutdown`] hands over at once, where shard leases are not bound
+    /// (default [`DEFAULT_SHUTDOWN_HANDOVERS`]: 128, at least 1). Each shard's worker stops,
+    /// then its lease is handed over; a slow worker delays only its own shard. Handovers sent
+    /// together are written together where the backend can: on etcd up to 128 keys per
+    /// transaction (`EtcdSession::handover_batches_sent`), so a node leaving with 256 shards
+    /// sends about three. Where each handover is a write of its own (Kubernetes with
+    /// [`bind_shards`](Self::bind_shards) off) they share the backend and each takes longer:
+    /// on a busy API server one at a time moved each shard in a third of the time that four at
+    /// a time did (BENCHMARKS.md), at `n` write round trips for `n` shards: set 1 there when a
+    /// shard's own gap matters more than the whole leave's.
     pub shutdown_handovers: usize,
     /// The settings of each shard's manager: stop timeout, restarts, retry delay, backoff
     /// (`handle_signals` is ignored: shut the group down with [`Shutdown`]).
@@ -379,10 +381,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
 ///
 /// [`Shutdown`] retires the member lease first (the others re-target this node's shards and
 /// start waiting for them), then shuts the shards down [`ShardedSettings::shutdown_handovers`]
-/// (one) at a time: each one's worker stops, then its lease is handed to the node that targets
-/// it, which takes it up at once; the workers of the shards not yet handed over run on under
-/// their tenures meanwhile, so that each shard is down for its own handover only, not behind
-/// every other shard's, nor sharing the backend with them.
+/// (128) at a time: each one's worker stops, then its lease is handed to the node that targets
+/// it, which takes it up at once; a worker that is slow to stop delays its own shard only. On
+/// etcd the handovers sent together go in a few transactions (up to 128 keys each), not one
+/// per shard.
 ///
 /// With bound shard leases ([`ShardedSettings::bind_shards`], the default) [`Shutdown`] stops
 /// every worker first, all at once, each under its tenure, then retires the member lease

@@ -11,6 +11,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::batch;
 use super::claims::{remove_claim, ClaimGuard, Claims, Current, Removal, Target, Unanswered};
 use super::session::{Freshness, GrantState, Registration, SessionInner};
 use super::value::KeyContent;
@@ -503,6 +504,23 @@ impl EtcdBackend {
         // loaded machine with a member down (`fencing_tokens_rise_across_leader_changes`). An
         // error in the end leaves the tenure unsettled: its key is removed one TTL later, as
         // after a crash.
+        // A handover goes in a batch with the others this session sends about now (a node
+        // leaving hands all its shards on at once): a few transactions, not one per key.
+        if let Giving::HandTo { target, lease_id } = &giving {
+            let handover = batch::Handover {
+                key: self.key.clone(),
+                revision: tenure.revision,
+                value: KeyContent::handed(target, settings.owner()),
+                lease_id: *lease_id,
+            };
+            if batch::hand_over(self.inner(), handover).await == batch::Batched::Written {
+                tenure.settled = true;
+                self.claims.lock_current().take();
+                self.handed_over.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(key = %self.key_lossy(), %target, lease_id = %format_args!("{lease_id:x}"), "handed the lease key over, in a batch");
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
         let mut pauses = RELEASE_RETRY;
         let mut attempts = 1u32;
         let response = loop {

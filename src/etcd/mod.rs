@@ -3,6 +3,7 @@
 //! The semantics, key layout and races are documented on [`EtcdLease`], the public entry point.
 
 mod backend;
+mod batch;
 mod claims;
 mod group;
 mod session;

@@ -37,6 +37,7 @@ use tokio::sync::{watch, Notify, OnceCell};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
+use super::batch::Batches;
 use super::group::{GroupFeeds, GroupSource};
 use super::watch::{WatchHandle, WatchHub};
 use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
@@ -90,6 +91,8 @@ pub(super) struct SessionInner {
     grants_requested: AtomicU64,
     /// The test hook suspended watches before the hub started.
     suspend_on_start: std::sync::atomic::AtomicBool,
+    /// The handovers waiting to be written together (see `batch.rs`).
+    batches: Batches,
 }
 
 #[derive(Default)]
@@ -169,6 +172,7 @@ impl EtcdSession {
                 keep_alives: AtomicU64::new(0),
                 grants_requested: AtomicU64::new(0),
                 suspend_on_start: std::sync::atomic::AtomicBool::new(false),
+                batches: Batches::default(),
             }),
         }
     }
@@ -220,6 +224,13 @@ impl EtcdSession {
     /// however many leases the session holds.
     pub fn keep_alives_sent(&self) -> u64 {
         self.inner.keep_alives.load(Ordering::Relaxed)
+    }
+
+    /// How many transactions the session sent that handed several keys over at once (for cost
+    /// checks and tests): a node handing `n` shards on as it leaves sends about
+    /// `n / 128 + 1` of them, and no handover of its own.
+    pub fn handover_batches_sent(&self) -> u64 {
+        self.inner.batches.sent() as u64
     }
 
     /// How many etcd leases the session asked etcd to grant so far (for cost checks and tests):
@@ -329,9 +340,27 @@ impl SessionInner {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        if let Ok(runtime) = self.runtime() {
-            runtime.spawn(future);
+        self.try_spawn(future);
+    }
+
+    /// Runs `future` on the session's runtime; `false` (and `future` dropped) when there is
+    /// none.
+    pub(super) fn try_spawn<F>(&self, future: F) -> bool
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match self.runtime() {
+            Ok(runtime) => {
+                runtime.spawn(future);
+                true
+            }
+            Err(_) => false,
         }
+    }
+
+    /// The handovers waiting to be written together.
+    pub(super) fn batches(&self) -> &Batches {
+        &self.batches
     }
 
     /// Watches `key` over the session's shared watch stream.

@@ -72,6 +72,13 @@ pub async fn admin_client(endpoint: &str) -> etcd_client::Client {
 /// of every client: `grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}` from its
 /// `/metrics` (served on the client URL; plain HTTP/1.0, no client library needed).
 pub async fn keep_alives_received(endpoint: &str) -> u64 {
+    messages_received(endpoint, "LeaseKeepAlive").await
+}
+
+/// The gRPC messages of `method` (`Txn`, `Range`, `Put`, `LeaseKeepAlive`, ...) etcd at
+/// `endpoint` received so far, from every client: `grpc_server_msg_received_total` from its
+/// `/metrics`.
+pub async fn messages_received(endpoint: &str, method: &str) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
     let fetch = async {
@@ -87,10 +94,11 @@ pub async fn keep_alives_received(endpoint: &str) -> u64 {
         .await
         .unwrap_or_else(|_| panic!("GET {endpoint}/metrics timed out"))
         .unwrap_or_else(|e| panic!("GET {endpoint}/metrics: {e}"));
+    let method = format!("grpc_method=\"{method}\"");
     let total: f64 = body
         .lines()
         .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-        .filter(|l| l.contains("grpc_method=\"LeaseKeepAlive\""))
+        .filter(|l| l.contains(method.as_str()))
         .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
         .sum();
     assert!(

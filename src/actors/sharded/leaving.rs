@@ -31,21 +31,26 @@ pub(super) struct Leaving {
     placed: Option<(Vec<String>, Vec<Option<usize>>)>,
     /// Whether the shards handed to this node while it left were passed on.
     swept: bool,
-    /// Whether a bound leave is past its grace: every shard handed to this node from then on is
-    /// passed on as soon as the group watch shows it ([`pass_on_while_leaving`]).
+    /// Whether every shard handed to this node is passed on as soon as the group watch shows
+    /// it ([`pass_on_while_leaving`]): from a bound leave's grace on, and from the member
+    /// lease's retirement on in a leave that takes turns.
     ///
     /// [`pass_on_while_leaving`]: ShardedWorkers::pass_on_while_leaving
-    past_grace: bool,
+    passing_on: bool,
+    /// Whether the leave takes turns (shard leases renewed on their own): what is passed on
+    /// counts as in flight, and the leave ends once it is done.
+    in_turns: bool,
     /// The shards being passed on past the grace (each once).
     passing: BTreeSet<usize>,
 }
 
 /// With bound shard leases, stops every worker at once and hands every shard on in the member
 /// lease's retirement, or past the leave grace each shard on its own (`leave_bound`). Otherwise
-/// retires the member lease first, then
-/// shuts the shards down `shutdown_handovers` at a time
-/// (each one's worker stops, then its lease is handed over or released), each to the node that
-/// targets it when its turn comes; then passes on any shard handed to this node meanwhile.
+/// retires the member lease first, then shuts the shards down `shutdown_handovers` (128) at a
+/// time (each one's worker stops, then its lease is handed over or released: a slow worker
+/// delays its own shard only; etcd writes the handovers sent together in a few transactions),
+/// each to the node that targets it when its turn comes, and passes on every shard handed to
+/// this node meanwhile as soon as the group watch shows it.
 /// Answers `Ok(true)` when everything was released, else the first error (`Ok(false)` when a
 /// lease was held by another owner), and stops. A second `Shutdown` waits for the same end.
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
@@ -87,6 +92,9 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
         Box::pin(actix::fut::wrap_future(member_left).then(
             |result, act: &mut Self, ctx: &mut Context<Self>| {
                 act.leaving.add(result);
+                act.leaving.in_turns = true;
+                act.leaving.passing_on = true;
+                act.pass_on_while_leaving(ctx);
                 act.take_turns(ctx);
                 answer
             },
@@ -215,7 +223,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             manager.do_send(HandOverTo(target));
             manager.do_send(KeepLeaseOnShutdown(false));
         }
-        self.leaving.past_grace = true;
+        self.leaving.passing_on = true;
         self.pass_on_while_leaving(ctx);
         let group = self.group.clone();
         let work = async move {
@@ -430,18 +438,21 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         jobs
     }
 
-    /// A bound leave past its grace: passes on each shard handed to this node that is not being
-    /// passed on already (claimed, then handed to its target), each on its own. Called at the
-    /// grace and at every change of the group while the leave waits for slow workers, so that
-    /// a shard listed here by a node that had not yet seen this one leaving (a dead member's
-    /// list, written a moment before the mark reached it) waits for no worker.
+    /// A leave past a bound leave's grace, or one taking turns: passes on each shard handed to
+    /// this node that is not being passed on already (claimed, then handed to its target), each
+    /// on its own. Called then and at every change of the group while the leave goes on, so
+    /// that a shard handed or listed here by a node that had not yet seen this one leave (a
+    /// dead member's list, written a moment before the mark reached it) waits for no worker.
     pub(super) fn pass_on_while_leaving(&mut self, ctx: &mut Context<Self>) {
-        if !self.leaving.past_grace {
+        if !self.leaving.passing_on {
             return;
         }
         for (index, (name, lease, target)) in self.handed_jobs() {
             if !self.leaving.passing.insert(index) {
                 continue;
+            }
+            if self.leaving.in_turns {
+                self.leaving.in_flight += 1;
             }
             let group = self.group.clone();
             let work = async move {
@@ -450,9 +461,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 answer
             };
             ctx.spawn(actix::fut::wrap_future(work).map(
-                move |answer, act: &mut Self, _ctx: &mut Context<Self>| {
+                move |answer, act: &mut Self, ctx: &mut Context<Self>| {
                     act.leaving.passing.remove(&index);
                     act.leaving.add(answer);
+                    if act.leaving.in_turns {
+                        act.leaving.in_flight -= 1;
+                        act.take_turns(ctx);
+                    }
                 },
             ));
         }
