@@ -559,10 +559,21 @@ impl Server {
 
 /// The node configuration (config key `sharded`) for `server`; `prefix` keeps etcd runs apart.
 fn config(server: &Server, dir: &Path, prefix: &str) -> String {
+    config_timed(server, dir, prefix, TTL, RENEWAL)
+}
+
+/// [`config`] with another TTL and renewal interval.
+fn config_timed(
+    server: &Server,
+    dir: &Path,
+    prefix: &str,
+    ttl: Duration,
+    renewal: Duration,
+) -> String {
     let timing = format!(
         "ttl = \"{}s\"\nrenewal-interval = \"{}s\"\n",
-        TTL.as_secs(),
-        RENEWAL.as_secs()
+        ttl.as_secs(),
+        renewal.as_secs()
     );
     match server {
         Server::Etcd { endpoint, .. } => format!(
@@ -1826,6 +1837,153 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
     }
 }
 
+/// The start scenario's fleet (`BENCH_START_NODES`, `BENCH_START_SHARDS`): 8 × 1,024.
+const START_NODES: usize = 8;
+const START_SHARDS: usize = 1024;
+/// The start scenario's TTL and renewal interval: short, as where a start fed on itself.
+const START_TTL: Duration = Duration::from_secs(3);
+const START_RENEWAL: Duration = Duration::from_secs(1);
+/// The start scenario's target: every shard running, exactly once, within this of the spawn.
+const START_WITHIN: Duration = Duration::from_secs(10);
+
+/// Scenario `start` (issue 48): `BENCH_START_NODES` × `BENCH_START_SHARDS` (8 × 1,024) nodes
+/// spawned at one instant on a server of their own, TTL 3 s, renewal 1 s. Measured: the time
+/// until every shard runs exactly once on a live node, balanced; the member tenures lost (each
+/// node's log: a member lease lost, or a claim refused because its member lease was not held);
+/// the fencing tokens of each shard's worker starts (strictly rising); the server's requests
+/// until then. Targets: no member tenure lost, every shard running within 10 s, tokens rising.
+async fn start(bin: &Path, backend: &str, report: &mut Report) {
+    let var = |name: &str, default: usize| {
+        std::env::var(name).ok().map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} must be a number"))
+        })
+    };
+    let (nodes, shards) = (
+        var("BENCH_START_NODES", START_NODES),
+        var("BENCH_START_SHARDS", START_SHARDS),
+    );
+    let dir = run_dir(backend, "start");
+    let server = match backend {
+        "kubernetes" => Server::second_apiserver(&dir).await,
+        _ => Server::private_etcd(&dir).await,
+    };
+    let run = format!("start-{}", std::process::id());
+    let group = format!("bench-{run}");
+    let config_path = dir.join("node.toml");
+    std::fs::write(
+        &config_path,
+        config_timed(&server, &dir, &run, START_TTL, START_RENEWAL),
+    )
+    .unwrap();
+    let load_before = load_average();
+    println!(
+        "fleet/{backend} start: {nodes} nodes × {shards} shards at once on {} (its own server), TTL {START_TTL:?}, renewal {START_RENEWAL:?} (load {load_before})",
+        server.url_or_endpoint(),
+    );
+    let requests0 = server.counters(&dir);
+    let mut fleet = Fleet::new(bin, &dir, &group, shards);
+    let spawned = mono_ns();
+    let started = Instant::now();
+    for i in 1..=nodes {
+        fleet.spawn(&format!("node-{i}"), &config_path, LARGE_STEP_MS);
+    }
+    let settled_ns = fleet
+        .balanced("every shard running, balanced", LARGE_SETTLE_WITHIN)
+        .await;
+    let settled_s = started.elapsed().as_secs_f64();
+    let requests = delta(&server.counters(&dir), &requests0);
+    let load_after = load_average();
+    // Every shard running: when the last shard's first worker start came.
+    let first_starts: BTreeMap<usize, u128> =
+        fleet
+            .events
+            .iter()
+            .filter(|e| e.start)
+            .fold(BTreeMap::new(), |mut m, e| {
+                m.entry(e.shard).or_insert(e.t_ns);
+                m
+            });
+    let all_running_ms = first_starts
+        .values()
+        .max()
+        .map_or(f64::NAN, |&t| ns_ms(t.saturating_sub(spawned)));
+    let worker_starts = fleet.events.iter().filter(|e| e.start).count();
+    // Tokens: each shard's worker starts in order of time, strictly rising.
+    let mut by_shard: BTreeMap<usize, Vec<(u128, u64)>> = BTreeMap::new();
+    for e in fleet.events.iter().filter(|e| e.start) {
+        by_shard.entry(e.shard).or_default().push((e.t_ns, e.token));
+    }
+    by_shard.values_mut().for_each(|starts| starts.sort());
+    let not_rising = by_shard
+        .values()
+        .filter(|starts| starts.windows(2).any(|w| w[1].1 <= w[0].1))
+        .count();
+    // Member tenures lost, from the nodes' logs (warnings are on by default).
+    let member = format!("{group}.member.");
+    let mut members_lost = 0;
+    let mut bound_refused = 0;
+    let mut release_timeouts = 0;
+    for node in &fleet.nodes {
+        let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+        for line in text.lines() {
+            if line.contains("which is not held") {
+                bound_refused += 1;
+            }
+            if line.contains(&member) && line.contains("lost") {
+                members_lost += 1;
+            }
+            if line.contains("release timed out") {
+                release_timeouts += 1;
+            }
+        }
+    }
+    println!(
+        "fleet/{backend} start: every shard running {all_running_ms:.0} ms after the spawn, balanced after {settled_s:.1} s ({} ms on the nodes' clock); {worker_starts} worker starts for {shards} shards; member tenures lost {members_lost}; claims refused for a member lease not held {bound_refused}; release timeouts {release_timeouts}; shards whose tokens did not rise {not_rising}; server requests {requests:?} (load {load_before} → {load_after})",
+        ns_ms(settled_ns.saturating_sub(spawned)).round(),
+    );
+    let busy = std::env::var("BENCH_BUSY")
+        .ok()
+        .map(|n| format!("{n} busy processes"));
+    report.record(
+        "fleet-start",
+        backend,
+        busy.as_deref(),
+        json!({
+            "reference": "sharded_node processes of one group spawned at one instant on a server of their own (its counters count them alone), TTL 3 s, renewal 1 s",
+            "values": {
+                "nodes": nodes,
+                "shards": shards,
+                "ttl_s": START_TTL.as_secs(),
+                "renewal_s": START_RENEWAL.as_secs(),
+                "all_running_ms": all_running_ms,
+                "settle_s": settled_s,
+                "worker_starts": worker_starts,
+                "members_lost": members_lost,
+                "bound_refused": bound_refused,
+                "release_timeouts": release_timeouts,
+                "not_rising": not_rising,
+                "requests": requests,
+                "load": { "before": load_before, "after": load_after },
+            },
+        }),
+        &[
+            Check::exactly("start-members-lost", members_lost as f64, 0.0, "member tenures lost"),
+            Check::at_most(
+                "start-all-running",
+                all_running_ms,
+                START_WITHIN.as_millis() as f64,
+                "ms",
+            ),
+            Check::exactly("start-tokens-rising", not_rising as f64, 0.0, "shards"),
+        ],
+    );
+    drop(fleet);
+    if backend == "kubernetes" {
+        delete_kubernetes_leases(&dir, &group);
+    }
+}
+
 /// Why a `SIGTERM`'s slowest shard misses 100 ms on Kubernetes at 16 × 4,096.
 const TERM_WRITES_MISS: &str = "every tenure starts with a compare-and-swap on its own record \
      (issue 47): the leaving node's one write names the targets, then the targets' 256 claims \
@@ -1837,7 +1995,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let usage =
-        "usage: cargo bench --all-features --bench fleet -- kubernetes|etcd [idle|large] [--check]";
+        "usage: cargo bench --all-features --bench fleet -- kubernetes|etcd [idle|large|start] [--check]";
     let backend = args.first().cloned().unwrap_or_else(|| panic!("{usage}"));
     assert!(
         ["kubernetes", "etcd"].contains(&backend.as_str()),
@@ -1857,6 +2015,7 @@ fn main() {
         match only.as_deref() {
             Some("idle") => {}
             Some("large") => large(&bin, &backend, &idle, &mut report).await,
+            Some("start") => start(&bin, &backend, &mut report).await,
             None => fleet(&bin, &backend, &idle, &mut report).await,
             Some(other) => panic!("unknown scenario {other:?}: {usage}"),
         }

@@ -140,7 +140,8 @@ pub use actors::{
     member_lease_name, shard_lease_name, GetGroupView, GetHostedShards, GetShardDirectory,
     GetShards, GroupView, HandOffShard, LocateError, LocateShard, RunningShard, ShardDirectory,
     ShardInfo, ShardLocation, ShardRegion, ShardedError, ShardedSettings, ShardedWorkers,
-    DEFAULT_LEAVE_GRACE, DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
+    DEFAULT_LEAVE_GRACE, DEFAULT_MAX_CLAIMS_IN_FLIGHT, DEFAULT_MAX_HANDOVERS,
+    DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use actors::{
     Acquire, AllocateShard, CheckAlive, ClusterSingletonManager, CoordinatorGate, GateError,

@@ -257,7 +257,7 @@ async fn handovers_sent_together_are_written_in_one_transaction() {
     }
     let handed = futures_util::future::join_all(leases.iter().map(|l| l.hand_over("b"))).await;
     assert!(handed.iter().all(|h| matches!(h, Ok(true))), "{handed:?}");
-    assert_eq!(pair.session_a.handover_batches_sent(), 1);
+    assert_eq!(pair.session_a.write_batches_sent(), 1);
     let mut admin = admin_client(&endpoint).await;
     let b_lease = key_now(&mut admin, &format!("{prefix}g-member-b"))
         .await
@@ -332,5 +332,63 @@ async fn a_batch_with_a_changed_key_hands_the_others_over_and_not_that_one() {
         1,
         "the 7 others went on in one batch: {revisions:?}"
     );
-    assert_eq!(pair.session_a.handover_batches_sent(), 2);
+    assert_eq!(pair.session_a.write_batches_sent(), 2);
+}
+
+/// Issue 48: claims sent together are written together, as a node claims the shards a crashed
+/// node held. `a` acquires 24 free keys at once while another owner holds a 25th: the 24 are
+/// written in one batch transaction (one revision of the store, and each tenure's fencing token
+/// is that revision), and the held key's claim, refused in its batch, answers `false` from what
+/// the batch read, without a transaction of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_sent_together_are_written_in_one_transaction() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("batchclaim");
+    let session_a = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let session_c = EtcdSession::new(etcd_settings(&endpoint, &prefix));
+    let held = session_c.lease(settings("g-24", "c"));
+    assert!(held.acquire().await.unwrap());
+    // The session's etcd lease exists before the claims (its grant is no claim).
+    let first = session_a.lease(settings("g-first", "a"));
+    assert!(first.acquire().await.unwrap());
+    let leases: Vec<_> = (0..25)
+        .map(|i| Arc::new(session_a.lease(settings(&format!("g-{i}"), "a"))))
+        .collect();
+    let batches_before = session_a.write_batches_sent();
+    let acquired = futures_util::future::join_all(leases.iter().map(|l| l.acquire())).await;
+    for (i, answer) in acquired.iter().enumerate() {
+        assert_eq!(
+            answer.as_ref().ok(),
+            Some(&(i != 24)),
+            "key {i}: {answer:?}"
+        );
+    }
+    let mut admin = admin_client(&endpoint).await;
+    let mut revisions = std::collections::BTreeSet::new();
+    for (i, lease) in leases.iter().enumerate().take(24) {
+        let (value, _, revision) = key_now(&mut admin, &format!("{prefix}g-{i}"))
+            .await
+            .unwrap();
+        assert!(value.starts_with('a'), "key {i}: {value:?}");
+        assert_eq!(
+            lease.fencing_token().map(|t| t.value()),
+            Some(revision as u64),
+            "key {i}: the token is the batch's revision"
+        );
+        revisions.insert(revision);
+    }
+    let batches = session_a.write_batches_sent() - batches_before;
+    assert!(
+        revisions.len() <= 2 && batches <= 3,
+        "24 claims in {} revisions and {batches} batches: {revisions:?}",
+        revisions.len()
+    );
+    assert_eq!(
+        key_now(&mut admin, &format!("{prefix}g-24"))
+            .await
+            .unwrap()
+            .0,
+        "c",
+        "the held key is c's still"
+    );
 }

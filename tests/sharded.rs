@@ -448,6 +448,59 @@ fn a_lone_node_whose_claims_are_answered_late_runs_its_shards_at_once() {
     });
 }
 
+/// Issue 48: a node claims at most `max_claims_in_flight` shards at once. A lone node of 12
+/// shards whose every call takes 50 ms, with 3 claims in flight at most: its workers start at
+/// most 3 per 50 ms, in 4 waves (all 12 at once without the gate), and its member lease, whose
+/// renewals take no permit, is held throughout.
+#[test]
+fn a_node_claims_at_most_max_claims_in_flight_shards_at_once() {
+    run_paused(async {
+        let store = InMemoryStore::new();
+        let call = Duration::from_millis(50);
+        store.set_owner_fault("node-1", Some(InMemoryFault::Delay(call)));
+        let log = Log::default();
+        let settings = ShardedSettings {
+            max_claims_in_flight: 3,
+            ..ShardedSettings::default()
+        };
+        let _node = start_in_with(&store, "gated", 12, "node-1", &log, settings);
+        until(
+            Duration::from_secs(5),
+            "the lone node runs its 12 shards",
+            || running(&log).len() == 12,
+        )
+        .await;
+        let starts: Vec<Instant> = log
+            .borrow()
+            .iter()
+            .filter(|(_, _, _, event)| matches!(event, Event::Started { .. }))
+            .map(|(at, ..)| *at)
+            .collect();
+        assert_eq!(starts.len(), 12);
+        for at in &starts {
+            let together = starts
+                .iter()
+                .filter(|other| **other >= *at && **other < *at + call)
+                .count();
+            assert!(
+                together <= 3,
+                "{together} workers started within one call of each other: {starts:?}"
+            );
+        }
+        let first = starts.iter().min().unwrap();
+        let last = starts.iter().max().unwrap();
+        assert!(
+            *last - *first >= call * 3,
+            "12 claims, 3 at a time, took {:?}",
+            *last - *first
+        );
+        assert_eq!(
+            store.holder("gated.member.node-1").as_deref(),
+            Some("node-1")
+        );
+    });
+}
+
 /// With shard leases renewed on their own and `shutdown_handovers` set to 1, a node shutting
 /// down hands its shards over one at a time: with every call of the leaving node taking 50 ms,
 /// its workers stop one per 50 ms (not all 21 at once), the workers not yet handed over run on

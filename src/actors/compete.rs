@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix::WeakRecipient;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::lease::{FencingToken, Lease, LeaseError};
@@ -95,6 +95,8 @@ pub(crate) struct Competition<L: Lease> {
     rounds: u64,
     current: Option<Round>,
     errors: u32,
+    /// Bounds the first attempts in flight of the rounds of every competition sharing it.
+    gate: Option<Arc<Semaphore>>,
 }
 
 impl<L: Lease> Competition<L> {
@@ -106,7 +108,18 @@ impl<L: Lease> Competition<L> {
             rounds: 0,
             current: None,
             errors: 0,
+            gate: None,
         }
+    }
+
+    /// Each round's first attempt waits for a permit of `gate`, held until it answered: a
+    /// node's shard managers starting together (a fleet's start, the shards of a crashed node)
+    /// send at most that many claims at once, and the node's member renewal never queues behind
+    /// all of them. A cancelled round stops waiting. The waits that follow the first attempt
+    /// (each attempt upon a change of the lease) are not gated.
+    pub(crate) fn gated(mut self, gate: Option<Arc<Semaphore>>) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// Starts a round after `delay` (cancelling the one in flight); its [`RoundDone`] goes to
@@ -124,6 +137,7 @@ impl<L: Lease> Competition<L> {
         let (cancel, cancelled) = oneshot::channel();
         let task = actix_rt::spawn(run_round(
             Arc::clone(&self.lease),
+            self.gate.clone(),
             delay,
             window,
             cancelled,
@@ -214,6 +228,7 @@ impl<L: Lease> Drop for Competition<L> {
 
 async fn run_round<L: Lease>(
     lease: Arc<L>,
+    gate: Option<Arc<Semaphore>>,
     delay: Duration,
     window: Duration,
     mut cancelled: oneshot::Receiver<()>,
@@ -233,8 +248,17 @@ async fn run_round<L: Lease>(
     ) {
         return;
     }
+    let permit = match gate {
+        Some(gate) => tokio::select! {
+            biased;
+            _ = &mut cancelled => return,
+            permit = gate.acquire_owned() => permit.ok(),
+        },
+        None => None,
+    };
     // One attempt (no retries, no wait), finished even if the round is cancelled meanwhile.
     let mut result = lease.acquire_within(Duration::ZERO).await;
+    drop(permit);
     if matches!(result, Ok(false)) && !window.is_zero() {
         tokio::select! {
             biased;

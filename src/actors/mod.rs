@@ -34,8 +34,8 @@ pub use region::{GetHostedShards, HandOffShard, ShardRegion};
 pub use sharded::{
     member_lease_name, shard_lease_name, GetGroupView, GetShardDirectory, GetShards, GroupView,
     LocateError, LocateShard, RunningShard, ShardDirectory, ShardInfo, ShardLocation, ShardedError,
-    ShardedSettings, ShardedWorkers, DEFAULT_LEAVE_GRACE, DEFAULT_MAX_HANDOVERS,
-    DEFAULT_SHUTDOWN_HANDOVERS,
+    ShardedSettings, ShardedWorkers, DEFAULT_LEAVE_GRACE, DEFAULT_MAX_CLAIMS_IN_FLIGHT,
+    DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
 };
 pub use singleton::{
     ClusterSingletonManager, GetLeader, GetSingleton, GetStatus, LeaderInfo, SetEligible, Shutdown,

@@ -13,29 +13,24 @@ use super::singleton::{
     ClusterSingletonManager, HandOverTo, HandoverTarget, SetEligible, Shutdown, SingletonInfo,
     SingletonSettings,
 };
-use crate::group::{GroupError, GroupRecord, GroupSnapshot, GroupWatch};
+use crate::group::{GroupRecord, GroupSnapshot, GroupWatch};
 use crate::lease::{FencingToken, Lease, LeaseError};
 use crate::metrics::{self, LeaseLabel};
 use crate::placement::Placer;
-use crate::settings::SettingsError;
 use crate::tenure::{Tenure, TenureGuard};
 
 mod handed;
 mod leaving;
 mod locate;
 mod on_time;
+mod settings;
 mod view;
 
 pub use locate::{GetShardDirectory, LocateError, LocateShard, ShardDirectory, ShardLocation};
-
-/// The default of [`ShardedSettings::max_handovers`].
-pub const DEFAULT_MAX_HANDOVERS: usize = 4;
-
-/// The default of [`ShardedSettings::shutdown_handovers`].
-pub const DEFAULT_SHUTDOWN_HANDOVERS: usize = 128;
-
-/// The default of [`ShardedSettings::leave_grace`].
-pub const DEFAULT_LEAVE_GRACE: Duration = Duration::from_millis(500);
+pub use settings::{
+    ShardedError, ShardedSettings, DEFAULT_LEAVE_GRACE, DEFAULT_MAX_CLAIMS_IN_FLIGHT,
+    DEFAULT_MAX_HANDOVERS, DEFAULT_SHUTDOWN_HANDOVERS,
+};
 
 /// What separates a group's name from the rest of its leases' names: a group name never contains
 /// it, so that two groups' lease names never collide.
@@ -92,161 +87,6 @@ pub struct ShardInfo {
     pub guard: TenureGuard,
     /// How many times the worker was restarted within this tenure.
     pub restart: u32,
-}
-
-/// Settings of [`ShardedWorkers`]; plain data with documented defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardedSettings {
-    /// How many shards a running node hands over at once (to a node that joined, or back to one
-    /// that restarted): released and not yet seen claimed by their target (default
-    /// [`DEFAULT_MAX_HANDOVERS`], at least 1), so that a join never empties a node at once. A
-    /// handover whose target has not claimed the shard within the lease's TTL stops counting.
-    pub max_handovers: usize,
-    /// How many shards [`Shutdown`] hands over at once, where shard leases are not bound
-    /// (default [`DEFAULT_SHUTDOWN_HANDOVERS`]: 128, at least 1). Each shard's worker stops,
-    /// then its lease is handed over; a slow worker delays only its own shard. Handovers sent
-    /// together are written together where the backend can: on etcd up to 128 keys per
-    /// transaction (`EtcdSession::handover_batches_sent`), so a node leaving with 256 shards
-    /// sends about three. Where each handover is a write of its own (Kubernetes with
-    /// [`bind_shards`](Self::bind_shards) off) they share the backend and each takes longer:
-    /// on a busy API server one at a time moved each shard in a third of the time that four at
-    /// a time did (BENCHMARKS.md), at `n` write round trips for `n` shards: set 1 there when a
-    /// shard's own gap matters more than the whole leave's.
-    pub shutdown_handovers: usize,
-    /// The settings of each shard's manager: stop timeout, restarts, retry delay, backoff
-    /// (`handle_signals` is ignored: shut the group down with [`Shutdown`]).
-    pub shard: SingletonSettings,
-    /// Whether each shard lease is *bound* to the node's member lease where the backend binds
-    /// (in memory and on Kubernetes; see [`Binding`](crate::Binding)), the default: a shard's
-    /// record is written when its ownership changes and never renewed, and one member renewal
-    /// per interval keeps every shard of the node (the store's writes per interval grow with the
-    /// nodes, not the shards). `false` renews every shard lease on its own. On etcd shard keys
-    /// live on the session's one keep-alive either way.
-    pub bind_shards: bool,
-    /// With bound shard leases: how long [`Shutdown`] waits for every worker to stop before it
-    /// hands on the shards whose workers did (default [`DEFAULT_LEAVE_GRACE`], 500 ms). Workers
-    /// that all stop within it cost the leave one write (the member lease's retirement hands
-    /// every shard on); past it, each shard whose worker stopped is handed over on its own
-    /// write, and each later one as its worker stops, so that a slow worker keeps only its own
-    /// shard (and the leave costs a write per shard). Zero hands each shard on as its worker
-    /// stops.
-    pub leave_grace: Duration,
-}
-
-impl Default for ShardedSettings {
-    fn default() -> Self {
-        Self {
-            max_handovers: DEFAULT_MAX_HANDOVERS,
-            shutdown_handovers: DEFAULT_SHUTDOWN_HANDOVERS,
-            shard: SingletonSettings::default(),
-            bind_shards: true,
-            leave_grace: DEFAULT_LEAVE_GRACE,
-        }
-    }
-}
-
-/// Errors building [`ShardedWorkers`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ShardedError {
-    /// The group name is empty.
-    #[error("the group name must not be empty")]
-    EmptyGroup,
-    /// The group name contains a `.`, which separates a group's name from the rest of its lease
-    /// names (so that two groups' leases never share a name).
-    #[error("invalid group name {group:?}: it must not contain a `.`")]
-    InvalidGroup {
-        /// The group.
-        group: String,
-    },
-    /// There are no shards.
-    #[error("group {group:?} has no shards")]
-    NoShards {
-        /// The group.
-        group: String,
-    },
-    /// A shard id is empty, repeated, or starts with `member.` (the member leases' names).
-    #[error("invalid shard id {shard:?} in group {group:?}: {reason}")]
-    InvalidShard {
-        /// The group.
-        group: String,
-        /// The shard id.
-        shard: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// A shard's lease name (`<group>.<shard>`) is no valid lease name (too long, a control
-    /// character).
-    #[error("invalid lease name {name:?}")]
-    InvalidLeaseName {
-        /// The lease name.
-        name: String,
-        /// Why.
-        #[source]
-        source: SettingsError,
-    },
-    /// The lease factory built a lease with another name than asked, or for another owner than
-    /// the group's first lease (every lease of a node must have the node's owner identity).
-    #[error("the lease factory built lease {built:?} of owner {owner:?} when asked for {asked:?} of owner {expected_owner:?}")]
-    WrongLease {
-        /// The name asked for.
-        asked: String,
-        /// The name built.
-        built: String,
-        /// The owner built.
-        owner: String,
-        /// The node's owner identity (the member lease's).
-        expected_owner: String,
-    },
-    /// `max_handovers` is zero.
-    #[error("invalid `max-handovers`: must be at least 1")]
-    NoHandovers,
-    /// `shutdown_handovers` is zero.
-    #[error("invalid `shutdown-handovers`: must be at least 1")]
-    NoShutdownHandovers,
-    /// The shard settings are invalid.
-    #[error("invalid shard settings")]
-    Settings(#[source] SettingsError),
-    /// The provider could not build a lease of the group.
-    #[error("cannot build lease {lease:?} of the group from configuration")]
-    Provider {
-        /// The lease name.
-        lease: String,
-        /// Why.
-        #[source]
-        source: crate::provider::ProviderError,
-    },
-    /// The address given to [`ShardedWorkers::advertise`] is not an absolute `http` or `https`
-    /// URL with a host and an optional port, and nothing else (no path, query, fragment or user
-    /// information; see [`Candidate::address`](crate::Candidate::address)).
-    #[error("invalid advertised address {address:?}")]
-    InvalidAddress {
-        /// The address, as given.
-        address: String,
-        /// What is wrong with it.
-        #[source]
-        source: crate::actors::candidacy::AddressError,
-    },
-    /// The member lease could not be built again with the advertised address
-    /// ([`ShardedWorkers::advertise`]): its settings cannot carry the metadata, or the function
-    /// given failed.
-    #[error("cannot build member lease {name:?} with the advertised address")]
-    MemberLease {
-        /// The member lease's name.
-        name: String,
-        /// Why.
-        #[source]
-        source: crate::vocab::BoxError,
-    },
-    /// The backend cannot watch the group (membership needs it).
-    #[error("cannot watch group {group:?}")]
-    Watch {
-        /// The group.
-        group: String,
-        /// Why.
-        #[source]
-        source: GroupError,
-    },
 }
 
 /// Ask [`ShardedWorkers`] which shards run on this node.
@@ -457,6 +297,8 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     shutting_down: bool,
     /// The shutdown's progress (see [`Shutdown`]'s handler).
     leaving: leaving::Leaving,
+    /// Bounds the shard claims in flight ([`ShardedSettings::max_claims_in_flight`]).
+    claim_gate: Arc<tokio::sync::Semaphore>,
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
@@ -613,6 +455,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             retry_backoff: None,
             shutting_down: false,
             leaving: leaving::Leaving::default(),
+            claim_gate: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CLAIMS_IN_FLIGHT)),
             label,
             held_reported: 0,
             view,
@@ -665,6 +508,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             Rc::clone(&self.factory),
         )
         .settings(self.shard_settings())
+        .claim_gate(Arc::clone(&self.claim_gate))
         .start();
         // Every start and end of the tenure reaches `reconcile`, as the group watch's changes do:
         // the watch may show a claim before the tenure is recorded here, and on etcd a quiet
@@ -728,6 +572,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     ///
     /// [`ShardedError::NoHandovers`] when `max_handovers` is 0,
     /// [`ShardedError::NoShutdownHandovers`] when `shutdown_handovers` is 0,
+    /// [`ShardedError::NoClaimsInFlight`] when `max_claims_in_flight` is 0,
     /// [`ShardedError::Settings`] when the shard settings are invalid
     /// ([`SingletonSettings::validate`]).
     pub fn settings(mut self, settings: ShardedSettings) -> Result<Self, ShardedError> {
@@ -737,6 +582,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if settings.shutdown_handovers == 0 {
             return Err(ShardedError::NoShutdownHandovers);
         }
+        if settings.max_claims_in_flight == 0 {
+            return Err(ShardedError::NoClaimsInFlight);
+        }
+        self.claim_gate = Arc::new(tokio::sync::Semaphore::new(settings.max_claims_in_flight));
         settings.shard.validate().map_err(ShardedError::Settings)?;
         self.settings = settings;
         Ok(self)

@@ -381,6 +381,8 @@ where
     release_result: Option<Result<bool, LeaseError>>,
     /// Created when the manager starts (it needs the final settings).
     competition: Option<Competition<L>>,
+    /// Shared with the other shard managers of a node: bounds their first attempts in flight.
+    claim_gate: Option<Arc<tokio::sync::Semaphore>>,
     instances: u64,
     unstopped: u64,
     restarts: VecDeque<Instant>,
@@ -452,6 +454,7 @@ where
             keep_on_shutdown: false,
             release_result: None,
             competition: None,
+            claim_gate: None,
             instances: 0,
             unstopped: 0,
             restarts: VecDeque::new(),
@@ -463,6 +466,13 @@ where
     /// the member and candidacy leases, which nothing else claims.
     pub(crate) fn retire_on_shutdown(mut self) -> Self {
         self.retire_on_shutdown = true;
+        self
+    }
+
+    /// Each acquire round's first attempt waits for a permit of `gate` (shared by a node's shard
+    /// managers: see `ShardedSettings::max_claims_in_flight`).
+    pub(crate) fn claim_gate(mut self, gate: Arc<tokio::sync::Semaphore>) -> Self {
+        self.claim_gate = Some(gate);
         self
     }
 
@@ -534,6 +544,7 @@ where
                 retry_delay,
                 self.settings.max_error_backoff,
             )
+            .gated(self.claim_gate.clone())
         })
     }
 

@@ -302,19 +302,49 @@ impl EtcdBackend {
             )
         };
         let get = || TxnOp::get(self.key.clone(), None);
-        // Free: the key is absent; or, when the watch just saw it released to this owner, it
-        // still holds that release (one compare-and-swap, no read first).
-        let free = match preferred_here {
-            None => Compare::create_revision(self.key.clone(), CompareOp::Equal, 0),
-            Some(revision) => Compare::mod_revision(self.key.clone(), CompareOp::Equal, revision),
+        // A plain claim goes in a batch with the others this session sends about now (a node
+        // claiming what a crashed node held): a few transactions, not one per key.
+        let batched = match preferred_here {
+            None => {
+                let claim = batch::Write {
+                    key: self.key.clone(),
+                    expect: batch::Expect::Absent,
+                    value: value.to_vec(),
+                    lease_id,
+                };
+                batch::write(self.inner(), claim).await
+            }
+            Some(_) => batch::Batched::Alone,
         };
-        let txn = Txn::new().when([free]).and_then([put()]).or_else([get()]);
-        let response = self.claim_txn(kv, txn, lease_id).await?;
-        let revision = header_revision(&response, "claim")?;
-        if response.succeeded() {
-            return Ok(Claim::Won { revision });
-        }
-        let Some(current) = first_kv(&response) else {
+        let (revision, current) = match batched {
+            batch::Batched::Written { revision } => {
+                self.claims_sent.fetch_add(1, Ordering::Relaxed);
+                return Ok(Claim::Won { revision });
+            }
+            batch::Batched::Refused { revision, current } => {
+                self.claims_sent.fetch_add(1, Ordering::Relaxed);
+                self.claims_refused.fetch_add(1, Ordering::Relaxed);
+                (revision, current)
+            }
+            batch::Batched::Alone => {
+                // Free: the key is absent; or, when the watch just saw it released to this
+                // owner, it still holds that release (one compare-and-swap, no read first).
+                let free = match preferred_here {
+                    None => Compare::create_revision(self.key.clone(), CompareOp::Equal, 0),
+                    Some(revision) => {
+                        Compare::mod_revision(self.key.clone(), CompareOp::Equal, revision)
+                    }
+                };
+                let txn = Txn::new().when([free]).and_then([put()]).or_else([get()]);
+                let response = self.claim_txn(kv, txn, lease_id).await?;
+                let revision = header_revision(&response, "claim")?;
+                if response.succeeded() {
+                    return Ok(Claim::Won { revision });
+                }
+                (revision, first_kv(&response))
+            }
+        };
+        let Some(current) = current else {
             return Ok(Claim::Raced);
         };
         match KeyContent::parse(current.value()) {
@@ -507,13 +537,13 @@ impl EtcdBackend {
         // A handover goes in a batch with the others this session sends about now (a node
         // leaving hands all its shards on at once): a few transactions, not one per key.
         if let Giving::HandTo { target, lease_id } = &giving {
-            let handover = batch::Handover {
+            let handover = batch::Write {
                 key: self.key.clone(),
-                revision: tenure.revision,
+                expect: batch::Expect::Revision(tenure.revision),
                 value: KeyContent::handed(target, settings.owner()),
                 lease_id: *lease_id,
             };
-            if batch::hand_over(self.inner(), handover).await == batch::Batched::Written {
+            if let batch::Batched::Written { .. } = batch::write(self.inner(), handover).await {
                 tenure.settled = true;
                 self.claims.lock_current().take();
                 self.handed_over.fetch_add(1, Ordering::Relaxed);

@@ -226,10 +226,11 @@ impl EtcdSession {
         self.inner.keep_alives.load(Ordering::Relaxed)
     }
 
-    /// How many transactions the session sent that handed several keys over at once (for cost
-    /// checks and tests): a node handing `n` shards on as it leaves sends about
+    /// How many transactions the session sent that wrote several keys at once (handovers and
+    /// claims sent together, see [`EtcdLease`](super::EtcdLease), "Writes sent together"), for
+    /// cost checks and tests: a node handing `n` shards on as it leaves sends about
     /// `n / 128 + 1` of them, and no handover of its own.
-    pub fn handover_batches_sent(&self) -> u64 {
+    pub fn write_batches_sent(&self) -> u64 {
         self.inner.batches.sent() as u64
     }
 

@@ -471,12 +471,7 @@ pub async fn a_shard_handed_to_a_leaving_node_is_passed_on(fleet: &impl Fleet) {
         running(&log).get("0").map(String::as_str) == Some("c")
     })
     .await;
-    until(fleet.ttl() / 2, "every shard runs on c", || {
-        let running = running(&log);
-        running.len() == 6 && running.values().all(|n| n == "c")
-    })
-    .await;
-    assert_exactly_once(&log);
+    all_run_on(fleet, &log, 6, "c").await;
     assert!(c.send(Shutdown).await.unwrap().unwrap());
 }
 
@@ -569,12 +564,7 @@ pub async fn a_slow_worker_keeps_only_its_own_shard(fleet: &impl Fleet) {
         leaving_a.await.unwrap().unwrap().unwrap(),
         "a released everything"
     );
-    until(fleet.ttl() / 2, "every shard runs on b", || {
-        let running = running(&log);
-        running.len() == 8 && running.values().all(|n| n == "b")
-    })
-    .await;
-    assert_exactly_once(&log);
+    all_run_on(fleet, &log, 8, "b").await;
     assert!(b.send(Shutdown).await.unwrap().unwrap());
 }
 
@@ -666,12 +656,7 @@ async fn handed_to_a_node_leaving_slowly(fleet: &impl Fleet, past_grace: bool) {
         "the slow worker still runs on a"
     );
     assert!(leaving_a.await.unwrap().unwrap().is_ok());
-    until(fleet.ttl() / 2, "every shard runs on c", || {
-        let running = running(&log);
-        running.len() == 6 && running.values().all(|n| n == "c")
-    })
-    .await;
-    assert_exactly_once(&log);
+    all_run_on(fleet, &log, 6, "c").await;
     assert!(c.send(Shutdown).await.unwrap().unwrap());
 }
 
@@ -763,4 +748,19 @@ pub async fn every_node_locates_every_shard_with_its_holders_address(fleet: &imp
     assert_exactly_once(&log);
     let a = nodes.pop().unwrap();
     assert!(a.send(Shutdown).await.unwrap().unwrap());
+}
+
+/// Waits up to half a TTL until every one of the `count` shards runs on `node`, then checks
+/// that each ran exactly once at any time: the common end of the leave cases.
+async fn all_run_on(fleet: &impl Fleet, log: &Log, count: usize, node: &str) {
+    until(
+        fleet.ttl() / 2,
+        &format!("every shard runs on {node}"),
+        || {
+            let running = running(log);
+            running.len() == count && running.values().all(|n| n == node)
+        },
+    )
+    .await;
+    assert_exactly_once(log);
 }

@@ -56,7 +56,7 @@ pub(super) struct Leaving {
 impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWorkers<A, L> {
     type Result = ResponseActFuture<Self, Result<bool, LeaseError>>;
 
-    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Shutdown, _ctx: &mut Context<Self>) -> Self::Result {
         let (done, answer) = tokio::sync::oneshot::channel();
         self.leaving.done.push(done);
         let answer = actix::fut::wrap_future(answer).map(
@@ -80,7 +80,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
                 .as_ref()
                 .is_some_and(|lease| lease.bound_to().is_some())
         }) {
-            return Box::pin(self.leave_bound(ctx).then(|(), _, _| answer));
+            return Box::pin(self.leave_bound().then(|(), _, _| answer));
         }
         let member = self.member.clone();
         let member_left = async move {
@@ -122,7 +122,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// stopped are handed over each on its own write, and the others each by its manager as
     /// soon as its worker stops ([`past_grace`](Self::past_grace)): a slow worker keeps only its
     /// own shard. A shard lease that is not bound is released as usual.
-    fn leave_bound(&mut self, _ctx: &mut Context<Self>) -> LocalBoxActorFuture<Self, ()> {
+    fn leave_bound(&mut self) -> LocalBoxActorFuture<Self, ()> {
         let turns: Vec<usize> = self.leaving.turns.drain(..).collect();
         let mut stops = FuturesUnordered::new();
         for &index in &turns {
@@ -215,11 +215,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let Some(manager) = self.shards[index].manager.clone() else {
                 continue;
             };
-            let target = if self.shards[index].held() {
-                self.target_on_leaving(index)
-            } else {
-                None
-            };
+            let target = self.held_target(index);
             manager.do_send(HandOverTo(target));
             manager.do_send(KeepLeaseOnShutdown(false));
         }
@@ -335,6 +331,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         Some(self.handover_target(owner))
     }
 
+    /// The target of shard `index` as this node leaves ([`target_on_leaving`]) if this node
+    /// holds it: only a shard it holds is handed over (the manager of one it was still waiting
+    /// for just stops competing).
+    ///
+    /// [`target_on_leaving`]: Self::target_on_leaving
+    fn held_target(&mut self, index: usize) -> Option<HandoverTarget> {
+        if self.shards[index].held() {
+            self.target_on_leaving(index)
+        } else {
+            None
+        }
+    }
+
     /// The shutdown's next turns: at most `shutdown_handovers` shards at a time, so that the
     /// others' workers run on under their tenures until their turn and each shard is down for
     /// its own handover, not behind (or beside) every other shard's. Each shard's target is the
@@ -347,13 +356,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             let Some(manager) = self.shards[index].manager.clone() else {
                 continue;
             };
-            // Only a shard this node holds is handed over (the manager of one it was still
-            // waiting for just stops competing).
-            let target = if self.shards[index].held() {
-                self.target_on_leaving(index)
-            } else {
-                None
-            };
+            let target = self.held_target(index);
             manager.do_send(HandOverTo(target));
             self.leaving.in_flight += 1;
             ctx.spawn(actix::fut::wrap_future(manager.send(Shutdown)).map(
