@@ -9,6 +9,7 @@
 //! cargo bench --all-features --bench fleet -- etcd --check
 //! cargo bench --all-features --bench fleet -- kubernetes --check
 //! cargo bench --all-features --bench fleet -- kubernetes large --check   # 16 × 4,096 (scenario 3)
+//! cargo bench --all-features --bench fleet -- kubernetes start --check   # 8 × 1,024 at once (4)
 //! ```
 //!
 //! Every lease of these runs has a TTL of 30 s and a renewal interval of 10 s. Scenario 1 always
@@ -81,6 +82,14 @@
 //!    A run of scenario 3 on a loaded machine (`BENCH_BUSY=N`, with N busy processes beside
 //!    it, as `BUSY=N scripts/ci-under-load.sh 1 -- cargo bench ...` starts them) is recorded as
 //!    a variant of its own (`N busy processes`), beside the run on an idle machine.
+//!
+//! 4. **start** (issue 48, alone, no idle member first): `BENCH_START_NODES` ×
+//!    `BENCH_START_SHARDS` (8 × 1,024) nodes spawned at one instant on a server of their own,
+//!    TTL 3 s and renewal 1 s (where a start once fed on itself: renewals queued behind every
+//!    node's claims, member tenures lost, their shards with them). Targets: no member tenure
+//!    lost (the nodes' logs), every shard running within 10 s, each shard's tokens rising; the
+//!    server's request counts beside them. `BENCH_START_MAX_CLAIMS=N` gives the nodes
+//!    `--max-claims-in-flight N` (a large N: every claim at once, as before).
 //!
 //! Environment: `BENCH_IDLE_WINDOW_SECS` (60), `BENCH_FLEET_WINDOW_SECS` (60),
 //! `BENCH_LARGE_WINDOW_SECS` (120), `BENCH_LARGE_NODES` (16), `BENCH_LARGE_SHARDS` (4,096),
@@ -700,6 +709,8 @@ struct Fleet {
     events: Vec<Event>,
     /// shard → (owner, token) of its newest start not followed by its stop.
     running: BTreeMap<usize, (String, u64)>,
+    /// More arguments for every node spawned.
+    extra: Vec<String>,
 }
 
 impl Fleet {
@@ -712,6 +723,7 @@ impl Fleet {
             nodes: Vec::new(),
             events: Vec::new(),
             running: BTreeMap::new(),
+            extra: Vec::new(),
         }
     }
 
@@ -725,6 +737,7 @@ impl Fleet {
             .args(["--group", &self.group, "--shards", &self.shards.to_string()])
             .args(["--owner", owner, "--events", events.to_str().unwrap()])
             .args(["--step-ms", &step_ms.to_string()])
+            .args(&self.extra)
             .env(
                 "RUST_LOG",
                 std::env::var("BENCH_NODE_RUST_LOG")
@@ -1883,6 +1896,12 @@ async fn start(bin: &Path, backend: &str, report: &mut Report) {
     );
     let requests0 = server.counters(&dir);
     let mut fleet = Fleet::new(bin, &dir, &group, shards);
+    // `BENCH_START_MAX_CLAIMS`: the nodes' `max_claims_in_flight` (a large value: as before
+    // issue 48, every claim at once).
+    let max_claims = std::env::var("BENCH_START_MAX_CLAIMS").ok();
+    if let Some(n) = &max_claims {
+        fleet.extra = vec!["--max-claims-in-flight".into(), n.clone()];
+    }
     let spawned = mono_ns();
     let started = Instant::now();
     for i in 1..=nodes {
@@ -1945,15 +1964,29 @@ async fn start(bin: &Path, backend: &str, report: &mut Report) {
     let busy = std::env::var("BENCH_BUSY")
         .ok()
         .map(|n| format!("{n} busy processes"));
+    let variant = match (&busy, &max_claims) {
+        (None, None) => None,
+        (busy, claims) => Some(
+            [
+                busy.clone(),
+                claims.as_ref().map(|n| format!("{n} claims in flight")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", "),
+        ),
+    };
     report.record(
         "fleet-start",
         backend,
-        busy.as_deref(),
+        variant.as_deref(),
         json!({
             "reference": "sharded_node processes of one group spawned at one instant on a server of their own (its counters count them alone), TTL 3 s, renewal 1 s",
             "values": {
                 "nodes": nodes,
                 "shards": shards,
+                "max_claims_in_flight": max_claims.as_deref().unwrap_or("default (16)"),
                 "ttl_s": START_TTL.as_secs(),
                 "renewal_s": START_RENEWAL.as_secs(),
                 "all_running_ms": all_running_ms,
@@ -2010,12 +2043,17 @@ fn main() {
     let mut report = Report::new("fleet");
     let bin = node_binary();
     runtime.block_on(async {
+        // The start scenario stands alone.
+        if only.as_deref() == Some("start") {
+            start(&bin, &backend, &mut report).await;
+            return;
+        }
         // The idle member's resident memory is the fleet's baseline: it always runs.
         let idle = idle_member(&bin, &backend, &mut report).await;
         match only.as_deref() {
             Some("idle") => {}
             Some("large") => large(&bin, &backend, &idle, &mut report).await,
-            Some("start") => start(&bin, &backend, &mut report).await,
+            Some("start") => unreachable!("run above"),
             None => fleet(&bin, &backend, &idle, &mut report).await,
             Some(other) => panic!("unknown scenario {other:?}: {usage}"),
         }

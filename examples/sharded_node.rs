@@ -27,6 +27,7 @@
 //! only its own shard while the others are handed on (`tests/sharded_processes.rs`).
 //! Shard leases are bound to the node's member lease where the backend binds (Kubernetes, in
 //! memory: one write per node per renewal interval); `--renew-shards` renews each on its own.
+//! `--max-claims-in-flight N` sets `ShardedSettings::max_claims_in_flight` (default 16).
 //! SIGTERM or ctrl-c shuts the node down gracefully and exits: with bound shard leases every
 //! worker stops, then the member lease is given up, which hands every shard on at once (a
 //! worker still stopping after the leave grace keeps only its own shard: the others are handed
@@ -41,7 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use actix::prelude::*;
 use actix_coordination::{
     CoordinationConfig, GetShards, Lease, LeaseProvider, ShardInfo, ShardedSettings,
-    ShardedWorkers, Shutdown, SingletonSettings,
+    ShardedWorkers, Shutdown, SingletonSettings, DEFAULT_MAX_CLAIMS_IN_FLIGHT,
 };
 
 /// Where the events go (`--events FILE`), and the pair of clocks to convert tokio's instants to
@@ -178,10 +179,12 @@ struct Args {
     events: Option<String>,
     step: Duration,
     renew_shards: bool,
+    /// `--max-claims-in-flight` (`ShardedSettings::max_claims_in_flight`), when given.
+    max_claims_in_flight: Option<usize>,
     slow_stop: Duration,
 }
 
-const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS] [--renew-shards] [--slow-stop-ms MS]";
+const USAGE: &str = "usage: sharded_node --config FILE [--config-key KEY] [--group NAME] [--shards N] [--owner ID] [--events FILE] [--step-ms MS] [--renew-shards] [--max-claims-in-flight N] [--slow-stop-ms MS]";
 
 fn parse_args() -> Result<Args, String> {
     let mut config = None;
@@ -192,6 +195,7 @@ fn parse_args() -> Result<Args, String> {
     let mut events = None;
     let mut step = Duration::from_millis(50);
     let mut renew_shards = false;
+    let mut max_claims_in_flight = None;
     let mut slow_stop = Duration::ZERO;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -217,6 +221,12 @@ fn parse_args() -> Result<Args, String> {
                 step = Duration::from_millis(ms);
             }
             "--renew-shards" => renew_shards = true,
+            "--max-claims-in-flight" => {
+                let n: usize = value()?
+                    .parse()
+                    .map_err(|e| format!("--max-claims-in-flight needs a number: {e}"))?;
+                max_claims_in_flight = Some(n);
+            }
             "--slow-stop-ms" => {
                 let ms: u64 = value()?
                     .parse()
@@ -239,6 +249,7 @@ fn parse_args() -> Result<Args, String> {
         events,
         step,
         renew_shards,
+        max_claims_in_flight,
         slow_stop,
     })
 }
@@ -333,6 +344,9 @@ async fn start() -> Result<String, Box<dyn std::error::Error>> {
                 ..Default::default()
             },
             bind_shards: !args.renew_shards,
+            max_claims_in_flight: args
+                .max_claims_in_flight
+                .unwrap_or(DEFAULT_MAX_CLAIMS_IN_FLIGHT),
             ..Default::default()
         })?
         .start();
