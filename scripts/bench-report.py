@@ -675,6 +675,42 @@ def t_fleet_large(d):
             + sources(recs))
 
 
+def t_fleet_start(d):
+    """Issue 48's start of a fleet at once (`benches/fleet.rs`, scenario `start`)."""
+    recs = [r for backend, _ in BACKENDS
+            for r in sorted(d.all("fleet-start", backend),
+                            key=lambda r: (r.get("variant") is not None, r.get("variant") or ""))]
+    if not recs:
+        return "(no results yet)"
+
+    def met(r, *ids):
+        cs = checks(r, *ids)
+        return "" if all(c["met"] for c in cs) else " (**missed**)"
+
+    rows = []
+    for r in recs:
+        v = r["values"]
+        name = BACKEND_NAME[r["backend"]] + (f" ({r['variant']})" if r.get("variant") else "")
+        reqs = ", ".join(f"{k.removeprefix('received ')} {x:.0f}"
+                         for k, x in sorted(v["requests"].items())
+                         if not k.startswith("started ") and x >= 0.5)
+        rows.append([
+            name, f"{v['nodes']} × {v['shards']:,}", f"{v['ttl_s']} s / {v['renewal_s']} s",
+            str(v["max_claims_in_flight"]),
+            f"**{v['all_running_ms'] / 1000:.1f} s**{met(r, 'start-all-running')}",
+            f"{v['settle_s']:.1f} s", f"{v['worker_starts']:,}",
+            f"**{v['members_lost']}**{met(r, 'start-members-lost')}",
+            f"{v['bound_refused']}", f"**{v['not_rising']}**{met(r, 'start-tokens-rising')}",
+            reqs, f"{v['load']['before']} → {v['load']['after']}",
+        ])
+    header = ["backend", "nodes × shards", "TTL / renewal", "claims in flight per node",
+              "every shard running after (target 10 s)", "balanced after", "worker starts",
+              "member tenures lost (target 0)", "claims refused: member lease not held",
+              "shards whose tokens did not rise (target 0)", "the server's requests until balanced",
+              "load average"]
+    return table(header, rows) + "\n\n" + sources(recs)
+
+
 def t_guard(d):
     rows, used = [], []
     for variant in ("idle", "busy"):
@@ -1039,6 +1075,7 @@ TABLES = {
     "sharded": t_sharded,
     "fleet": t_fleet,
     "fleet_large": t_fleet_large,
+    "fleet_start": t_fleet_start,
     "guard": t_guard,
     "scale": t_scale,
     "throughput": t_throughput,
