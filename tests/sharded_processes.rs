@@ -705,8 +705,9 @@ async fn sigterm(backend: fn(&Path, &str, Duration) -> Backend) {
     // (each one revision of the store), not one per shard, as the history shows. etcd's own
     // count of the transactions it received is printed beside it: it also counts the member
     // lease's retirement and the claims of the nodes that target the shards once they saw
-    // node-2's member lease gone (refused while node-2 still holds them), a number that varies
-    // with timing (23 and 35 for 21 shards).
+    // node-2's member lease gone (refused while node-2 still holds them; each node's sent
+    // together, in one transaction), a number that varies with timing (6 and 7 for 21 shards
+    // beside 6 busy processes; 23 to 46 before the claims were batched).
     if let Some(prefix) = &fleet.backend.etcd_prefix {
         let txns =
             common::etcd::messages_received(&common::etcd::endpoint(), "Txn").await - txns_before;

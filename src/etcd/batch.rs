@@ -34,7 +34,18 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::group::GroupSource;
 use super::observe_txn;
-use super::session::SessionInner;
+
+/// What batching needs of its session (the session implements it).
+pub(super) trait WriteSession: GroupSource {
+    /// The session's writes waiting for a batch.
+    fn batches(&self) -> &Batches;
+
+    /// Runs `future` on the session's runtime; `false` (and `future` dropped) when there is
+    /// none.
+    fn try_spawn<F>(&self, future: F) -> bool
+    where
+        F: std::future::Future<Output = ()> + Send + 'static;
+}
 
 /// The most keys one batch writes: etcd's default `--max-txn-ops` (128 compares and 128 puts).
 pub(super) const MAX_TXN_KEYS: usize = 128;
@@ -147,7 +158,7 @@ impl Batches {
 /// # Cancel safety
 ///
 /// Dropping the future does not withdraw the write: it may still land (see the module docs).
-pub(super) async fn write(session: &Arc<SessionInner>, write: Write) -> Batched {
+pub(super) async fn write<S: WriteSession>(session: &Arc<S>, write: Write) -> Batched {
     let (answer, answered) = oneshot::channel();
     let start = {
         let mut queue = session.batches().lock();
@@ -171,7 +182,7 @@ pub(super) async fn write(session: &Arc<SessionInner>, write: Write) -> Batched 
 }
 
 /// Writes the waiting writes, a batch at a time, until none waits.
-async fn flush(session: &Arc<SessionInner>) {
+async fn flush<S: WriteSession>(session: &Arc<S>) {
     let batches = session.batches();
     linger(batches).await;
     loop {
@@ -211,7 +222,7 @@ async fn linger(batches: &Batches) {
 }
 
 /// One batch: written, or each write requeued (its compare held) or left to its caller.
-async fn send(session: &Arc<SessionInner>, batch: Vec<Waiting>) {
+async fn send<S: WriteSession>(session: &Arc<S>, batch: Vec<Waiting>) {
     let batches = session.batches();
     let client = match session.client().await {
         Ok(client) => client,

@@ -37,7 +37,7 @@ use tokio::sync::{watch, Notify, OnceCell};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
-use super::batch::Batches;
+use super::batch::{Batches, WriteSession};
 use super::group::{GroupFeeds, GroupSource};
 use super::watch::{WatchHandle, WatchHub};
 use super::{observe, EtcdError, EtcdSettings, ETCD_BACKEND};
@@ -341,27 +341,7 @@ impl SessionInner {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.try_spawn(future);
-    }
-
-    /// Runs `future` on the session's runtime; `false` (and `future` dropped) when there is
-    /// none.
-    pub(super) fn try_spawn<F>(&self, future: F) -> bool
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        match self.runtime() {
-            Ok(runtime) => {
-                runtime.spawn(future);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// The handovers waiting to be written together.
-    pub(super) fn batches(&self) -> &Batches {
-        &self.batches
+        WriteSession::try_spawn(self, future);
     }
 
     /// Watches `key` over the session's shared watch stream.
@@ -475,6 +455,25 @@ impl SessionInner {
         grant
             .usable(Instant::now())
             .then(|| Grant::register(grant, user, timing))
+    }
+}
+
+impl WriteSession for SessionInner {
+    fn batches(&self) -> &Batches {
+        &self.batches
+    }
+
+    fn try_spawn<F>(&self, future: F) -> bool
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match self.runtime() {
+            Ok(runtime) => {
+                runtime.spawn(future);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
