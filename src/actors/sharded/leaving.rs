@@ -346,10 +346,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
     }
 
-    /// The shutdown's next turns: at most `shutdown_handovers` shards at a time, so that the
-    /// others' workers run on under their tenures until their turn and each shard is down for
-    /// its own handover, not behind (or beside) every other shard's. Each shard's target is the
-    /// one of the group as it is when its turn comes (a node that left meanwhile is no target).
+    /// The shutdown's next turns: at most `shutdown_handovers` shards at a time (128 by
+    /// default: each shard's worker stops and its lease is handed over as soon as it did, and
+    /// etcd writes the handovers sent together in a few transactions; 1 keeps the others'
+    /// workers running until their turn, each shard down for its own handover only). Each
+    /// shard's target is the one of the group as it is when its turn comes (a node that left
+    /// meanwhile is no target).
     fn take_turns(&mut self, ctx: &mut Context<Self>) {
         while self.leaving.in_flight < self.settings.shutdown_handovers {
             let Some(index) = self.leaving.turns.pop_front() else {
