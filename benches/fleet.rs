@@ -1351,15 +1351,26 @@ async fn fleet(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
 
 /// The large fleet's size (`BENCH_LARGE_NODES`, `BENCH_LARGE_SHARDS`): nodes, shards.
 fn large_size() -> (usize, usize) {
-    let var = |name: &str, default: usize| {
-        std::env::var(name).ok().map_or(default, |v| {
-            v.parse().unwrap_or_else(|_| panic!("{name} is a number"))
-        })
-    };
     (
-        var("BENCH_LARGE_NODES", LARGE_NODES),
-        var("BENCH_LARGE_SHARDS", LARGE_SHARDS),
+        env_count("BENCH_LARGE_NODES", LARGE_NODES),
+        env_count("BENCH_LARGE_SHARDS", LARGE_SHARDS),
     )
+}
+
+/// The number in environment variable `name`, `default` when it is not set.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().map_or(default, |v| {
+        v.parse().unwrap_or_else(|_| panic!("{name} is a number"))
+    })
+}
+
+/// A server of the fleet's own (a second API server, or an etcd of its own), so that its
+/// counters count the fleet alone.
+async fn own_server(backend: &str, dir: &Path) -> Server {
+    match backend {
+        "kubernetes" => Server::second_apiserver(dir).await,
+        _ => Server::private_etcd(dir).await,
+    }
 }
 
 fn ns_ms(ns: u128) -> f64 {
@@ -1536,11 +1547,7 @@ async fn large(bin: &Path, backend: &str, idle: &Idle, report: &mut Report) {
     let (nodes, shards) = large_size();
     let window = env_secs("BENCH_LARGE_WINDOW_SECS", 120);
     let dir = run_dir(backend, "large");
-    // A server of the fleet's own, so that its counters count the fleet alone.
-    let server = match backend {
-        "kubernetes" => Server::second_apiserver(&dir).await,
-        _ => Server::private_etcd(&dir).await,
-    };
+    let server = own_server(backend, &dir).await;
     let run = format!("large-{}", std::process::id());
     let group = format!("bench-{run}");
     let config_path = dir.join("node.toml");
@@ -1866,21 +1873,12 @@ const START_WITHIN: Duration = Duration::from_secs(10);
 /// the fencing tokens of each shard's worker starts (strictly rising); the server's requests
 /// until then. Targets: no member tenure lost, every shard running within 10 s, tokens rising.
 async fn start(bin: &Path, backend: &str, report: &mut Report) {
-    let var = |name: &str, default: usize| {
-        std::env::var(name).ok().map_or(default, |v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} must be a number"))
-        })
-    };
     let (nodes, shards) = (
-        var("BENCH_START_NODES", START_NODES),
-        var("BENCH_START_SHARDS", START_SHARDS),
+        env_count("BENCH_START_NODES", START_NODES),
+        env_count("BENCH_START_SHARDS", START_SHARDS),
     );
     let dir = run_dir(backend, "start");
-    let server = match backend {
-        "kubernetes" => Server::second_apiserver(&dir).await,
-        _ => Server::private_etcd(&dir).await,
-    };
+    let server = own_server(backend, &dir).await;
     let run = format!("start-{}", std::process::id());
     let group = format!("bench-{run}");
     let config_path = dir.join("node.toml");

@@ -582,18 +582,26 @@ def t_fleet(d):
     return out + "\n\n" + sources(used)
 
 
+def runs_by_backend(d, measurement):
+    """Per backend: the run without a variant (an idle machine), then its variants."""
+    return [r for backend, _ in BACKENDS
+            for r in sorted(d.all(measurement, backend),
+                            key=lambda r: (r.get("variant") is not None, r.get("variant") or ""))]
+
+
+def missed(r, *ids):
+    """The mark of a figure whose check of `r` among `ids` missed its target, else nothing."""
+    cs = checks(r, *ids)
+    return "" if all(c["met"] for c in cs) else " (**missed**)"
+
+
 def t_fleet_large(d):
     """Issue 37's fleet of real processes (`benches/fleet.rs`, scenario `large`)."""
     # Per backend: the run on an idle machine, then those beside busy processes (`BENCH_BUSY`).
-    recs = [r for backend, _ in BACKENDS
-            for r in sorted(d.all("fleet-large", backend),
-                            key=lambda r: (r.get("variant") is not None, r.get("variant") or ""))]
+    recs = runs_by_backend(d, "fleet-large")
     if not recs:
         return "(no results yet)"
-
-    def met(r, *ids):
-        cs = checks(r, *ids)
-        return "" if all(c["met"] for c in cs) else " (**missed**)"
+    met = missed
 
     def phase_cost(c):
         """What a phase cost until balanced: CPU and the server's requests (its mean time)."""
@@ -677,15 +685,10 @@ def t_fleet_large(d):
 
 def t_fleet_start(d):
     """Issue 48's start of a fleet at once (`benches/fleet.rs`, scenario `start`)."""
-    recs = [r for backend, _ in BACKENDS
-            for r in sorted(d.all("fleet-start", backend),
-                            key=lambda r: (r.get("variant") is not None, r.get("variant") or ""))]
+    recs = runs_by_backend(d, "fleet-start")
     if not recs:
         return "(no results yet)"
-
-    def met(r, *ids):
-        cs = checks(r, *ids)
-        return "" if all(c["met"] for c in cs) else " (**missed**)"
+    met = missed
 
     rows = []
     for r in recs:
