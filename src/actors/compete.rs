@@ -10,7 +10,9 @@
 //!   lease is held elsewhere does it wait, up to `2 × ttl`, on the backend's change notification
 //!   ([`Lease::acquire_within`]);
 //! * the next round comes after the retry delay ±20 % of jitter (nodes do not retry in lockstep),
-//!   or, after errors, after an exponential backoff capped by `max_error_backoff`;
+//!   or, after errors, after an exponential backoff capped by `max_error_backoff`; a bound lease
+//!   whose member tenure does not live ([`LeaseError::Unbound`]: nothing was sent) is not an
+//!   error of the backoff, and competes again after the retry delay;
 //! * a round that must end ([`Competition::cancel`]: shutdown, ineligible) never cuts an attempt
 //!   short: a wait ends at once, an attempt in flight is finished (within the operation timeout),
 //!   and the future `cancel` returns resolves when the round is over, so that the actor's
@@ -201,6 +203,16 @@ impl<L: Lease> Competition<L> {
                 tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "lease busy with another operation; competing again shortly");
                 Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)).min(MIN_ERROR_BACKOFF))
             }
+            Err(LeaseError::Unbound { member }) => {
+                // A bound lease whose member tenure does not live (lost, not acquired yet):
+                // nothing was sent, and the store is not at fault. Not an error of the backoff:
+                // after one, the claims waited out a backoff of up to `max_error_backoff` *after*
+                // the member was held again (a node that came back from a pause and a partition
+                // left the shards of two nodes that had left unclaimed for 20 s). Ask again after
+                // the retry delay: the member's own competition paces what is sent.
+                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %member, "the member lease is not held; competing again after the retry delay");
+                Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)))
+            }
             Err(error) => {
                 self.errors = self.errors.saturating_add(1);
                 let delay = error_backoff(self.retry_delay, self.max_error_backoff, self.errors);
@@ -338,6 +350,41 @@ mod tests {
         assert_eq!(scale(Duration::MAX, 1.0), Duration::MAX);
         assert_eq!(scale(Duration::MAX, 2.0), Duration::MAX);
         assert_eq!(scale(Duration::from_secs(10), 0.5), Duration::from_secs(5));
+    }
+
+    /// A bound claim without a live member tenure (nothing sent) competes again after the retry
+    /// delay however often it happens, and does not count towards the error backoff: a shard
+    /// claim must not wait out a backoff of up to `max_error_backoff` after its member came back.
+    #[test]
+    fn an_unbound_claim_is_retried_after_the_retry_delay_and_is_no_error() {
+        let _rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .enter();
+        let lease =
+            crate::InMemoryStore::new().lease(crate::LeaseSettings::new("shard", "node").unwrap());
+        let retry = Duration::from_millis(500);
+        let mut competition = Competition::new(Arc::new(lease), retry, Duration::from_secs(10));
+        let unbound = || LeaseError::Unbound {
+            member: "member".into(),
+        };
+        for _ in 0..20 {
+            match competition.next(Err(unbound())) {
+                Next::Compete(delay) => assert!(delay <= retry.mul_f64(1.2), "{delay:?}"),
+                Next::Acquired(_) => panic!("not acquired"),
+            }
+        }
+        assert_eq!(competition.errors, 0);
+        let timeout = LeaseError::Timeout {
+            operation: crate::Operation::Acquire,
+            timeout: Duration::from_secs(1),
+        };
+        match competition.next(Err(timeout)) {
+            // The first error of a row: `max(retry_delay, 100 ms)`.
+            Next::Compete(delay) => assert!(delay <= retry, "{delay:?}"),
+            Next::Acquired(_) => panic!("not acquired"),
+        }
+        assert_eq!(competition.errors, 1);
     }
 
     #[test]
