@@ -77,7 +77,10 @@
 //!
 //! * A bound acquire needs a live member tenure: without one it fails with
 //!   [`LeaseError::Unbound`](crate::LeaseError::Unbound) (transient: acquire the member lease
-//!   first). A claim is judged by the member tenure as it is when the claim is answered: renewed
+//!   first), and while that tenure ends sooner than the claim could be answered, it fails with
+//!   [`LeaseError::MemberEnding`](crate::LeaseError::MemberEnding), nothing sent (a member whose
+//!   renewals are late sends no claims that could only come back too late). A claim is judged by
+//!   the member tenure as it is when the claim is answered: renewed
 //!   meanwhile, the tenure starts with the member's deadline now; ended meanwhile, the claim
 //!   (bound to an incarnation that no longer lives) is free for others already and is not
 //!   written again.
@@ -316,6 +319,37 @@ impl BindingAnchor {
         })
     }
 
+    /// What a bound claim sent now names ([`current`](Self::current)), if one may be sent: a
+    /// member tenure lives ([`LeaseError::Unbound`] otherwise) and the claim can be answered
+    /// before its deadline ([`protocol::may_send_bound_claim`](crate::protocol::may_send_bound_claim);
+    /// [`LeaseError::MemberEnding`] otherwise). The bound on the answer is the claim's
+    /// `operation_timeout`, or the member's if that is shorter: a healthy member tenure always has
+    /// twice its own operation timeout left (the settings' rule), so a lease with a longer timeout
+    /// than its member's is not refused forever (its late answer is judged by
+    /// [`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim)).
+    ///
+    /// `may_send` decides (`protocol::may_send_bound_claim`, passed in: the protocol's rules
+    /// read bindings, and this module reads none of them).
+    pub(crate) fn claim_under(
+        &self,
+        operation_timeout: std::time::Duration,
+        may_send: impl FnOnce(Instant, Instant, std::time::Duration) -> bool,
+    ) -> Result<(Binding, u64, Instant), crate::LeaseError> {
+        let live = self.current().ok_or_else(|| crate::LeaseError::Unbound {
+            member: self.member().to_owned(),
+        })?;
+        let timeout = operation_timeout.min(self.inner.operation_timeout);
+        let now = Instant::now();
+        if !may_send(now, live.2, timeout) {
+            return Err(crate::LeaseError::MemberEnding {
+                member: self.member().to_owned(),
+                left: live.2.saturating_duration_since(now),
+                timeout,
+            });
+        }
+        Ok(live)
+    }
+
     /// Attaches `child` to member tenure `generation`: the member's deadline (the child's from now
     /// on), or `None` when that tenure is not the current one any more or its deadline passed (the
     /// child must end).
@@ -344,6 +378,8 @@ pub(crate) trait BoundChild: Send + Sync {
 pub(crate) struct Anchor {
     name: String,
     store: Option<String>,
+    /// The anchoring lease's operation timeout.
+    operation_timeout: std::time::Duration,
     state: Mutex<AnchorState>,
     /// Whether the anchoring lease is bound itself (then nothing may bind to it).
     bound: std::sync::atomic::AtomicBool,
@@ -366,10 +402,15 @@ struct Current {
 }
 
 impl Anchor {
-    pub(crate) fn new(name: String, store: Option<String>) -> Self {
+    pub(crate) fn new(
+        name: String,
+        store: Option<String>,
+        operation_timeout: std::time::Duration,
+    ) -> Self {
         Self {
             name,
             store,
+            operation_timeout,
             state: Mutex::new(AnchorState::default()),
             bound: std::sync::atomic::AtomicBool::new(false),
         }

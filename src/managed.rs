@@ -236,9 +236,13 @@ impl<B: LeaseBackend> ManagedLease<B> {
         });
         let label = LeaseLabel::new(settings.name());
         metrics::lease_registered(&label);
-        let anchor = backend
-            .binds()
-            .then(|| Arc::new(Anchor::new(settings.name().to_owned(), backend.store_id())));
+        let anchor = backend.binds().then(|| {
+            Arc::new(Anchor::new(
+                settings.name().to_owned(),
+                backend.store_id(),
+                settings.operation_timeout(),
+            ))
+        });
         let shared = Arc::new(Shared {
             backend,
             handlers: LostHandlers::new(),
@@ -427,9 +431,9 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let runtime = current_runtime(Operation::Acquire)?;
         // A bound lease claims under the member tenure alive now, or not at all.
         let member = match shared.bound.get() {
-            Some(anchor) => Some(anchor.current().ok_or_else(|| LeaseError::Unbound {
-                member: anchor.member().to_owned(),
-            })?),
+            Some(anchor) => Some(
+                anchor.claim_under(settings.operation_timeout(), protocol::may_send_bound_claim)?,
+            ),
             None => None,
         };
         let start = Instant::now();

@@ -258,6 +258,23 @@ pub fn keep_bound_claim(claimed_under: &Binding, live_member: Option<&Binding>) 
     live_member == Some(claimed_under)
 }
 
+/// Whether a bound claim may be sent at `now` under a member tenure that lives until
+/// `member_deadline` by this process's clock, when its answer may take up to
+/// `operation_timeout`: only if it can be answered before that deadline. A claim answered later
+/// starts nothing ([`keep_bound_claim`]), so sending it would only load the store, and during a
+/// fleet's start such claims queued ahead of the very member renewals that were late. Not a
+/// safety rule (a claim sent anyway is judged by [`keep_bound_claim`] when answered), a liveness
+/// one: a healthy member's tenure always has room (the settings keep `renewal_interval + 2 ×
+/// operation_timeout` within the TTL), so this refuses claims only while its renewals fail.
+pub fn may_send_bound_claim(
+    now: Instant,
+    member_deadline: Instant,
+    operation_timeout: std::time::Duration,
+) -> bool {
+    now.checked_add(operation_timeout)
+        .is_some_and(|answered| answered <= member_deadline)
+}
+
 /// Whether a member record may list `record` under incarnation `ended` of the member lease
 /// held by `holder`: only a record that this holder holds bound to that very incarnation.
 pub fn listable(record: RecordSeen<'_>, holder: &str, ended: &Binding) -> bool {
@@ -397,5 +414,17 @@ mod tests {
             "b",
             &ended
         ));
+    }
+
+    #[test]
+    fn a_bound_claim_is_sent_only_if_it_can_be_answered_before_the_member_deadline() {
+        let now = Instant::now();
+        let timeout = Duration::from_millis(800);
+        assert!(may_send_bound_claim(now, now + timeout * 2, timeout));
+        assert!(may_send_bound_claim(now, now + timeout, timeout));
+        assert!(!may_send_bound_claim(now, now + timeout / 2, timeout));
+        assert!(!may_send_bound_claim(now, now, timeout));
+        assert!(!may_send_bound_claim(now + timeout, now, timeout));
+        assert!(!may_send_bound_claim(now, now + timeout, Duration::MAX));
     }
 }

@@ -232,6 +232,23 @@ pub enum LeaseError {
         /// The member lease.
         member: String,
     },
+    /// The lease is bound to member lease `member`, whose tenure ends within `left` by this
+    /// process's clock: sooner than a claim's answer may take (`timeout`: the lease's operation
+    /// timeout, or the member lease's if that is shorter).
+    /// A claim answered after its member tenure ended starts nothing (see
+    /// [`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim)), so none is sent while
+    /// the member's renewals are late: during a fleet's start such claims only added to the load
+    /// that made the renewals late. Nothing was sent. Transient (a member renewal moves the
+    /// deadline).
+    #[error("lease is bound to member lease {member:?}, whose tenure ends in {left:?}, sooner than a claim may take to be answered ({timeout:?}): nothing was sent")]
+    MemberEnding {
+        /// The member lease.
+        member: String,
+        /// How long its tenure lives on, by this process's clock.
+        left: Duration,
+        /// The operation timeout: how long a claim's answer may take.
+        timeout: Duration,
+    },
     /// [`release_to`](crate::Lease::release_to) was given a target that cannot hold the lease:
     /// empty, too long, with a control character, or this owner itself. Nothing changed. Not
     /// transient.
@@ -250,9 +267,10 @@ impl LeaseError {
     /// Whether trying again may succeed (timeouts, transient backend errors, a busy lease).
     pub fn is_transient(&self) -> bool {
         match self {
-            LeaseError::Timeout { .. } | LeaseError::Busy { .. } | LeaseError::Unbound { .. } => {
-                true
-            }
+            LeaseError::Timeout { .. }
+            | LeaseError::Busy { .. }
+            | LeaseError::Unbound { .. }
+            | LeaseError::MemberEnding { .. } => true,
             LeaseError::Backend { transient, .. } => *transient,
             LeaseError::NoRuntime { .. }
             | LeaseError::DuplicateInstance { .. }

@@ -335,6 +335,37 @@ async fn a_member_that_expires_takes_its_bound_tenures_with_it() {
     assert!(Instant::now() >= member_expiry);
 }
 
+/// A bound claim is not sent while the member's renewals are late enough that its tenure ends
+/// sooner than the claim may take to be answered: it fails at once with `MemberEnding`
+/// (transient), nothing sent, and is sent again once a renewal moved the deadline.
+#[tokio::test(start_paused = true)]
+async fn no_claim_is_sent_that_cannot_be_answered_before_the_member_tenure_ends() {
+    let store = InMemoryStore::new();
+    let a = node(&store, "a", 2);
+    assert!(a.member.acquire().await.unwrap());
+    assert!(
+        a.shards[0].acquire().await.unwrap(),
+        "a healthy member: claims go"
+    );
+    // The member's renewals hang from now on: its deadline comes closer.
+    store.pause("a");
+    let deadline = a.member.deadline().unwrap();
+    sleep_until(deadline - Duration::from_millis(500)).await;
+    assert!(a.member.check_alive());
+    let before = store.stats();
+    let error = a.shards[1].acquire().await.unwrap_err();
+    assert!(
+        matches!(&error, LeaseError::MemberEnding { member, left, timeout }
+            if *member == member_name("a")
+                && *left <= Duration::from_millis(500)
+                && *timeout == Duration::from_millis(800)),
+        "{error}"
+    );
+    assert!(error.is_transient());
+    assert_eq!(store.stats().calls, before.calls, "nothing was sent");
+    assert!(store.record(&shard_name(1)).is_none(), "never claimed");
+}
+
 /// The errors: an acquire with no member tenure is `Unbound` (never "held by another"), and the
 /// bindings `bind_to` refuses.
 #[tokio::test(start_paused = true)]

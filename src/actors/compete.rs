@@ -11,8 +11,9 @@
 //!   ([`Lease::acquire_within`]);
 //! * the next round comes after the retry delay ±20 % of jitter (nodes do not retry in lockstep),
 //!   or, after errors, after an exponential backoff capped by `max_error_backoff`; a bound lease
-//!   whose member tenure does not live ([`LeaseError::Unbound`]: nothing was sent) is not an
-//!   error of the backoff, and competes again after the retry delay;
+//!   whose member tenure does not live, or ends before a claim could be answered
+//!   ([`LeaseError::Unbound`], [`LeaseError::MemberEnding`]: nothing was sent), is not an error
+//!   of the backoff, and competes again after the retry delay;
 //! * a round that must end ([`Competition::cancel`]: shutdown, ineligible) never cuts an attempt
 //!   short: a wait ends at once, an attempt in flight is finished (within the operation timeout),
 //!   and the future `cancel` returns resolves when the round is over, so that the actor's
@@ -203,14 +204,15 @@ impl<L: Lease> Competition<L> {
                 tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), "lease busy with another operation; competing again shortly");
                 Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)).min(MIN_ERROR_BACKOFF))
             }
-            Err(LeaseError::Unbound { member }) => {
-                // A bound lease whose member tenure does not live (lost, not acquired yet):
-                // nothing was sent, and the store is not at fault. Not an error of the backoff:
-                // after one, the claims waited out a backoff of up to `max_error_backoff` *after*
-                // the member was held again (a node that came back from a pause and a partition
-                // left the shards of two nodes that had left unclaimed for 20 s). Ask again after
-                // the retry delay: the member's own competition paces what is sent.
-                tracing::debug!(lease = %self.lease.name(), owner = %self.lease.owner(), %member, "the member lease is not held; competing again after the retry delay");
+            Err(error @ (LeaseError::Unbound { .. } | LeaseError::MemberEnding { .. })) => {
+                // A bound lease whose member tenure does not live (lost, not acquired yet) or
+                // ends before a claim could be answered: nothing was sent, and the store is not at
+                // fault. Not an error of the backoff: after one, the claims waited out a backoff
+                // of up to `max_error_backoff` *after* the member was held again (a node back from
+                // a pause and a partition left the shards of two nodes that had left unclaimed for
+                // 20 s). Ask again after the retry delay: the member's own competition and
+                // renewals pace what is sent.
+                tracing::debug!(error = &error as &dyn std::error::Error, lease = %self.lease.name(), owner = %self.lease.owner(), "no live member tenure to claim under; competing again after the retry delay");
                 Next::Compete(jitter(self.retry_delay.max(MIN_ROUND)))
             }
             Err(error) => {
