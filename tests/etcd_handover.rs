@@ -240,6 +240,62 @@ async fn a_key_handed_to_an_owner_not_waiting_is_taken_when_it_competes() {
     assert!(member_b.release().await.unwrap());
 }
 
+/// Issue 48: a contender whose session watches the key's group waits on that watch's records
+/// for the key to change, not on a watch of the key's own and a read: a handover to it and a
+/// release each wake it (its next claim takes the handed key up, or claims the deleted one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_watching_the_group_waits_on_its_records() {
+    let endpoint = endpoint();
+    let prefix = unique_prefix("group-wait");
+    let Pair {
+        session_a,
+        session_b,
+        member_b,
+        ..
+    } = pair(&endpoint, &prefix).await;
+    let group_b = session_b
+        .lease(settings("g-watch", "b"))
+        .watch_group("g-")
+        .unwrap();
+    eventually(Duration::from_secs(10), "b's group watch is listed", || {
+        group_b.snapshot().is_synced()
+    })
+    .await;
+    for (shard, handed) in [("g-0", true), ("g-1", false)] {
+        let a = session_a.lease(settings(shard, "a"));
+        let b = Arc::new(session_b.lease(settings(shard, "b")));
+        assert!(a.acquire().await.unwrap());
+        let a_token = a.fencing_token().unwrap();
+        let b_wait = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.acquire_within(Duration::from_secs(30)).await }
+        });
+        eventually(Duration::from_secs(10), "b found the key held", || {
+            b.backend().seen_held() >= 1
+        })
+        .await;
+        if handed {
+            assert!(a.hand_over("b").await.unwrap());
+        } else {
+            assert!(a.release().await.unwrap());
+        }
+        let got = timeout(Duration::from_secs(20), b_wait)
+            .await
+            .expect("b's wait ends on the change, not at its deadline")
+            .unwrap();
+        assert!(got.unwrap(), "b holds {shard}");
+        assert_eq!(
+            b.backend().changes_seen_in_group(),
+            1,
+            "the group watch answered b's wait ({shard})"
+        );
+        assert_eq!(b.backend().taken_up(), u64::from(handed), "{shard}");
+        assert!(b.fencing_token().unwrap() > a_token, "tokens rise");
+        assert!(b.release().await.unwrap());
+    }
+    assert!(member_b.release().await.unwrap());
+}
+
 /// Issue 48: handovers sent together are written together. `a` holds 24 keys and hands them all
 /// to `b` at once: one batch transaction moves them all at one revision of the store (etcd's own
 /// history), no handover is written alone, and every key is then in `b`'s name on `b`'s etcd

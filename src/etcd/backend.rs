@@ -9,7 +9,7 @@ use etcd_client::{
     TxnOpResponse, TxnResponse,
 };
 use tokio::sync::watch;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, Instant};
 
 use super::batch;
 use super::claims::{remove_claim, ClaimGuard, Claims, Current, Removal, Target, Unanswered};
@@ -22,6 +22,8 @@ use crate::backoff::Doubling;
 use crate::group::{GroupError, GroupWatch};
 use crate::lease::{FencingToken, LostReason};
 use crate::settings::LeaseSettings;
+
+mod wait;
 
 /// How many times one acquire attempt starts over at once (a lost etcd lease, a racing change).
 const CLAIM_ROUNDS: usize = 3;
@@ -36,8 +38,10 @@ pub struct EtcdBackend {
     key: Vec<u8>,
     /// What the backend's background clean-ups share with it.
     claims: Arc<Claims>,
-    /// The store revision at which another owner was last seen holding the key.
+    /// The store revision at which another owner was last seen holding the key, and the key's
+    /// `mod_revision` then (for a wait on the session's group watch: `wait_for_change`).
     observed: Mutex<Option<i64>>,
+    observed_key: Mutex<Option<i64>>,
     /// `wait_for_change` just saw the key deleted: the next attempt claims without reading first.
     seen_deleted: AtomicBool,
     /// The `mod_revision` of the last preference for another owner seen on the key (see
@@ -66,6 +70,8 @@ pub struct EtcdBackend {
     claims_refused: AtomicU64,
     /// Attempts that found another owner holding the key (by a read or a refused claim).
     seen_held: AtomicU64,
+    /// Waits for a change of the key that the session's group watch answered.
+    changes_seen_in_group: AtomicU64,
     /// Loss watches that found the history compacted and watched on after reading the key.
     compacted_watch_resumes: AtomicU64,
 }
@@ -178,6 +184,8 @@ impl EtcdBackend {
                 removals_failed: AtomicU64::new(0),
             }),
             observed: Mutex::new(None),
+            observed_key: Mutex::new(None),
+            changes_seen_in_group: AtomicU64::new(0),
             seen_deleted: AtomicBool::new(false),
             preference: Mutex::new(None),
             deferred_until: Mutex::new(None),
@@ -220,6 +228,12 @@ impl EtcdBackend {
     /// existed (held by someone), or changed since it was read (a lost race).
     pub fn claims_refused(&self) -> u64 {
         self.claims_refused.load(Ordering::Relaxed)
+    }
+
+    /// How many waits for the key held by another owner to change the session's group watch
+    /// answered (without a watch of the key's own), for tests and cost checks.
+    pub fn changes_seen_in_group(&self) -> u64 {
+        self.changes_seen_in_group.load(Ordering::Relaxed)
     }
 
     /// How many acquire attempts found another owner holding the key, by a read before any
@@ -349,10 +363,11 @@ impl EtcdBackend {
         };
         match KeyContent::parse(current.value()) {
             KeyContent::Holder(holder) if holder != owner => {
+                self.saw_key_held(current.mod_revision());
                 return Ok(Claim::Held {
                     holder: Some(holder),
                     revision,
-                })
+                });
             }
             KeyContent::Holder(_) => {
                 if self.may_take_up(
@@ -423,6 +438,11 @@ impl EtcdBackend {
         self.observed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Remembers the `mod_revision` of the key seen held by another owner (`None`: forgets it).
+    fn saw_key_held(&self, key_revision: impl Into<Option<i64>>) {
+        *self.observed_key.lock().unwrap_or_else(|p| p.into_inner()) = key_revision.into();
+    }
+
     /// For a key released to `target` for `window` at `mod_revision`: until when `owner` leaves
     /// it to `target` (one window after this instance first saw that preference, on its
     /// monotonic clock), `None` when it may claim it now.
@@ -454,6 +474,7 @@ impl EtcdBackend {
     /// The answer of an attempt that leaves the key to a preferred holder until `until`.
     fn deferred(&self, until: Instant, revision: i64) -> AcquireAttempt<EtcdTenure> {
         *self.lock_observed() = Some(revision);
+        self.saw_key_held(None);
         *self
             .deferred_until
             .lock()
@@ -479,7 +500,10 @@ impl EtcdBackend {
         let revision = response.header().map_or(0, |h| h.revision());
         let holder = match KeyContent::parse(current.value()) {
             KeyContent::Holder(holder) if holder == owner => return Ok(None),
-            KeyContent::Holder(holder) => holder,
+            KeyContent::Holder(holder) => {
+                self.saw_key_held(current.mod_revision());
+                holder
+            }
             KeyContent::Preferred { target, window } => {
                 return Ok(self
                     .defer_until(owner, current.mod_revision(), &target, window)
@@ -1062,106 +1086,6 @@ impl LeaseBackend for EtcdBackend {
     }
 
     async fn wait_for_change(&self, settings: &LeaseSettings, not_after: Instant) {
-        // Left to a preferred holder: try again when that window ends, or when the key changes.
-        let deferred = self
-            .deferred_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let not_after = deferred.map_or(not_after, |until| until.min(not_after));
-        // Without a working watch, try again after the retry delay, not only at `not_after`
-        // (which is the caller's whole deadline when it relies on the notification).
-        let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
-        // The store's revision at which the key was seen held.
-        let Some(seen) = self.lock_observed().take() else {
-            tracing::trace!(key = %self.key_lossy(), "no revision seen: waiting for the retry delay");
-            return sleep_until(retry_at).await;
-        };
-        // The watch starts from "now", not from `seen + 1`: etcd delivers the events of a watch
-        // that starts in the past (once anything was written after its start revision) only when
-        // its watcher catch-up loop next runs, every 100 ms, so that a release came up to 100 ms
-        // late to a contender of a busy store (a planned move of 16 shards: 95 ms per shard). A
-        // deletion between `seen` and the watch's start is found by one read, made only when the
-        // store was written meanwhile (the watch's creation reports the revision it starts at).
-        let wait = async {
-            // Puts too: a release to a preferred holder overwrites the key instead of deleting
-            // it (claims are the only other puts; renewals do not write the key).
-            let Ok(mut watch) = self.inner().watch(self.key.clone(), 0, false).await else {
-                return sleep_until(retry_at).await;
-            };
-            loop {
-                match watch.next().await {
-                    Some(HubEvent::Created { revision }) if revision > seen => {
-                        match self.key_now(settings.owner()).await {
-                            Ok(KeyNow::HandedHere(handed)) => {
-                                self.seen_handed(handed);
-                                return;
-                            }
-                            Ok(KeyNow::Preferred) => {
-                                tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was released to a preferred holder before its watch started");
-                                return;
-                            }
-                            Ok(KeyNow::Absent) => {
-                                tracing::trace!(key = %self.key_lossy(), seen, revision, "the key was deleted before its watch started");
-                                self.seen_deleted.store(true, Ordering::Relaxed);
-                                return;
-                            }
-                            // Still held by another owner: its deletion comes through the watch.
-                            Ok(KeyNow::Held) => {}
-                            Err(_) => return sleep_until(retry_at).await,
-                        }
-                    }
-                    Some(HubEvent::Created { .. }) => {}
-                    // Deleted (released, expired): try again now, without reading first. Released to
-                    // a preferred holder: try again now. Claimed by another owner: wait on.
-                    Some(HubEvent::Events(events)) => {
-                        let deleted = events.iter().any(|e| e.event_type() == EventType::Delete);
-                        if deleted {
-                            tracing::trace!(key = %self.key_lossy(), "the key was deleted");
-                            self.seen_deleted.store(true, Ordering::Relaxed);
-                            return;
-                        }
-                        let preferred = events.iter().filter_map(|e| e.kv()).find_map(|kv| {
-                            match KeyContent::parse(kv.value()) {
-                                KeyContent::Preferred { target, .. } => {
-                                    Some((target == settings.owner(), kv.mod_revision()))
-                                }
-                                KeyContent::Holder(_) => None,
-                            }
-                        });
-                        // Handed to this owner (see `hand_over`): take it up now.
-                        let handed = events
-                            .iter()
-                            .filter(|e| e.event_type() == EventType::Put)
-                            .filter_map(|e| e.kv())
-                            .find(|kv| {
-                                KeyContent::holder(kv.value()).as_deref() == Some(settings.owner())
-                            });
-                        if let Some(kv) = handed {
-                            self.seen_handed(Handed::of(kv));
-                            return;
-                        }
-                        if let Some((here, revision)) = preferred {
-                            if here {
-                                *self
-                                    .preferred_here
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner()) = Some(revision);
-                            }
-                            tracing::trace!(key = %self.key_lossy(), "the key was released to a preferred holder");
-                            return;
-                        }
-                    }
-                    other @ (Some(HubEvent::Canceled { .. } | HubEvent::Broken(_)) | None) => {
-                        tracing::trace!(key = %self.key_lossy(), ?other, "the key's watch ended: waiting for the retry delay");
-                        return sleep_until(retry_at).await;
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            _ = wait => {}
-            _ = sleep_until(not_after) => {}
-        }
+        self.wait_for_key_change(settings, not_after).await;
     }
 }

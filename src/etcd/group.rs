@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -134,22 +135,88 @@ impl GroupFeeds {
             return Ok(GroupWatch::new(receiver, feed));
         }
         let (sender, receiver) = group_channel();
+        let through = Arc::new(AtomicI64::new(0));
         let fold = Fold {
-            key,
+            key: key.clone(),
             strip,
             listed: None,
             sender,
             holders: Arc::clone(&self.holders),
+            through: Arc::clone(&through),
         };
         let span = tracing::debug_span!("etcd_group_watch", group = %group);
         let task = runtime.spawn(tracing::Instrument::instrument(feed(source, fold), span));
         let feed = Arc::new(Feed {
             receiver: receiver.clone(),
             task: task.abort_handle(),
+            key,
+            strip,
+            through,
         });
         feeds.insert(group.to_owned(), Arc::downgrade(&feed));
         Ok(GroupWatch::new(receiver, feed))
     }
+
+    /// A wait until key `key` is no longer at the version written at `key_revision` (its
+    /// `mod_revision` when last seen held by another owner), on the records of a running feed
+    /// of a group that holds the key, instead of a watch of the key's own and a read (a node
+    /// taking up the 256 shards of one that left sent 701 watch requests and 77 reads for
+    /// them): `None` when no feed holds the key. The future answers what the feed shows once
+    /// it has followed the store up to that version at least (a lagging feed decides nothing):
+    /// the key deleted, or at another version; `None` when the feed ended (the last watch of
+    /// its group was dropped). It holds no feed alive.
+    pub(super) fn wait_for_key(
+        &self,
+        key: &[u8],
+        key_revision: i64,
+    ) -> Option<impl Future<Output = Option<KeyChange>> + Send + 'static> {
+        let (receiver, through, name) = {
+            let feeds = self.lock();
+            let feed = feeds
+                .values()
+                .filter_map(Weak::upgrade)
+                .find(|feed| key.starts_with(&feed.key))?;
+            let name = feed.name(key);
+            (feed.receiver.clone(), Arc::clone(&feed.through), name)
+        };
+        Some(key_change(receiver, through, name, key_revision))
+    }
+}
+
+/// Waits on `receiver`'s records, which follow the store up to revision `through`, until
+/// record `name` is no longer at the version written at `key_revision` (see
+/// [`GroupFeeds::wait_for_key`]).
+async fn key_change(
+    mut receiver: watch::Receiver<Arc<GroupSnapshot>>,
+    through: Arc<AtomicI64>,
+    name: String,
+    key_revision: i64,
+) -> Option<KeyChange> {
+    loop {
+        {
+            let snapshot = receiver.borrow_and_update();
+            let followed = through.load(Ordering::Acquire) >= key_revision;
+            if snapshot.is_synced() && followed {
+                match snapshot.get(&name) {
+                    None => return Some(KeyChange::Deleted),
+                    Some(record) if record.token != Some(token_of(key_revision)) => {
+                        return Some(KeyChange::Changed)
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        receiver.changed().await.ok()?;
+    }
+}
+
+/// What a wait on a group feed saw of a key ([`GroupFeeds::wait_for_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyChange {
+    /// The key is gone (released, expired with its etcd lease).
+    Deleted,
+    /// The key is at another version (handed over, released to a preferred holder, claimed).
+    Changed,
 }
 
 /// A running feed: what every [`GroupWatch`] of its group holds. Dropped with the last of them,
@@ -157,6 +224,17 @@ impl GroupFeeds {
 struct Feed {
     receiver: watch::Receiver<Arc<GroupSnapshot>>,
     task: AbortHandle,
+    /// The group's key prefix, and the length of the session's (see [`Fold`]).
+    key: Vec<u8>,
+    strip: usize,
+    /// The store revision up to which the published records follow the store (see [`Fold`]).
+    through: Arc<AtomicI64>,
+}
+
+impl Feed {
+    fn name(&self, key: &[u8]) -> String {
+        String::from_utf8_lossy(key.get(self.strip..).unwrap_or(key)).into_owned()
+    }
 }
 
 impl Drop for Feed {
@@ -174,10 +252,15 @@ struct Fold {
     key: Vec<u8>,
     /// The length of the session's key prefix, taken off keys to get lease names.
     strip: usize,
-    /// The records of the range in progress, published (as synced) once its watch is created.
-    listed: Option<BTreeMap<String, GroupRecord>>,
+    /// The records of the range in progress and its revision, published (as synced) once its
+    /// watch is created.
+    listed: Option<(BTreeMap<String, GroupRecord>, i64)>,
     sender: GroupSender,
     holders: Arc<HolderLeases>,
+    /// The store revision up to which the published records follow the store: the listing's,
+    /// then the latest event's (the events come in revision order); set with the records, under
+    /// the snapshot's lock, so that no reader sees one without the other.
+    through: Arc<AtomicI64>,
 }
 
 impl Fold {
@@ -186,21 +269,25 @@ impl Fold {
     }
 
     /// The group as listed; published (as synced) once its watch is created.
-    fn listed(&mut self, kvs: &[KeyValue]) {
+    fn listed(&mut self, kvs: &[KeyValue], revision: i64) {
         kvs.iter().for_each(|kv| self.holders.saw(kv));
-        self.listed = Some(
+        self.listed = Some((
             kvs.iter()
                 .map(|kv| (self.name(kv.key()), record(kv)))
                 .collect(),
-        );
+            revision,
+        ));
     }
 
     /// The watch of the range is created: the listed records are the group, synced.
     fn created(&mut self) {
         match self.listed.take() {
-            Some(records) => {
-                self.sender
-                    .send_replace(Arc::new(GroupSnapshot::new(records, true)));
+            Some((records, revision)) => {
+                let through = &self.through;
+                self.sender.send_modify(|snapshot| {
+                    *snapshot = Arc::new(GroupSnapshot::new(records, true));
+                    through.fetch_max(revision, Ordering::AcqRel);
+                });
             }
             None => self
                 .sender
@@ -209,6 +296,12 @@ impl Fold {
     }
 
     fn apply(&mut self, events: &[Event]) {
+        let latest = events
+            .iter()
+            .filter_map(|event| event.kv())
+            .map(KeyValue::mod_revision)
+            .max()
+            .unwrap_or(0);
         let changes: Vec<(String, Option<GroupRecord>)> = events
             .iter()
             .filter_map(|event| {
@@ -224,13 +317,15 @@ impl Fold {
                 })
             })
             .collect();
-        self.change(changes);
+        self.change(changes, latest);
     }
 
-    /// Applies `changes` (a record, or `None`: the key is gone) to the published records, in
-    /// place, and publishes them as synced.
-    fn change(&self, changes: Vec<(String, Option<GroupRecord>)>) {
+    /// Applies `changes` (a record, or `None`: the key is gone), which follow the store up to
+    /// revision `through`, to the published records, in place, and publishes them as synced.
+    fn change(&self, changes: Vec<(String, Option<GroupRecord>)>, through: i64) {
+        let followed = &self.through;
         self.sender.send_modify(|snapshot| {
+            followed.fetch_max(through, Ordering::AcqRel);
             let snapshot = Arc::make_mut(snapshot);
             for (name, record) in changes {
                 match record {
@@ -383,7 +478,7 @@ async fn list<S: GroupSource>(session: &S, fold: &mut Fold) -> Result<i64, EtcdE
             operation: "list a group of leases",
             detail: "no revision in the response header".into(),
         })?;
-    fold.listed(response.kvs());
+    fold.listed(response.kvs(), revision);
     Ok(revision)
 }
 
@@ -399,6 +494,7 @@ mod tests {
             listed: None,
             sender,
             holders: Arc::default(),
+            through: Arc::default(),
         };
         (fold, receiver)
     }
@@ -421,7 +517,7 @@ mod tests {
     #[test]
     fn losing_sync_keeps_the_records_and_says_so_once() {
         let (mut fold, mut receiver) = fold();
-        fold.change(vec![("g-0".into(), held("a", 5))]);
+        fold.change(vec![("g-0".into(), held("a", 5))], 0);
         receiver.borrow_and_update();
         fold.unsynced();
         assert!(receiver.has_changed().unwrap());
@@ -439,9 +535,12 @@ mod tests {
     #[test]
     fn changes_are_made_in_place_unless_a_reader_holds_the_snapshot() {
         let (fold, mut receiver) = fold();
-        fold.change((0..3).map(|i| (format!("g-{i}"), held("a", i))).collect());
+        fold.change(
+            (0..3).map(|i| (format!("g-{i}"), held("a", i))).collect(),
+            0,
+        );
         let first = Arc::as_ptr(&receiver.borrow_and_update());
-        fold.change(vec![("g-1".into(), held("b", 7)), ("g-2".into(), None)]);
+        fold.change(vec![("g-1".into(), held("b", 7)), ("g-2".into(), None)], 0);
         assert!(receiver.has_changed().unwrap());
         let snapshot = receiver.borrow_and_update().clone();
         assert_eq!(Arc::as_ptr(&snapshot), first, "changed in place");
@@ -451,7 +550,7 @@ mod tests {
 
         // A reader holds this snapshot: the next change goes to a copy, and the reader's
         // snapshot stays as it was.
-        fold.change(vec![("g-0".into(), held("c", 8))]);
+        fold.change(vec![("g-0".into(), held("c", 8))], 0);
         let next = receiver.borrow_and_update().clone();
         assert_ne!(Arc::as_ptr(&next), Arc::as_ptr(&snapshot));
         assert_eq!(snapshot.get("g-0"), held("a", 0).as_ref());
@@ -463,16 +562,68 @@ mod tests {
     #[test]
     fn a_listing_is_published_when_its_watch_is_created() {
         let (mut fold, mut receiver) = fold();
-        fold.change(vec![("g-0".into(), held("a", 1))]);
+        fold.change(vec![("g-0".into(), held("a", 1))], 0);
         receiver.borrow_and_update();
-        fold.listed = Some(BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]));
+        fold.listed = Some((
+            BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]),
+            2,
+        ));
         fold.unsynced();
         assert_eq!(fold.listed, None);
-        fold.listed = Some(BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]));
+        fold.listed = Some((
+            BTreeMap::from([("g-1".to_owned(), held("b", 2).unwrap())]),
+            2,
+        ));
         receiver.borrow_and_update();
         fold.created();
         let snapshot = receiver.borrow_and_update().clone();
         assert!(snapshot.is_synced());
         assert_eq!(snapshot.records().keys().collect::<Vec<_>>(), ["g-1"]);
+    }
+
+    /// A wait for a key to change decides only once the records follow the store up to the
+    /// version it saw (a lagging feed shows the key absent or older), then wakes on the first
+    /// other version or on its deletion; it ends with the feed.
+    #[tokio::test]
+    async fn a_wait_for_a_key_wakes_on_its_next_version_only() {
+        use futures_util::FutureExt;
+        let (mut fold, receiver) = fold();
+        let through = Arc::clone(&fold.through);
+        let wait = |revision| {
+            key_change(
+                receiver.clone(),
+                Arc::clone(&through),
+                "g-0".into(),
+                revision,
+            )
+            .boxed()
+        };
+        // Seen held at revision 7; the feed has followed the store only up to 5.
+        fold.change(vec![("g-1".into(), held("a", 5))], 5);
+        let mut lagging = wait(7);
+        assert_eq!((&mut lagging).now_or_never(), None, "absent, but lagging");
+        fold.change(vec![("g-0".into(), held("b", 7))], 7);
+        assert_eq!((&mut lagging).now_or_never(), None, "the version seen");
+        fold.change(vec![("g-1".into(), held("a", 8))], 8);
+        assert_eq!((&mut lagging).now_or_never(), None, "another key");
+        fold.change(vec![("g-0".into(), held("c", 9))], 9);
+        assert_eq!(lagging.await, Some(KeyChange::Changed), "handed over");
+
+        let mut deleted = wait(9);
+        assert_eq!((&mut deleted).now_or_never(), None);
+        fold.change(vec![("g-0".into(), None)], 10);
+        assert_eq!(deleted.await, Some(KeyChange::Deleted));
+
+        // Unsynced records decide nothing.
+        fold.change(vec![("g-0".into(), held("d", 11))], 11);
+        let mut unsynced = wait(11);
+        fold.unsynced();
+        through.store(12, Ordering::Release);
+        assert_eq!((&mut unsynced).now_or_never(), None);
+
+        let ended = wait(11);
+        drop(fold);
+        assert_eq!(ended.await, None, "the feed ended");
+        assert_eq!(unsynced.await, None);
     }
 }

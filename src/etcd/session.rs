@@ -319,6 +319,17 @@ impl SessionInner {
         )
     }
 
+    /// A wait for `key` to leave the version written at `key_revision`, on a group watch of
+    /// this session that holds the key (see [`GroupFeeds::wait_for_key`]).
+    pub(super) fn wait_for_key(
+        &self,
+        key: &[u8],
+        key_revision: i64,
+    ) -> Option<impl std::future::Future<Output = Option<super::group::KeyChange>> + Send + 'static>
+    {
+        self.groups.wait_for_key(key, key_revision)
+    }
+
     /// The etcd lease `owner` was last seen holding a key with, by any group watch of this
     /// session (`None` when none saw it).
     pub(super) fn holder_lease(&self, owner: &str) -> Option<i64> {
