@@ -42,17 +42,14 @@ impl EtcdBackend {
         let in_group = key_revision.and_then(|r| self.inner().wait_for_key(&self.key, r));
         if let Some(in_group) = in_group {
             tokio::select! {
-                change = in_group => match change {
-                    Some(change) => {
-                        tracing::trace!(key = %self.key_lossy(), ?change, "the group watch saw the key change");
-                        self.changes_seen_in_group.fetch_add(1, Ordering::Relaxed);
-                        if change == KeyChange::Deleted {
-                            self.seen_deleted.store(true, Ordering::Relaxed);
-                        }
-                        return;
+                // `None`: the group watch ended; the key's own watch below.
+                change = in_group => if let Some(change) = change {
+                    tracing::trace!(key = %self.key_lossy(), ?change, "the group watch saw the key change");
+                    self.changes_seen_in_group.fetch_add(1, Ordering::Relaxed);
+                    if change == KeyChange::Deleted {
+                        self.seen_deleted.store(true, Ordering::Relaxed);
                     }
-                    // The group watch ended: the key's own watch below.
-                    None => {}
+                    return;
                 },
                 _ = sleep_until(not_after) => return,
             }
