@@ -72,6 +72,31 @@ async fn pair(endpoint: &str, prefix: &str) -> Pair {
     }
 }
 
+/// `a` (on `session_a`) holds `shard`, and `b` (on `session_b`) waits for it
+/// (`acquire_within` 30 s), having found it held.
+async fn held_by_a_awaited_by_b(
+    session_a: &EtcdSession,
+    session_b: &EtcdSession,
+    shard: &str,
+) -> (
+    ManagedLease<EtcdBackend>,
+    Arc<ManagedLease<EtcdBackend>>,
+    tokio::task::JoinHandle<Result<bool, actix_coordination::LeaseError>>,
+) {
+    let a = session_a.lease(settings(shard, "a"));
+    let b = Arc::new(session_b.lease(settings(shard, "b")));
+    assert!(a.acquire().await.unwrap());
+    let b_wait = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move { b.acquire_within(Duration::from_secs(30)).await }
+    });
+    eventually(Duration::from_secs(10), "b found the key held", || {
+        b.backend().seen_held() >= 1
+    })
+    .await;
+    (a, b, b_wait)
+}
+
 /// The key moves to the waiting contender in the holder's one compare-and-swap: it is then in
 /// the contender's name on the contender's etcd lease (the one its other key uses), the contender
 /// holds it without sending a claim, with a higher fencing token, renews it with its etcd lease's
@@ -88,19 +113,8 @@ async fn a_handover_moves_the_key_to_the_waiting_contender_in_one_write() {
         member_b,
         ..
     } = pair(&endpoint, &prefix).await;
-    let a = session_a.lease(settings("g-0", "a"));
-    let b = Arc::new(session_b.lease(settings("g-0", "b")));
-    assert!(a.acquire().await.unwrap());
+    let (a, b, b_wait) = held_by_a_awaited_by_b(&session_a, &session_b, "g-0").await;
     let a_token = a.fencing_token().unwrap();
-
-    let b_wait = tokio::spawn({
-        let b = Arc::clone(&b);
-        async move { b.acquire_within(Duration::from_secs(30)).await }
-    });
-    eventually(Duration::from_secs(10), "b found the key held", || {
-        b.backend().seen_held() >= 1
-    })
-    .await;
     let claims_before = b.backend().claims_sent();
     assert!(a.hand_over("b").await.unwrap(), "a held it: handed over");
     assert!(!a.check_alive());
@@ -262,18 +276,8 @@ async fn a_contender_watching_the_group_waits_on_its_records() {
     })
     .await;
     for (shard, handed) in [("g-0", true), ("g-1", false)] {
-        let a = session_a.lease(settings(shard, "a"));
-        let b = Arc::new(session_b.lease(settings(shard, "b")));
-        assert!(a.acquire().await.unwrap());
+        let (a, b, b_wait) = held_by_a_awaited_by_b(&session_a, &session_b, shard).await;
         let a_token = a.fencing_token().unwrap();
-        let b_wait = tokio::spawn({
-            let b = Arc::clone(&b);
-            async move { b.acquire_within(Duration::from_secs(30)).await }
-        });
-        eventually(Duration::from_secs(10), "b found the key held", || {
-            b.backend().seen_held() >= 1
-        })
-        .await;
         if handed {
             assert!(a.hand_over("b").await.unwrap());
         } else {
