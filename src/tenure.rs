@@ -174,6 +174,17 @@ impl TenureWatch {
         self.rx.borrow().live()
     }
 
+    /// The tenure alive at `now` (an instant this process read just before), for a reader that
+    /// looks at many tenures at one instant: one clock read for all of them.
+    pub(crate) fn current_at(&self, now: Instant) -> Option<Tenure> {
+        let state = self.rx.borrow();
+        state
+            .current
+            .as_ref()
+            .map(|c| c.tenure)
+            .filter(|t| now < t.deadline)
+    }
+
     /// Whether a tenure is alive right now (what `Lease::check_alive` answers).
     pub fn check_alive(&self) -> bool {
         self.current().is_some()

@@ -146,6 +146,8 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     /// targets the shard until it neither targets nor holds it (they are then shut down and
     /// dropped), so that a node's memory grows with the shards it runs, not with the group.
     lease: Option<Arc<L>>,
+    /// The lease's tenure, read by [`look`](Shard::look) without a walk through the lease.
+    tenure: Option<crate::tenure::TenureWatch>,
     manager: Option<Addr<ClusterSingletonManager<A, L>>>,
     /// The manager was told to shut down; lease and manager are dropped once it answered.
     retiring: bool,
@@ -154,6 +156,11 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     eligible: bool,
     /// Whether the tenure was alive at the last reconcile (to count moves).
     was_held: bool,
+    /// Whether the tenure was alive when the running reconcile read it ([`Shard::look`]): a
+    /// reconcile reads each tenure once, not at each of its steps (a read is a lock and a clock
+    /// read; at 100 held shards the repeated reads cost a fifth of a reconcile with nothing to
+    /// do: `benches/simulation.rs`).
+    held_at_look: bool,
     /// The fencing token of the latest tenure this node had of the shard: a record naming this
     /// node with a newer token was handed to it ([`Lease::hand_over`]).
     last_token: Option<FencingToken>,
@@ -162,6 +169,23 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
 impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
     fn held(&self) -> bool {
         self.lease.as_ref().is_some_and(|lease| lease.check_alive())
+    }
+
+    /// Reads the tenure for the running reconcile, at its instant `now`: whether it is alive
+    /// ([`held_seen`](Self::held_seen)), and its token, the latest this node had. Returns the
+    /// deadline of the tenure alive.
+    fn look(&mut self, now: Instant) -> Option<Instant> {
+        let tenure = self.tenure.as_ref().and_then(|t| t.current_at(now));
+        self.held_at_look = tenure.is_some();
+        self.last_token = self.last_token.max(tenure.map(|t| t.token()));
+        tenure.map(|t| t.deadline())
+    }
+
+    /// Whether the tenure was alive when the running reconcile read it ([`look`](Self::look)).
+    /// A reconcile is one step of the actor: no tenure of this node starts within it, and one
+    /// that ends within it is seen ended by its manager and its worker's guard, which act on it.
+    fn held_seen(&self) -> bool {
+        self.lease.is_some() && self.held_at_look
     }
 }
 
@@ -411,10 +435,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 id,
                 name,
                 lease: None,
+                tenure: None,
                 manager: None,
                 retiring: false,
                 eligible: false,
                 was_held: false,
+                held_at_look: false,
                 last_token: None,
             });
         }
@@ -513,9 +539,16 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // Every start and end of the tenure reaches `reconcile`, as the group watch's changes do:
         // the watch may show a claim before the tenure is recorded here, and on etcd a quiet
         // group sends nothing after it. The stream ends when the lease is dropped.
-        ctx.add_stream(lease.tenure().stream());
+        // Each item names the shard: the next look reads this tenure again (`Shard::look`).
+        ctx.add_stream(futures_util::StreamExt::map(
+            lease.tenure().stream(),
+            move |_| ShardTenureChanged(index),
+        ));
         self.directory.hold(index, lease.tenure().clone());
         let shard = &mut self.shards[index];
+        shard.tenure = Some(lease.tenure().clone());
+        shard.held_at_look = false;
+        self.view.tenure_changed(index);
         shard.lease = Some(lease);
         shard.manager = Some(manager);
         self.view.watched.insert(index);
@@ -557,6 +590,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 shard.retiring = false;
                 shard.manager = None;
                 shard.lease = None;
+                shard.tenure = None;
                 act.directory.drop_lease(Some(index));
                 if shard.eligible && !act.shutting_down {
                     act.start_manager(index, ctx);
@@ -736,7 +770,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         let now = Instant::now();
         // The view, folded from the records that changed since the last look (or from every
-        // record when it cannot tell what changed: `view.rs`); the shards to look at are those
+        // record when it cannot tell what changed: `view.rs`), with this node's tenures read
+        // once (`Shard::look`: the rest of this reconcile reads `held_seen`); the shards to look at are those
         // for which the walk of every shard could do anything (`View::take_visits`).
         self.refresh_view(&snapshot, now);
         // Before this fold starts claims: a claim that ends an expired member's record hands its
@@ -749,13 +784,13 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let handing = self.members_handing_on(&snapshot);
         for index in visits {
             let target = self.view.targets[index];
-            let held = self.shards[index].held();
+            let held = self.shards[index].held_seen();
             // A record handed to this node (newer than any tenure it had) that it does not
             // hold: take it up, so that it neither stays held in this node's name nor goes
             // unrun (the node that handed it over may have placed it differently), even while
             // this node sees no member at all (its own member lease not yet, or no longer,
             // held); if it is targeted elsewhere, it is then handed over again like any other.
-            let handed_here = self.handed_here_among(index, &snapshot, now, &handing);
+            let handed_here = !held && self.handed_here_among(index, &snapshot, now, &handing);
             let Some(target) = target else {
                 if handed_here {
                     self.set_eligible(index, true, ctx);
@@ -788,12 +823,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let mut held_now = 0;
         for &index in &self.view.watched {
             let shard = &mut self.shards[index];
-            let held = shard.held();
+            let held = shard.held_seen();
             held_now += usize::from(held);
-            if held {
-                let token = shard.lease.as_ref().and_then(|lease| lease.fencing_token());
-                shard.last_token = shard.last_token.max(token);
-            }
             if shard.was_held && !held {
                 let reason = if self.handing_over.contains_key(&index) || !shard.eligible {
                     "rebalance"
@@ -967,11 +998,27 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
     }
 }
 
-/// A tenure of this node's (its member lease's, or a shard's) started or ended.
+/// A tenure of this node's member lease started or ended.
 impl<A: Actor<Context = Context<A>>, L: Lease> StreamHandler<Option<Tenure>>
     for ShardedWorkers<A, L>
 {
     fn handle(&mut self, _: Option<Tenure>, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+
+    /// The lease was dropped: nothing more to follow, and nothing to stop.
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}
+
+/// Internal: a tenure of shard `0`'s lease started or ended (its deadline passed included).
+struct ShardTenureChanged(usize);
+
+/// A tenure of a shard's lease started or ended: the next look reads it again.
+impl<A: Actor<Context = Context<A>>, L: Lease> StreamHandler<ShardTenureChanged>
+    for ShardedWorkers<A, L>
+{
+    fn handle(&mut self, ShardTenureChanged(index): ShardTenureChanged, ctx: &mut Context<Self>) {
+        self.view.tenure_changed(index);
         self.reconcile(ctx);
     }
 

@@ -195,6 +195,15 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         if self.shutting_down {
             return;
         }
+        // Rarely does a member record list shards handed on (a member that left moments ago): a
+        // walk of the member records, and no look-up of each member record that changed (a
+        // renewal each).
+        if !snapshot
+            .with_prefix(&self.member_prefix)
+            .any(|(_, record)| record.handed.is_some())
+        {
+            return;
+        }
         let Some(since) = self.view.seen_version() else {
             return;
         };

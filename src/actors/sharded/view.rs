@@ -84,8 +84,19 @@ impl MemberSeen {
         }
     }
 
+    /// Whether `record` at `at` means what this does: [`of`](Self::of) compared, with no copy
+    /// (a look compares every member record that changed: a renewal each).
     fn means(&self, record: &GroupRecord, at: At) -> bool {
-        *self == Self::of(record, at)
+        let same = self.bound == record.bound_to.is_some()
+            && self.leaving == record.leaving
+            && self.watching_since == record.watching_since
+            && self.incarnation == record.incarnation
+            && self.holder.as_deref() == record.live_holder(at.now)
+            && self.member.as_deref() == record.live_member(at.now, at.wall)
+            && self.quiet == OnTime::is_quiet(record, (at.now, at.ttl, at.renewal))
+            && self.handed == record.handed;
+        debug_assert_eq!(same, *self == Self::of(record, at));
+        same
     }
 }
 
@@ -143,9 +154,22 @@ pub(super) struct View {
     pub(super) watched: BTreeSet<usize>,
     /// Shards whose lease could not be built at the last try.
     pub(super) unstarted: BTreeSet<usize>,
+    /// Until when the tenures this node's shards had at the last read of them all stay as read
+    /// (the earliest deadline among them; `None`: read them all at the next look), and the
+    /// shards whose tenure started or ended since (see [`look_at_tenures`]).
+    ///
+    /// [`look_at_tenures`]: ShardedWorkers::look_at_tenures
+    tenures_until: Option<Instant>,
+    tenures_changed: BTreeSet<usize>,
+    /// The watched shards whose tenure was not alive when last read: read again at every look
+    /// (a claim in flight may have started one whose stream has not reported it yet).
+    tenures_unheld: Vec<usize>,
     /// Looks at the group: folded from every record, and change by change (for tests).
     #[cfg(test)]
     looks: (u64, u64),
+    /// Reads of a shard's tenure by the looks (for tests).
+    #[cfg(test)]
+    tenure_reads: u64,
 }
 
 impl View {
@@ -171,8 +195,13 @@ impl View {
             to_visit: BTreeSet::new(),
             watched: BTreeSet::new(),
             unstarted: BTreeSet::new(),
+            tenures_until: None,
+            tenures_changed: BTreeSet::new(),
+            tenures_unheld: Vec::new(),
             #[cfg(test)]
             looks: (0, 0),
+            #[cfg(test)]
+            tenure_reads: 0,
         }
     }
 
@@ -182,6 +211,11 @@ impl View {
             let old = std::mem::replace(&mut self.holders[index], holder);
             self.unplaced.entry(index).or_insert(old);
         }
+    }
+
+    /// A tenure of shard `index`'s lease started or ended: the next look reads it.
+    pub(super) fn tenure_changed(&mut self, index: usize) {
+        self.tenures_changed.insert(index);
     }
 
     /// The version of the snapshot folded in last (`None` before the first look).
@@ -226,7 +260,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .map(|at| by_name[at] as usize)
     }
 
-    /// The holder of shard `index` (see [`holders`](Self::holders)).
+    /// The holder of shard `index` (see [`holders`](Self::holders)), with this node's tenure as
+    /// this look read it.
     fn holder<'a>(
         &'a self,
         index: usize,
@@ -234,7 +269,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         now: Instant,
     ) -> Option<&'a str> {
         let shard = &self.shards[index];
-        if shard.held() {
+        if shard.held_seen() {
             return Some(&self.node);
         }
         snapshot
@@ -246,10 +281,16 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     /// can name them and nothing else can have changed (see the module docs), else every record;
     /// then the targets, placed again when the members or the holders differ from what they were
     /// placed for.
+    ///
+    /// The tenures this node has of its shards are read first ([`look_at_tenures`]): the view
+    /// and the rest of the look use what was read.
+    ///
+    /// [`look_at_tenures`]: Self::look_at_tenures
     pub(super) fn refresh_view(&mut self, snapshot: &GroupSnapshot, now: Instant) {
         let me_alive = self.member_lease.check_alive();
         let at = self.at(now);
         let changed = self.changed_shards(snapshot, at, me_alive);
+        self.look_at_tenures(now, changed.as_deref());
         let full = changed.is_none();
         match changed {
             Some(changed) => {
@@ -271,7 +312,11 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         }
         self.view.seen = Some((snapshot.version(), at));
         let view = &self.view;
-        let stale = view.placed_members.as_ref() != Some(&view.members)
+        // The members change only in a full look (`fold_all`), and every look ends with the
+        // targets placed for them: a look change by change has the same members (a compare of
+        // every member's name on every renewal is what it saves).
+        debug_assert!(full || view.placed_members.as_ref() == Some(&view.members));
+        let stale = (full && view.placed_members.as_ref() != Some(&view.members))
             || view
                 .unplaced
                 .iter()
@@ -318,6 +363,52 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 view.to_visit.extend(mine);
             }
         }
+    }
+
+    /// Reads the tenures this node has of its shards ([`Shard::look`]; only a watched shard has
+    /// a lease) for this look at `now`: every one of them when the look is a full one (`changed`
+    /// is `None`) or the earliest deadline read at the last such read has passed; else only
+    /// those not alive when last read, those whose tenure started or ended since (each one's
+    /// lease stream says so: see `start_manager`) and those whose record changed. A tenure read
+    /// alive changes with none of these only by a renewal (its deadline moves later), or by its
+    /// end: at its deadline (which the earliest deadline bounds) or before it (a loss or a
+    /// release, which its stream reports). Each read is a lock and a walk to the lease's memory:
+    /// at 100 held shards a reconcile that read them all spent a quarter of its time on it
+    /// (`benches/simulation.rs`).
+    ///
+    /// [`Shard::look`]: super::Shard::look
+    fn look_at_tenures(&mut self, now: Instant, changed: Option<&[usize]>) {
+        let view = &mut self.view;
+        let changed_tenures = std::mem::take(&mut view.tenures_changed);
+        let read_all = match (changed, view.tenures_until) {
+            (Some(_), Some(until)) => now >= until,
+            _ => true,
+        };
+        let unheld = std::mem::take(&mut view.tenures_unheld);
+        let again: BTreeSet<usize> = if read_all {
+            view.watched.clone()
+        } else {
+            (changed_tenures.into_iter())
+                .chain(changed.into_iter().flatten().copied())
+                .chain(unheld)
+                .filter(|index| view.watched.contains(index))
+                .collect()
+        };
+        let mut until = match view.tenures_until {
+            Some(until) if !read_all => until,
+            _ => now + self.ttl,
+        };
+        #[cfg(test)]
+        {
+            view.tenure_reads += again.len() as u64;
+        }
+        for index in again {
+            match self.shards[index].look(now) {
+                Some(deadline) => until = until.min(deadline),
+                None => view.tenures_unheld.push(index),
+            }
+        }
+        view.tenures_until = Some(until);
     }
 
     /// The shards whose records changed since the last look, when nothing else can have
@@ -508,6 +599,19 @@ mod tests {
         }
     }
 
+    /// How many times the looks read a shard's tenure.
+    #[derive(Message)]
+    #[rtype(result = "u64")]
+    struct TenureReads;
+
+    impl<A: Actor<Context = Context<A>>, L: Lease> Handler<TenureReads> for ShardedWorkers<A, L> {
+        type Result = u64;
+
+        fn handle(&mut self, _: TenureReads, _: &mut Context<Self>) -> u64 {
+            self.view.tenure_reads
+        }
+    }
+
     type Node = Addr<ShardedWorkers<Worker, InMemoryLease>>;
 
     fn node(store: &InMemoryStore, owner: &str) -> Node {
@@ -616,6 +720,49 @@ mod tests {
             store.pause("c");
             until_each_runs(&[&a, &b], 6).await;
             assert!(a.send(Looks).await.unwrap().0 > after.0);
+        });
+    }
+
+    /// A look reads again only the tenures that started or ended since the last (each lease's
+    /// stream says so) or whose record changed, and all of them once the earliest deadline it
+    /// read has passed: renewals read far fewer than one tenure per held shard and look (every
+    /// one of them, 24 in 4 looks, without). Shards handed over by a leaving node are then seen
+    /// held by their taker, and a tenure that ends with no write of its record (its node frozen)
+    /// still moves its shard.
+    #[test]
+    fn a_look_reads_only_the_tenures_that_changed() {
+        run_paused(async {
+            let store = InMemoryStore::new();
+            let (a, b) = (node(&store, "a"), node(&store, "b"));
+            until_each_runs(&[&a, &b], 6).await;
+            sleep(TTL).await;
+            let (looks, reads) = (
+                a.send(Looks).await.unwrap(),
+                a.send(TenureReads).await.unwrap(),
+            );
+            // Four intervals of renewals only.
+            sleep(Duration::from_secs(8)).await;
+            let looked = a.send(Looks).await.unwrap().1 - looks.1;
+            let read = a.send(TenureReads).await.unwrap() - reads;
+            assert!(looked >= 4, "renewals reached the node: {looked} looks");
+            assert!(
+                read * 2 <= looked * 6,
+                "{read} reads of a tenure in {looked} looks at 6 held shards"
+            );
+            // b leaves, handing its shards to a's member tenure: a's view shows a holding them.
+            let _ = b.send(crate::Shutdown).await;
+            until_each_runs(&[&a], 12).await;
+            let view = a.send(crate::GetGroupView).await.unwrap();
+            assert!(
+                view.holders.values().all(|h| h.as_deref() == Some("a")),
+                "{view:?}"
+            );
+            // c joins and a freezes: a's tenures end at their deadlines with no write of theirs,
+            // and c takes every shard.
+            let c = node(&store, "c");
+            until_each_runs(&[&a, &c], 6).await;
+            store.pause("a");
+            until_each_runs(&[&c], 12).await;
         });
     }
 }
