@@ -93,35 +93,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
+pub use crate::vocab::Binding;
 use crate::vocab::LostReason;
-
-/// What a bound claim names: the lease whose tenure it lives by, and which incarnation of it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Binding {
-    member: String,
-    incarnation: String,
-}
-
-impl Binding {
-    /// A binding to incarnation `incarnation` of lease `member` (as the member's backend names
-    /// it: [`LeaseBackend::incarnation`](crate::LeaseBackend::incarnation)).
-    pub fn new(member: impl Into<String>, incarnation: impl Into<String>) -> Self {
-        Self {
-            member: member.into(),
-            incarnation: incarnation.into(),
-        }
-    }
-
-    /// The name of the lease the bound claim lives by.
-    pub fn member(&self) -> &str {
-        &self.member
-    }
-
-    /// The incarnation (the member tenure) the bound claim lives by, as its backend names it.
-    pub fn incarnation(&self) -> &str {
-        &self.incarnation
-    }
-}
 
 /// A bound shard a leaving member hands on as its tenure ends
 /// ([`Lease::retire_handing`](crate::Lease::retire_handing)): the shard lease, and the node that
@@ -327,20 +300,16 @@ impl BindingAnchor {
     /// twice its own operation timeout left (the settings' rule), so a lease with a longer timeout
     /// than its member's is not refused forever (its late answer is judged by
     /// [`protocol::keep_bound_claim`](crate::protocol::keep_bound_claim)).
-    ///
-    /// `may_send` decides (`protocol::may_send_bound_claim`, passed in: the protocol's rules
-    /// read bindings, and this module reads none of them).
     pub(crate) fn claim_under(
         &self,
         operation_timeout: std::time::Duration,
-        may_send: impl FnOnce(Instant, Instant, std::time::Duration) -> bool,
     ) -> Result<(Binding, u64, Instant), crate::LeaseError> {
         let live = self.current().ok_or_else(|| crate::LeaseError::Unbound {
             member: self.member().to_owned(),
         })?;
         let timeout = operation_timeout.min(self.inner.operation_timeout);
         let now = Instant::now();
-        if !may_send(now, live.2, timeout) {
+        if !crate::protocol::may_send_bound_claim(now, live.2, timeout) {
             return Err(crate::LeaseError::MemberEnding {
                 member: self.member().to_owned(),
                 left: live.2.saturating_duration_since(now),

@@ -431,9 +431,7 @@ impl<B: LeaseBackend> ManagedLease<B> {
         let runtime = current_runtime(Operation::Acquire)?;
         // A bound lease claims under the member tenure alive now, or not at all.
         let member = match shared.bound.get() {
-            Some(anchor) => Some(
-                anchor.claim_under(settings.operation_timeout(), protocol::may_send_bound_claim)?,
-            ),
+            Some(anchor) => Some(anchor.claim_under(settings.operation_timeout())?),
             None => None,
         };
         let start = Instant::now();

@@ -65,7 +65,7 @@
 
 use tokio::time::Instant;
 
-use crate::binding::Binding;
+use crate::vocab::Binding;
 
 /// Where a process's knowledge of a record comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The words of the lease contract: fencing tokens, why a tenure was lost, which operation failed
-//! and how, and what a backend's error must say.
+//! The words of the lease contract: fencing tokens, why a tenure was lost, what a bound claim
+//! names, which operation failed and how, and what a backend's error must say.
 //!
 //! These types sit below everything else in the crate: the contract ([`Lease`](crate::Lease)),
 //! the backend trait ([`LeaseBackend`](crate::LeaseBackend)), tenures and metrics all use them,
@@ -303,4 +303,32 @@ impl LeaseError {
 pub trait BackendError: std::error::Error + Send + Sync + 'static {
     /// Whether trying the same call again may succeed (unreachable backend, 5xx, conflict races).
     fn is_transient(&self) -> bool;
+}
+
+/// What a bound claim names: the lease whose tenure it lives by, and which incarnation of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Binding {
+    member: String,
+    incarnation: String,
+}
+
+impl Binding {
+    /// A binding to incarnation `incarnation` of lease `member` (as the member's backend names
+    /// it: [`LeaseBackend::incarnation`](crate::LeaseBackend::incarnation)).
+    pub fn new(member: impl Into<String>, incarnation: impl Into<String>) -> Self {
+        Self {
+            member: member.into(),
+            incarnation: incarnation.into(),
+        }
+    }
+
+    /// The name of the lease the bound claim lives by.
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// The incarnation (the member tenure) the bound claim lives by, as its backend names it.
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
 }

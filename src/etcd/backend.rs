@@ -38,10 +38,8 @@ pub struct EtcdBackend {
     key: Vec<u8>,
     /// What the backend's background clean-ups share with it.
     claims: Arc<Claims>,
-    /// The store revision at which another owner was last seen holding the key, and the key's
-    /// `mod_revision` then (for a wait on the session's group watch: `wait_for_change`).
-    observed: Mutex<Option<i64>>,
-    observed_key: Mutex<Option<i64>>,
+    /// Where another owner was last seen holding the key (for `wait_for_change`).
+    observed: Mutex<Option<Observed>>,
     /// `wait_for_change` just saw the key deleted: the next attempt claims without reading first.
     seen_deleted: AtomicBool,
     /// The `mod_revision` of the last preference for another owner seen on the key (see
@@ -151,6 +149,15 @@ impl Drop for EtcdTenure {
     }
 }
 
+/// Where another owner was last seen holding the key: the store revision of that answer, and
+/// the key's `mod_revision` then when the answer showed the key (a wait on the session's group
+/// watch waits for the key's next version: `wait_for_change`).
+#[derive(Debug, Clone, Copy)]
+struct Observed {
+    revision: i64,
+    key_revision: Option<i64>,
+}
+
 enum Claim {
     Won {
         revision: i64,
@@ -158,6 +165,8 @@ enum Claim {
     Held {
         holder: Option<String>,
         revision: i64,
+        /// The key's `mod_revision` as found.
+        key_revision: i64,
     },
     /// Free, but left to a preferred holder until `until`.
     Deferred {
@@ -184,7 +193,6 @@ impl EtcdBackend {
                 removals_failed: AtomicU64::new(0),
             }),
             observed: Mutex::new(None),
-            observed_key: Mutex::new(None),
             changes_seen_in_group: AtomicU64::new(0),
             seen_deleted: AtomicBool::new(false),
             preference: Mutex::new(None),
@@ -363,10 +371,10 @@ impl EtcdBackend {
         };
         match KeyContent::parse(current.value()) {
             KeyContent::Holder(holder) if holder != owner => {
-                self.saw_key_held(current.mod_revision());
                 return Ok(Claim::Held {
                     holder: Some(holder),
                     revision,
+                    key_revision: current.mod_revision(),
                 });
             }
             KeyContent::Holder(_) => {
@@ -434,13 +442,17 @@ impl EtcdBackend {
             && self.claims.lock_unanswered().is_empty()
     }
 
-    fn lock_observed(&self) -> MutexGuard<'_, Option<i64>> {
+    fn lock_observed(&self) -> MutexGuard<'_, Option<Observed>> {
         self.observed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Remembers the `mod_revision` of the key seen held by another owner (`None`: forgets it).
-    fn saw_key_held(&self, key_revision: impl Into<Option<i64>>) {
-        *self.observed_key.lock().unwrap_or_else(|p| p.into_inner()) = key_revision.into();
+    /// Remembers that the key was seen held by another owner (or left to a preferred holder) at
+    /// store revision `revision`, with the key at `key_revision` when that is known.
+    fn saw_held(&self, revision: i64, key_revision: Option<i64>) {
+        *self.lock_observed() = Some(Observed {
+            revision,
+            key_revision,
+        });
     }
 
     /// For a key released to `target` for `window` at `mod_revision`: until when `owner` leaves
@@ -473,8 +485,7 @@ impl EtcdBackend {
 
     /// The answer of an attempt that leaves the key to a preferred holder until `until`.
     fn deferred(&self, until: Instant, revision: i64) -> AcquireAttempt<EtcdTenure> {
-        *self.lock_observed() = Some(revision);
-        self.saw_key_held(None);
+        self.saw_held(revision, None);
         *self
             .deferred_until
             .lock()
@@ -501,7 +512,7 @@ impl EtcdBackend {
         let holder = match KeyContent::parse(current.value()) {
             KeyContent::Holder(holder) if holder == owner => return Ok(None),
             KeyContent::Holder(holder) => {
-                self.saw_key_held(current.mod_revision());
+                self.saw_held(revision, Some(current.mod_revision()));
                 holder
             }
             KeyContent::Preferred { target, window } => {
@@ -510,7 +521,6 @@ impl EtcdBackend {
                     .map(|until| self.deferred(until, revision)));
             }
         };
-        *self.lock_observed() = Some(revision);
         self.seen_held.fetch_add(1, Ordering::Relaxed);
         Ok(Some(AcquireAttempt::HeldByOther {
             holder: Some(holder),
@@ -878,9 +888,13 @@ impl LeaseBackend for EtcdBackend {
                         valid_from: Some(grant.state().last_ok),
                     });
                 }
-                Ok(Claim::Held { holder, revision }) => {
+                Ok(Claim::Held {
+                    holder,
+                    revision,
+                    key_revision,
+                }) => {
                     tracing::trace!(key = %self.key_lossy(), ?holder, revision, "the claim found the key held");
-                    *self.lock_observed() = Some(revision);
+                    self.saw_held(revision, Some(key_revision));
                     self.seen_held.fetch_add(1, Ordering::Relaxed);
                     return Ok(AcquireAttempt::HeldByOther {
                         holder,

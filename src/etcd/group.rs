@@ -233,8 +233,14 @@ struct Feed {
 
 impl Feed {
     fn name(&self, key: &[u8]) -> String {
-        String::from_utf8_lossy(key.get(self.strip..).unwrap_or(key)).into_owned()
+        name_of(key, self.strip)
     }
+}
+
+/// The lease name of `key`: the key without its first `strip` bytes (the session's prefix); a
+/// key shorter than that is its own name (never a panic).
+fn name_of(key: &[u8], strip: usize) -> String {
+    String::from_utf8_lossy(key.get(strip..).unwrap_or(key)).into_owned()
 }
 
 impl Drop for Feed {
@@ -265,7 +271,7 @@ struct Fold {
 
 impl Fold {
     fn name(&self, key: &[u8]) -> String {
-        String::from_utf8_lossy(key.get(self.strip..).unwrap_or(key)).into_owned()
+        name_of(key, self.strip)
     }
 
     /// The group as listed; published (as synced) once its watch is created.

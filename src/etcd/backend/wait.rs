@@ -10,7 +10,7 @@ use tokio::time::{sleep_until, Instant};
 use super::super::group::KeyChange;
 use super::super::value::KeyContent;
 use super::super::watch::HubEvent;
-use super::{EtcdBackend, Handed, KeyNow};
+use super::{EtcdBackend, Handed, KeyNow, Observed};
 use crate::settings::LeaseSettings;
 
 impl EtcdBackend {
@@ -28,17 +28,16 @@ impl EtcdBackend {
         // (which is the caller's whole deadline when it relies on the notification).
         let retry_at = not_after.min(Instant::now() + settings.acquire_retry_delay());
         // The store's revision at which the key was seen held.
-        let Some(seen) = self.lock_observed().take() else {
+        let Some(Observed {
+            revision: seen,
+            key_revision,
+        }) = self.lock_observed().take()
+        else {
             tracing::trace!(key = %self.key_lossy(), "no revision seen: waiting for the retry delay");
             return sleep_until(retry_at).await;
         };
         // Where this session watches a group that holds the key (sharded workers do), its
         // records show the key's next version: no watch of the key's own, and no read.
-        let key_revision = self
-            .observed_key
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
         let in_group = key_revision.and_then(|r| self.inner().wait_for_key(&self.key, r));
         if let Some(in_group) = in_group {
             tokio::select! {
