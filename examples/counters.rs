@@ -33,7 +33,10 @@
 //! fencing token that wrote; a write whose token is lower than the stored one is refused. Each
 //! file is locked (`flock`) for a read-modify-write, and every write appends a line to the
 //! shard's log (`shard-N.log.jsonl`: the event, the shard, the token, the counter, the increment
-//! id, the node, `CLOCK_MONOTONIC` nanoseconds). It stands for your database: replace it with
+//! id, the node, `CLOCK_MONOTONIC` nanoseconds) *before* it writes the file, which records how
+//! much of the log it reflects: a process killed between the two leaves a line the next write of
+//! the shard applies first (a write-ahead log), so the log and the counters never disagree (a
+//! line cut short by a kill was never answered, and is dropped). It stands for your database: replace it with
 //! yours, and pass the token (a conditional write, a column compared in the `UPDATE`'s `WHERE`,
 //! a Kafka producer epoch). Tokens are comparable within one lease store only: give each
 //! backend its own directory.
@@ -100,6 +103,31 @@ struct ShardRecord {
     /// The highest fencing token that wrote to the shard.
     token: u64,
     counters: BTreeMap<String, CounterRecord>,
+    /// How many bytes of the shard's log this record reflects: the lines after them were
+    /// appended by a write that did not get to write this file, and are applied first.
+    #[serde(default)]
+    log_bytes: u64,
+}
+
+impl ShardRecord {
+    /// Applies a line of the shard's log (what the write that appended it did to the record).
+    fn redo(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let event: serde_json::Value = serde_json::from_slice(line)?;
+        let field = |name: &str| event[name].as_u64().unwrap_or_default();
+        match event["event"].as_str() {
+            Some("applied") => {
+                self.token = self.token.max(field("token"));
+                let entity = event["entity"].as_str().unwrap_or_default();
+                let increment = event["increment"].as_str().unwrap_or_default();
+                let counter = self.counters.entry(entity.to_owned()).or_default();
+                counter.count = field("count");
+                counter.applied.insert(increment.to_owned(), field("count"));
+            }
+            Some("duplicate") => self.token = self.token.max(field("token")),
+            _ => {} // refused by the fence: nothing changed
+        }
+        Ok(())
+    }
 }
 
 /// What a write did.
@@ -130,8 +158,9 @@ impl FencedStore {
         })
     }
 
-    /// Runs `change` on shard `shard`'s record under the shard's lock; writes the record back if
-    /// `change` says so, and appends `log` lines to the shard's log.
+    /// Runs `change` on shard `shard`'s record under the shard's lock, after the lines of the
+    /// shard's log that the record does not reflect yet; appends the `log` line `change` gives
+    /// to the log, then writes the record back (atomically: a new file renamed over the old).
     fn locked<T>(
         &self,
         shard: &str,
@@ -152,23 +181,50 @@ impl FencedStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => ShardRecord::default(),
             Err(e) => return Err(e),
         };
+        let mut log_file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(self.dir.join(format!("shard-{shard}.log.jsonl")))?;
+        let redone = Self::redo_tail(&mut record, &mut log_file)?;
         let (answer, write, log) = change(&mut record);
-        if write {
+        if !log.is_empty() {
+            log_file.write_all(log.as_bytes())?;
+            record.log_bytes += log.len() as u64;
+        }
+        if write || redone || !log.is_empty() {
             let temporary = self
                 .dir
                 .join(format!("shard-{shard}.json.{}", std::process::id()));
             std::fs::write(&temporary, serde_json::to_vec(&record)?)?;
             std::fs::rename(&temporary, &path)?;
         }
-        if !log.is_empty() {
-            let mut file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.join(format!("shard-{shard}.log.jsonl")))?;
-            file.write_all(log.as_bytes())?;
-        }
         drop(lock);
         Ok(answer)
+    }
+
+    /// Applies to `record` the lines of `log` after the ones it reflects, and drops a last line
+    /// cut short (no newline: its write was killed while appending it, and never answered).
+    /// Whether there were any.
+    fn redo_tail(record: &mut ShardRecord, log: &mut std::fs::File) -> std::io::Result<bool> {
+        use std::io::{Seek, SeekFrom};
+        if log.metadata()?.len() <= record.log_bytes {
+            return Ok(false);
+        }
+        let mut tail = Vec::new();
+        log.seek(SeekFrom::Start(record.log_bytes))?;
+        log.read_to_end(&mut tail)?;
+        let complete = tail.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        for line in tail[..complete].split(|&b| b == b'\n') {
+            if !line.is_empty() {
+                record.redo(line)?;
+            }
+        }
+        record.log_bytes += complete as u64;
+        if complete < tail.len() {
+            log.set_len(record.log_bytes)?;
+        }
+        Ok(true)
     }
 
     /// Adds one to `entity` of `shard` once per `increment` id, fenced by `token`.
@@ -1011,4 +1067,80 @@ fn check_counters(n: usize, live: &[String], client: &mut Client) -> Result<bool
         ok = false;
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(name: &str) -> (FencedStore, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("counters-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        (FencedStore::open(&dir, "a").unwrap(), dir)
+    }
+
+    fn applied_lines(dir: &Path, increment: &str) -> usize {
+        let log = std::fs::read_to_string(dir.join("shard-0.log.jsonl")).unwrap();
+        log.lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .filter(|e| e["event"] == "applied" && e["increment"] == increment)
+            .count()
+    }
+
+    /// A write killed after it appended its log line and before it wrote the shard's file: the
+    /// next write applies the line first, so the retried increment is answered from the record
+    /// (one `applied` line, the count it made), and the log and the file agree. Written the
+    /// other way round (the file first, as before), the retry applied the increment twice.
+    #[test]
+    fn a_write_killed_between_its_log_line_and_its_file_is_applied_from_the_log() {
+        let (store, dir) = store("killed");
+        assert_eq!(
+            store.increment("0", 1, "c", "i1").unwrap(),
+            Outcome::Applied(1)
+        );
+        let file = dir.join("shard-0.json");
+        let before = std::fs::read(&file).unwrap();
+        assert_eq!(
+            store.increment("0", 1, "c", "i2").unwrap(),
+            Outcome::Applied(2)
+        );
+        // The kill: the file as it was before the write, its log line written.
+        std::fs::write(&file, before).unwrap();
+        assert_eq!(
+            store.increment("0", 1, "c", "i2").unwrap(),
+            Outcome::Duplicate(2)
+        );
+        assert_eq!(
+            store.increment("0", 1, "c", "i3").unwrap(),
+            Outcome::Applied(3)
+        );
+        assert_eq!(store.read("0", "c").unwrap(), 3);
+        assert_eq!(applied_lines(&dir, "i2"), 1, "i2 applied once");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A line cut short by a kill while it was appended (never answered) is dropped: the next
+    /// write's line starts on a line of its own, and every line of the log parses.
+    #[test]
+    fn a_log_line_cut_short_is_dropped() {
+        let (store, dir) = store("cut");
+        assert_eq!(
+            store.increment("0", 1, "c", "i1").unwrap(),
+            Outcome::Applied(1)
+        );
+        let log = dir.join("shard-0.log.jsonl");
+        OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .unwrap()
+            .write_all(b"{\"event\":\"applied\",\"sha")
+            .unwrap();
+        assert_eq!(
+            store.increment("0", 1, "c", "i2").unwrap(),
+            Outcome::Applied(2)
+        );
+        assert_eq!(applied_lines(&dir, "i2"), 1);
+        assert_eq!(applied_lines(&dir, "i1"), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
