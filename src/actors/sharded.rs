@@ -146,8 +146,6 @@ struct Shard<A: Actor<Context = Context<A>>, L: Lease> {
     /// targets the shard until it neither targets nor holds it (they are then shut down and
     /// dropped), so that a node's memory grows with the shards it runs, not with the group.
     lease: Option<Arc<L>>,
-    /// The lease's tenure, read by [`look`](Shard::look) without a walk through the lease.
-    tenure: Option<crate::tenure::TenureWatch>,
     manager: Option<Addr<ClusterSingletonManager<A, L>>>,
     /// The manager was told to shut down; lease and manager are dropped once it answered.
     retiring: bool,
@@ -175,7 +173,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Shard<A, L> {
     /// ([`held_seen`](Self::held_seen)), and its token, the latest this node had. Returns the
     /// deadline of the tenure alive.
     fn look(&mut self, now: Instant) -> Option<Instant> {
-        let tenure = self.tenure.as_ref().and_then(|t| t.current_at(now));
+        let tenure = (self.lease.as_ref()).and_then(|lease| lease.tenure().current_at(now));
         self.held_at_look = tenure.is_some();
         self.last_token = self.last_token.max(tenure.map(|t| t.token()));
         tenure.map(|t| t.deadline())
@@ -435,7 +433,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 id,
                 name,
                 lease: None,
-                tenure: None,
                 manager: None,
                 retiring: false,
                 eligible: false,
@@ -546,7 +543,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         ));
         self.directory.hold(index, lease.tenure().clone());
         let shard = &mut self.shards[index];
-        shard.tenure = Some(lease.tenure().clone());
         shard.held_at_look = false;
         self.view.tenure_changed(index);
         shard.lease = Some(lease);
@@ -590,7 +586,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 shard.retiring = false;
                 shard.manager = None;
                 shard.lease = None;
-                shard.tenure = None;
                 act.directory.drop_lease(Some(index));
                 if shard.eligible && !act.shutting_down {
                     act.start_manager(index, ctx);
