@@ -4,6 +4,7 @@
 //! See [`HealthCheck`] for the semantics.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -74,6 +75,28 @@ pub enum NotReady {
     CandidacyNotPublished {
         /// The lease name.
         lease: String,
+    },
+    /// The sharded workers of `group` have not listed their group yet (their group watch), so
+    /// they have not joined it.
+    #[error("the sharded workers of group {group:?} have not listed their group yet")]
+    GroupNotListed {
+        /// The group.
+        group: String,
+    },
+    /// The sharded workers of `group` never held their member lease `member` yet: the other
+    /// nodes do not count this one as a member, and place no shard on it.
+    #[error("the member lease {member:?} of group {group:?} was never held yet")]
+    MemberNotPublished {
+        /// The group.
+        group: String,
+        /// The member lease's name.
+        member: String,
+    },
+    /// The sharded workers of `group` are leaving it (a [`Shutdown`](crate::Shutdown)).
+    #[error("the sharded workers of group {group:?} are leaving it")]
+    Leaving {
+        /// The group.
+        group: String,
     },
 }
 
@@ -146,6 +169,20 @@ pub struct LeaseReport {
 /// (a backend outage) leaves readiness alone, so that an outage does not take every replica out
 /// of its Service. Turn it off with [`HealthCheck::readiness_waits_for_candidacy`].
 ///
+/// # Sharded workers: ready once they joined, not while they leave
+///
+/// Sharded workers registered with
+/// [`ShardedWorkers::health`](crate::ShardedWorkers::health) are not ready until their group
+/// watch has listed the group ([`NotReady::GroupNotListed`]) and their member lease was held once
+/// ([`NotReady::MemberNotPublished`]): from then on the other nodes count this one as a member and
+/// place shards on it, so in a rolling update driven by readiness the next old replica is stopped
+/// only once the new one can take shards. As for a candidacy, only the first time counts (a
+/// member lease lost later, in a backend outage, leaves readiness alone). Once they begin to
+/// leave (a [`Shutdown`](crate::Shutdown)) they are not ready ([`NotReady::Leaving`]). The
+/// first two follow [`HealthCheck::readiness_waits_for_candidacy`], the last
+/// [`HealthCheck::readiness_follows_eligibility`]; the member lease counts for liveness like a
+/// lease added with [`HealthCheck::add_lease`].
+///
 /// # Never panics
 ///
 /// No check panics, whatever the settings (a stop timeout or a tolerance of `Duration::MAX`
@@ -195,6 +232,8 @@ struct Inner {
     /// Held weakly: the manager owns its state, so a manager that is gone (shut down and dropped,
     /// replaced on a configuration reload) leaves the check.
     singletons: Mutex<Vec<Weak<SingletonHealth>>>,
+    /// Sharded workers' states, held weakly as the singletons' are.
+    sharded: Mutex<Vec<Weak<ShardedHealth>>>,
 }
 
 impl fmt::Debug for HealthCheck {
@@ -230,6 +269,7 @@ impl HealthCheck {
                 readiness_waits_for_candidacy: true,
                 leases: Mutex::new(Vec::new()),
                 singletons: Mutex::new(Vec::new()),
+                sharded: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -246,6 +286,7 @@ impl HealthCheck {
                     readiness_waits_for_candidacy: self.inner.readiness_waits_for_candidacy,
                     leases: Mutex::new(lock(&self.inner.leases).clone()),
                     singletons: Mutex::new(lock(&self.inner.singletons).clone()),
+                    sharded: Mutex::new(lock(&self.inner.sharded).clone()),
                 };
                 self.inner = Arc::new(inner);
             }
@@ -266,6 +307,7 @@ impl HealthCheck {
                     readiness_waits_for_candidacy: waits,
                     leases: Mutex::new(lock(&self.inner.leases).clone()),
                     singletons: Mutex::new(lock(&self.inner.singletons).clone()),
+                    sharded: Mutex::new(lock(&self.inner.sharded).clone()),
                 };
                 self.inner = Arc::new(inner);
             }
@@ -315,6 +357,14 @@ impl HealthCheck {
         singletons.push(Arc::downgrade(singleton));
     }
 
+    /// Registers sharded workers' state (see
+    /// [`ShardedWorkers::health`](crate::ShardedWorkers::health)), held weakly.
+    pub(crate) fn add_sharded(&self, sharded: &Arc<ShardedHealth>) {
+        let mut all = lock(&self.inner.sharded);
+        all.retain(|s| s.strong_count() > 0);
+        all.push(Arc::downgrade(sharded));
+    }
+
     /// `Ok(())` when the process is live; else the first problem found (see [`HealthCheck`]).
     /// Never blocks.
     ///
@@ -346,21 +396,29 @@ impl HealthCheck {
     }
 
     /// `Ok(())` when the process is ready: every registered singleton manager is eligible and
-    /// not shutting down (unless
+    /// not shutting down, and no registered sharded workers are leaving their group (unless
     /// [`readiness_follows_eligibility`](Self::readiness_follows_eligibility) is off), and every
-    /// one with a candidacy that competes has published it once (unless
+    /// manager with a candidacy that competes has published it once, and all registered sharded
+    /// workers have listed their group and held their member lease once (unless
     /// [`readiness_waits_for_candidacy`](Self::readiness_waits_for_candidacy) is off). Never
     /// blocks.
     ///
     /// # Errors
     ///
     /// [`NotReady`] says which manager is not eligible, is shutting down, or has not published
-    /// its candidacy yet.
+    /// its candidacy yet, or which sharded workers have not joined their group yet or are
+    /// leaving it.
     pub fn readiness(&self) -> Result<(), NotReady> {
         let (eligibility, candidacy) = (
             self.inner.readiness_follows_eligibility,
             self.inner.readiness_waits_for_candidacy,
         );
+        let sharded: Vec<_> = (lock(&self.inner.sharded).iter())
+            .filter_map(Weak::upgrade)
+            .collect();
+        for workers in sharded {
+            workers.check(eligibility, candidacy)?;
+        }
         for singleton in self.live_singletons() {
             let state = lock(&singleton.state);
             let competes = state.eligible && !state.shutting_down;
@@ -480,6 +538,50 @@ impl<L: Lease> Observed for L {
 }
 
 /// The state of a singleton manager that its health check reads; the manager writes it.
+/// What a health check reads of sharded workers (see
+/// [`ShardedWorkers::health`](crate::ShardedWorkers::health)): set by the workers' actor.
+#[derive(Debug)]
+pub(crate) struct ShardedHealth {
+    group: String,
+    member: String,
+    /// The group watch has listed the group (the workers joined).
+    pub(crate) listed: AtomicBool,
+    /// The member lease was held once.
+    pub(crate) published: AtomicBool,
+    /// A shutdown began.
+    pub(crate) leaving: AtomicBool,
+}
+
+impl ShardedHealth {
+    pub(crate) fn new(group: &str, member: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            member: member.to_owned(),
+            listed: AtomicBool::new(false),
+            published: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+        }
+    }
+
+    /// Readiness, as [`HealthCheck::readiness`] describes it.
+    fn check(&self, eligibility: bool, joined: bool) -> Result<(), NotReady> {
+        let group = || self.group.clone();
+        if eligibility && self.leaving.load(Ordering::Acquire) {
+            return Err(NotReady::Leaving { group: group() });
+        }
+        if joined && !self.listed.load(Ordering::Acquire) {
+            return Err(NotReady::GroupNotListed { group: group() });
+        }
+        if joined && !self.published.load(Ordering::Acquire) {
+            return Err(NotReady::MemberNotPublished {
+                group: group(),
+                member: self.member.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
 pub(crate) struct SingletonHealth {
     lease: String,
     lease_handle: Option<Weak<dyn Observed>>,

@@ -477,3 +477,87 @@ async fn followers_are_ready_and_readiness_never_follows_leadership() {
         }
     }
 }
+
+/// Issue 49: sharded workers registered with a check are ready only once they joined their group
+/// (listed it, held their member lease: the others then place shards on them), so that a
+/// rollout driven by readiness stops the next old replica only when the new one can take its
+/// shards; they are not ready from the start of their leave, while their workers stop; their
+/// member lease counts for liveness; and once gone they leave the check.
+#[actix_rt::test]
+async fn sharded_workers_are_ready_once_they_joined_and_not_while_they_leave() {
+    use actix_coordination::{GetShards, InMemoryLease, ShardInfo, ShardedWorkers, Shutdown};
+
+    /// A worker that takes 300 ms to stop: the leave lasts that long at least.
+    struct SlowStop(bool);
+    impl Actor for SlowStop {
+        type Context = Context<Self>;
+        fn stopping(&mut self, ctx: &mut Context<Self>) -> Running {
+            if std::mem::replace(&mut self.0, true) {
+                return Running::Stop;
+            }
+            ctx.run_later(Duration::from_millis(300), |_, ctx| ctx.stop());
+            Running::Continue
+        }
+    }
+
+    let store = InMemoryStore::new();
+    let check = HealthCheck::new();
+    let leases = store.clone();
+    let workers = ShardedWorkers::with_count(
+        "ready",
+        4,
+        move |name: &str| {
+            leases.lease(
+                LeaseSettings::builder(name, "a")
+                    .ttl(Duration::from_secs(3))
+                    .renewal_interval(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            )
+        },
+        |_: &ShardInfo, _: &mut Context<SlowStop>| SlowStop(false),
+    )
+    .unwrap()
+    .health(&check);
+    let _: &ShardedWorkers<SlowStop, InMemoryLease> = &workers;
+    let addr = workers.start();
+    async fn wait_for_shards(addr: &Addr<ShardedWorkers<SlowStop, InMemoryLease>>, n: usize) {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while addr.send(GetShards).await.unwrap().len() != n {
+            assert!(Instant::now() < give_up, "not {n} shards running");
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(
+        check.readiness(),
+        Err(NotReady::GroupNotListed {
+            group: "ready".into()
+        }),
+        "not ready before it joined"
+    );
+    assert!(
+        check.leases().iter().any(|l| l.name == "ready.member.a"),
+        "the member lease is watched: {:?}",
+        check.leases()
+    );
+    let _ = wait_for(Duration::from_secs(10), || check.readiness(), Result::is_ok).await;
+    assert!(check
+        .leases()
+        .iter()
+        .any(|l| l.name == "ready.member.a" && l.held));
+    wait_for_shards(&addr, 4).await;
+    addr.do_send(Shutdown);
+    let _ = wait_for(
+        Duration::from_secs(5),
+        || check.readiness(),
+        |r| {
+            *r == Err(NotReady::Leaving {
+                group: "ready".into(),
+            })
+        },
+    )
+    .await;
+    // Gone (its leave ended): it leaves the check.
+    let _ = wait_for(Duration::from_secs(10), || check.readiness(), Result::is_ok).await;
+    assert!(!addr.connected());
+}

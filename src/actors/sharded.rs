@@ -321,6 +321,8 @@ pub struct ShardedWorkers<A: Actor<Context = Context<A>>, L: Lease> {
     leaving: leaving::Leaving,
     /// Bounds the shard claims in flight ([`ShardedSettings::max_claims_in_flight`]).
     claim_gate: Arc<tokio::sync::Semaphore>,
+    /// What health checks read of this node ([`health`](Self::health)).
+    health: Arc<crate::health::ShardedHealth>,
     label: LeaseLabel,
     /// What the `shards_held` gauge was last moved to by this node.
     held_reported: usize,
@@ -457,6 +459,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         let view = view::View::new(shards.iter().map(|shard| shard.name.as_str()));
         let ids = shards.iter().map(|shard| shard.id.clone()).collect();
         let directory = locate::ShardDirectory::new(&group, &node, ids, watch.clone());
+        let health = Arc::new(crate::health::ShardedHealth::new(&group, &member_name));
         Ok(Self {
             ttl: member_lease.settings().ttl(),
             renewal: member_lease.settings().renewal_interval(),
@@ -479,6 +482,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             shutting_down: false,
             leaving: leaving::Leaving::default(),
             claim_gate: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CLAIMS_IN_FLIGHT)),
+            health,
             label,
             held_reported: 0,
             view,
@@ -620,6 +624,17 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         Ok(self)
     }
 
+    /// Reports to `check`: its readiness fails until this node has listed its group and held its
+    /// member lease once (the others then count it as a member and place shards on it), and
+    /// once it begins to leave (a [`Shutdown`]); its liveness watches the member lease like one
+    /// added with [`HealthCheck::add_lease`](crate::HealthCheck::add_lease). The registration
+    /// lasts as long as this actor. See [`HealthCheck`](crate::HealthCheck): "Sharded workers".
+    pub fn health(self, check: &crate::HealthCheck) -> Self {
+        check.add_lease(&self.member_lease);
+        check.add_sharded(&self.health);
+        self
+    }
+
     fn shard_settings(&self) -> SingletonSettings {
         SingletonSettings {
             handle_signals: false,
@@ -749,6 +764,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             // joined before its watch had listed the group left the shards targeted to it idle
             // for seconds after a graceful stop of another node: the sharded chaos runs).
             tracing::info!(group = %self.group, node = %self.node, "the group is listed: joining");
+            (self.health.listed).store(true, std::sync::atomic::Ordering::Release);
             self.member = Some(
                 ClusterSingletonManager::from_arc(Arc::clone(&self.member_lease), |_, _| Member)
                     .settings(self.shard_settings())
@@ -997,7 +1013,10 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Actor for ShardedWorkers<A, L> {
 impl<A: Actor<Context = Context<A>>, L: Lease> StreamHandler<Option<Tenure>>
     for ShardedWorkers<A, L>
 {
-    fn handle(&mut self, _: Option<Tenure>, ctx: &mut Context<Self>) {
+    fn handle(&mut self, tenure: Option<Tenure>, ctx: &mut Context<Self>) {
+        if tenure.is_some() {
+            (self.health.published).store(true, std::sync::atomic::Ordering::Release);
+        }
         self.reconcile(ctx);
     }
 

@@ -71,6 +71,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> Handler<Shutdown> for ShardedWork
             return Box::pin(answer);
         }
         self.shutting_down = true;
+        (self.health.leaving).store(true, std::sync::atomic::Ordering::Release);
         let held = self.shards.iter().filter(|s| s.held()).count();
         metrics::shard_moved(&self.label, "shutdown", held as u64);
         self.report_held(0);
