@@ -775,7 +775,8 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         // Shards handed to this node by a member that just left start competing first, and the
         // fold of the whole change (a look of every shard: at 4,096 shards several ms of CPU, as
         // on every other node at the same moment) waits until they are taken up, within a bound.
-        self.start_handed(&snapshot, ctx);
+        let handing = self.members_handing_on(&snapshot);
+        self.start_handed(&snapshot, &handing, ctx);
         if self.fold_waits_for_handed(ctx) {
             return;
         }
@@ -792,7 +793,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         #[cfg(debug_assertions)]
         self.check_view(&snapshot, now, &visits);
         let mut candidates = Vec::new();
-        let handing = self.members_handing_on(&snapshot);
         for index in visits {
             let target = self.view.targets[index];
             let held = self.shards[index].held_seen();

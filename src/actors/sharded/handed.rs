@@ -68,15 +68,6 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
         true
     }
 
-    /// Whether shard `index`, not held here, was handed to this node with a tenure newer than
-    /// any it had: its record names this node (a one-write handover), or the member tenure it
-    /// is bound to ended handing it on to this node's member tenure, which the snapshot shows
-    /// live (see [`Lease::retire_handing`]).
-    pub(super) fn handed_here(&self, index: usize, snapshot: &GroupSnapshot, now: Instant) -> bool {
-        let handing = self.members_handing_on(snapshot);
-        self.handed_here_among(index, snapshot, now, &handing)
-    }
-
     /// The member records of `snapshot` that list shards handed on (rarely more than one: a
     /// member that left moments ago).
     pub(super) fn members_handing_on(&self, snapshot: &GroupSnapshot) -> Vec<String> {
@@ -87,9 +78,12 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
             .collect()
     }
 
-    /// [`handed_here`](Self::handed_here), given the member records that list shards handed on
-    /// ([`members_handing_on`](Self::members_handing_on)): a look at every shard reads one record
-    /// per shard, not three.
+    /// Whether shard `index`, not held here, was handed to this node with a tenure newer than
+    /// any it had: its record names this node (a one-write handover), or the member tenure it
+    /// is bound to ended handing it on to this node's member tenure, which the snapshot shows
+    /// live (see [`Lease::retire_handing`]). `handing` is the member records that list shards
+    /// handed on ([`members_handing_on`](Self::members_handing_on)): a look at every shard reads
+    /// one record per shard, not three.
     pub(super) fn handed_here_among(
         &self,
         index: usize,
@@ -189,19 +183,19 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
     }
 
     /// Starts competing at once for the shards that the member records changed since the last
-    /// look hand to this node (see [`handed_here`](Self::handed_here)), before the look itself,
+    /// look hand to this node (see [`handed_here_among`](Self::handed_here_among)), before the look itself,
     /// which waits for them ([`fold_waits_for_handed`](Self::fold_waits_for_handed)).
-    pub(super) fn start_handed(&mut self, snapshot: &GroupSnapshot, ctx: &mut Context<Self>) {
-        if self.shutting_down {
-            return;
-        }
-        // Rarely does a member record list shards handed on (a member that left moments ago): a
-        // walk of the member records, and no look-up of each member record that changed (a
-        // renewal each).
-        if !snapshot
-            .with_prefix(&self.member_prefix)
-            .any(|(_, record)| record.handed.is_some())
-        {
+    ///
+    /// `handing` is [`members_handing_on`](Self::members_handing_on) of `snapshot`: rarely does a
+    /// member record list shards handed on (a member that left moments ago), and then no member
+    /// record that changed (a renewal each) is looked up.
+    pub(super) fn start_handed(
+        &mut self,
+        snapshot: &GroupSnapshot,
+        handing: &[String],
+        ctx: &mut Context<Self>,
+    ) {
+        if self.shutting_down || handing.is_empty() {
             return;
         }
         let Some(since) = self.view.seen_version() else {
@@ -225,7 +219,7 @@ impl<A: Actor<Context = Context<A>>, L: Lease> ShardedWorkers<A, L> {
                 }
                 if let Some(index) = self.shard_index(lease) {
                     let shard = &self.shards[index];
-                    if !shard.eligible && self.handed_here(index, snapshot, now) {
+                    if !shard.eligible && self.handed_here_among(index, snapshot, now, handing) {
                         handed.push(index);
                     }
                 }
